@@ -1,0 +1,3 @@
+from epic_slime.cli import main
+
+raise SystemExit(main())
