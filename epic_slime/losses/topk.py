@@ -1,0 +1,205 @@
+"""Top-K inputs of the DPPO Top-K modes: the behaviour policy's top-K token set per position.
+
+The Top-K modes compare mu and pi on a small set of tokens per position plus one "rest" bucket.
+What a caller passes to `compute_policy_loss` (all [B, T, K], aligned with log_probs [B, T]):
+
+* ``behavior_topk_log_probs``: log mu of K distinct token ids at each position: mu's top-k ids
+  (what SGLang returns with ``top_logprobs_num=k``) **plus the sampled token**, which must be in
+  the set. The simple layout is K = k + 1 columns, the last one being the sampled token.
+* ``current_topk_log_probs``: log pi (the trainer's policy) of the same ids, gathered from the
+  trainer's logits. It may carry a gradient; the loss only uses it detached, for the mask.
+* ``topk_mask`` (optional, default all True): False on columns to ignore: the appended sampled
+  token where it already is one of the top-k ids (a duplicate would count its mass twice), and
+  absent ids (an engine that returned fewer than k).
+
+`append_sampled_token` builds the ids and the mask of that layout, `gather_log_probs` the
+log-probs of ids from logits, `topk_inputs_from_logits` all of it from full logits (the local
+runtime and tests), `synthetic_topk_inputs` random but consistent inputs for benchmarks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from .core import _MAX_LOG_PROB, PolicyLossInputError, _first_bad
+
+# A set whose probabilities sum beyond 1 by more than this holds a duplicate (or is not a set of
+# log-probabilities). Loose for 16-bit inputs, whose log-probs carry ~0.4% relative rounding.
+_MASS_TOLERANCE = {torch.float16: 0.05, torch.bfloat16: 0.05}
+_DEFAULT_MASS_TOLERANCE = 1e-3
+# The sampled token counts as "in the set" when one kept column's log mu is this close to its log mu.
+_SAMPLED_LOG_PROB_TOLERANCE = 1e-2
+
+
+@dataclasses.dataclass(frozen=True)
+class TopKInputs:
+    """The Top-K tensors of one batch: log mu and log pi of ``ids`` [B, T, K], and the column mask."""
+
+    behavior_topk_log_probs: torch.Tensor
+    current_topk_log_probs: torch.Tensor
+    topk_mask: torch.Tensor
+    ids: torch.Tensor | None = None
+
+    def loss_kwargs(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments for `compute_policy_loss`."""
+        return {"behavior_topk_log_probs": self.behavior_topk_log_probs,
+                "current_topk_log_probs": self.current_topk_log_probs,
+                "topk_mask": self.topk_mask}
+
+
+# --------------------------------------------------------------------------------------------
+# Building the inputs
+# --------------------------------------------------------------------------------------------
+
+def append_sampled_token(topk_ids: torch.Tensor, sampled_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, T, k + 1] = mu's top-k ids then the sampled id; mask False on the sampled column where
+    it duplicates a top-k id, and on negative (absent) ids."""
+    if topk_ids.shape[:-1] != sampled_ids.shape:
+        raise PolicyLossInputError(
+            f"topk_ids shape {tuple(topk_ids.shape)} must be sampled_ids shape {tuple(sampled_ids.shape)} + (k,)")
+    sampled = sampled_ids.unsqueeze(-1).to(topk_ids.dtype)
+    ids = torch.cat([topk_ids, sampled], dim=-1)
+    present = topk_ids >= 0
+    duplicate = ((topk_ids == sampled) & present).any(dim=-1, keepdim=True)
+    mask = torch.cat([present, ~duplicate], dim=-1)
+    return ids, mask
+
+
+def gather_log_probs(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """log softmax(logits) at ``ids`` (negative ids read as 0 and, like masked columns, give 0).
+
+    Computed in float32 at least (float64 stays float64); differentiable w.r.t. logits."""
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    log_probs = torch.log_softmax(logits.to(dtype), dim=-1)
+    picked = log_probs.gather(-1, ids.clamp(min=0).long())
+    keep = ids >= 0 if mask is None else mask & (ids >= 0)
+    return torch.where(keep, picked, 0.0)
+
+
+def topk_inputs_from_logits(logits: torch.Tensor, behavior_logits: torch.Tensor, sampled_ids: torch.Tensor,
+                            k: int) -> TopKInputs:
+    """Top-K inputs from full logits [B, T, V] of pi (``logits``) and mu (``behavior_logits``).
+
+    The set at each position is mu's top-k ids plus the sampled id (K = k + 1 columns, the last one
+    masked where it duplicates a top-k id). ``current_topk_log_probs`` keeps the graph of ``logits``.
+    """
+    if logits.shape != behavior_logits.shape or logits.dim() != 3:
+        raise PolicyLossInputError(f"logits {tuple(logits.shape)} and behavior_logits "
+                                   f"{tuple(behavior_logits.shape)} must both be [B, T, V]")
+    vocab = logits.shape[-1]
+    if not isinstance(k, int) or not 1 <= k <= vocab:
+        raise PolicyLossInputError(f"k={k!r} must be an int in [1, vocabulary size {vocab}]")
+    if sampled_ids.shape != logits.shape[:2]:
+        raise PolicyLossInputError(f"sampled_ids shape {tuple(sampled_ids.shape)} != logits [B, T] "
+                                   f"{tuple(logits.shape[:2])}")
+    with torch.no_grad():
+        top_ids = torch.topk(behavior_logits, k, dim=-1).indices
+        ids, mask = append_sampled_token(top_ids, sampled_ids.long())
+    behavior = gather_log_probs(behavior_logits.detach(), ids, mask)
+    current = gather_log_probs(logits, ids, mask)
+    return TopKInputs(behavior_topk_log_probs=behavior, current_topk_log_probs=current, topk_mask=mask, ids=ids)
+
+
+def synthetic_topk_inputs(batch_size: int, seq_len: int, k: int, *, vocab_size: int | None = None,
+                          noise: float = 0.1, dtype: torch.dtype = torch.float32, device=None,
+                          generator: torch.Generator | None = None):
+    """Random but consistent inputs for benchmarks and tests: (log_probs, behavior_log_probs, TopKInputs).
+
+    mu is a random softmax over a small vocabulary (default 2k), pi = mu's logits + ``noise``
+    Gaussian noise, the sampled token is drawn from mu. Memory: B * T * vocab_size floats.
+    """
+    vocab = vocab_size or max(2 * k, k + 1)
+    shape = (batch_size, seq_len, vocab)
+    behavior_logits = 2.0 * torch.randn(shape, generator=generator, dtype=torch.float32).to(device)
+    logits = behavior_logits + noise * torch.randn(shape, generator=generator, dtype=torch.float32).to(device)
+    probs = torch.softmax(behavior_logits, dim=-1).reshape(-1, vocab)
+    if probs.shape[0]:
+        sampled = torch.multinomial(probs.cpu(), 1, generator=generator).reshape(batch_size, seq_len).to(device)
+    else:
+        sampled = torch.zeros(batch_size, seq_len, dtype=torch.long, device=device)
+    inputs = topk_inputs_from_logits(logits, behavior_logits, sampled, k)
+    log_probs = gather_log_probs(logits, sampled.unsqueeze(-1)).squeeze(-1)
+    behavior_log_probs = gather_log_probs(behavior_logits, sampled.unsqueeze(-1)).squeeze(-1)
+    cast = lambda x: x.to(dtype)  # noqa: E731
+    return cast(log_probs), cast(behavior_log_probs), TopKInputs(
+        cast(inputs.behavior_topk_log_probs), cast(inputs.current_topk_log_probs), inputs.topk_mask, inputs.ids)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation (called by core.prepare_batch)
+# --------------------------------------------------------------------------------------------
+
+def prepare_topk_inputs(behavior_topk_log_probs, current_topk_log_probs, topk_mask, valid: torch.Tensor,
+                        dtype: torch.dtype, *, validate: bool = True, behavior_log_probs: torch.Tensor | None = None):
+    """Check the Top-K inputs; return (behavior, current, mask): detached ``dtype`` tensors, zero
+    where the returned mask [B, T, K] (``topk_mask`` and the token mask ``valid``) is False.
+
+    Raises PolicyLossInputError naming the field: one of the two log-prob tensors without the other,
+    non-tensors, shapes other than [B, T, K] with [B, T] = the token mask's, a non-bool topk_mask,
+    and (``validate``) NaN / inf / positive log-probs on a used entry, a set whose probabilities sum
+    beyond 1 (duplicate ids), and a position whose set lacks the sampled token (no used column with
+    log mu within 1e-2 of ``behavior_log_probs``).
+    """
+    if behavior_topk_log_probs is None or current_topk_log_probs is None:
+        missing = "behavior_topk_log_probs" if behavior_topk_log_probs is None else "current_topk_log_probs"
+        raise PolicyLossInputError(
+            f"{missing} is missing: the Top-K inputs are behavior_topk_log_probs and current_topk_log_probs "
+            f"(both [B, T, K]) and optionally topk_mask; pass both log-prob tensors or none")
+    fields = (("behavior_topk_log_probs", behavior_topk_log_probs), ("current_topk_log_probs", current_topk_log_probs))
+    for name, value in fields + (("topk_mask", topk_mask),):
+        if value is not None and not torch.is_tensor(value):
+            raise PolicyLossInputError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    shape = behavior_topk_log_probs.shape
+    if behavior_topk_log_probs.dim() != 3 or shape[:2] != valid.shape or shape[2] < 1:
+        raise PolicyLossInputError(f"behavior_topk_log_probs must be [B, T, K] with [B, T] = "
+                                   f"{tuple(valid.shape)} and K >= 1, got shape {tuple(shape)}")
+    for name, value in fields:
+        if not value.is_floating_point():
+            raise PolicyLossInputError(f"{name} must be floating point, got dtype {value.dtype}")
+    if current_topk_log_probs.shape != shape:
+        raise PolicyLossInputError(f"current_topk_log_probs shape {tuple(current_topk_log_probs.shape)} != "
+                                   f"behavior_topk_log_probs shape {tuple(shape)}")
+    if topk_mask is None:
+        topk_mask = torch.ones(shape, dtype=torch.bool, device=valid.device)
+    elif topk_mask.shape != shape or topk_mask.dtype != torch.bool:
+        raise PolicyLossInputError(f"topk_mask must be a bool tensor of shape {tuple(shape)}, "
+                                   f"got {topk_mask.dtype} {tuple(topk_mask.shape)}")
+    used = topk_mask & valid.unsqueeze(-1)
+    behavior = behavior_topk_log_probs.detach()
+    current = current_topk_log_probs.detach()
+
+    if validate and used.numel():
+        tolerance = _MASS_TOLERANCE.get(behavior.dtype, _DEFAULT_MASS_TOLERANCE)
+        zero = torch.zeros((), dtype=torch.float64, device=behavior.device)
+        mass = {name: torch.where(used, torch.exp(t.to(torch.float64).clamp(max=1.0)), zero).sum(-1)
+                for name, t in (("behavior_topk_log_probs", behavior), ("current_topk_log_probs", current))}
+        checks = [
+            ("behavior_topk_log_probs", behavior, ~torch.isfinite(behavior) & used, "has a non-finite value"),
+            ("current_topk_log_probs", current, ~torch.isfinite(current) & used, "has a non-finite value"),
+            ("behavior_topk_log_probs", behavior, (behavior > _MAX_LOG_PROB) & used, "has a positive value"),
+            ("current_topk_log_probs", current, (current > _MAX_LOG_PROB) & used, "has a positive value"),
+            ("behavior_topk_log_probs", mass["behavior_topk_log_probs"],
+             mass["behavior_topk_log_probs"] > 1.0 + tolerance,
+             "has probabilities summing beyond 1 (duplicate ids? mask them with topk_mask):"),
+            ("current_topk_log_probs", mass["current_topk_log_probs"],
+             mass["current_topk_log_probs"] > 1.0 + tolerance,
+             "has probabilities summing beyond 1 (duplicate ids? mask them with topk_mask):"),
+        ]
+        if behavior_log_probs is not None:
+            gap = torch.where(used, (behavior - behavior_log_probs.detach().unsqueeze(-1)).abs(), math.inf)
+            nearest = gap.amin(dim=-1)
+            checks.append(("behavior_topk_log_probs", nearest,
+                           (nearest > _SAMPLED_LOG_PROB_TOLERANCE) & valid,
+                           "lacks the sampled token (append it: topk.append_sampled_token); nearest log mu gap"))
+        any_bad = torch.stack([bad.any() for _, _, bad, _ in checks])
+        if bool(any_bad.any()):  # one host sync, like the token checks
+            for (name, tensor, bad, what), flag in zip(checks, any_bad.tolist()):
+                if flag:
+                    raise PolicyLossInputError(
+                        f"{name} {what} {float(tensor[bad][0])} on a valid token {_first_bad(bad)}")
+
+    zero = torch.zeros((), dtype=dtype, device=behavior.device)
+    return (torch.where(used, behavior.to(dtype), zero), torch.where(used, current.to(dtype), zero), used)
