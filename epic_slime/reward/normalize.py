@@ -63,6 +63,16 @@ def _strip_leading_zeros(text: str) -> str:
     return text
 
 
+def _expand_plus_minus(part: str) -> list[str]:
+    """'\\frac{-1 \\pm \\sqrt{17}}{2}' -> the two values, when there is exactly one \\pm / \\mp."""
+    signs = part.count("\\pm") + part.count("\\mp")
+    if signs != 1:
+        return [part]
+    if "\\pm" in part:
+        return [part.replace("\\pm", "+"), part.replace("\\pm", "-")]
+    return [part.replace("\\mp", "-"), part.replace("\\mp", "+")]
+
+
 def normalize_answer(text: str, multi_value: bool = False) -> str:
     """Canonical string form of an answer.
 
@@ -87,6 +97,8 @@ def normalize_answer(text: str, multi_value: bool = False) -> str:
     text = re.sub(r"\s+", " ", text).strip()
     text = text.rstrip(".").strip()
     parts = split_top_level(text) if multi_value else [text]
+    if multi_value:
+        parts = [expanded for part in parts for expanded in _expand_plus_minus(part)]
     cleaned = []
     for part in parts:
         for _ in range(2):
