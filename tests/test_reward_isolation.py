@@ -66,6 +66,7 @@ def test_timeout_kills_and_replaces_the_worker_and_counts_it():
         assert _wait_dead(old_pid), "timed-out worker still running"
         (new_pid,) = small_pool.worker_pids()
         assert new_pid != old_pid
+        small_pool.wait_idle()  # the replacement starts in the background
         # the replacement serves the next call correctly
         assert math_reward("Answer: \\frac{3}{6}", "\\frac{1}{2}", pool=small_pool) == 1.0
 
@@ -100,7 +101,7 @@ def test_default_pool_counts_no_verdict_from_a_thread(monkeypatch):
 )
 def test_pathological_inputs_return_within_the_bound(pathological_pool, response):
     timeout = 1.0
-    pathological_pool.verify("1", "1")  # exclude a worker's one-off start-up from the measurement
+    pathological_pool.wait_idle()  # replacements of killed workers start in the background
     start = time.monotonic()
     result = math_reward(response, "\\frac{1}{3}", timeout=timeout, pool=pathological_pool, max_answer_chars=20_000)
     elapsed = time.monotonic() - start
@@ -114,6 +115,19 @@ def test_overlong_answer_is_rejected_at_once_and_counted():
     assert math_reward("Answer: " + "1+" * 5000 + "1", "10001") == 0.0
     assert time.monotonic() - start < 0.5
     assert reward_stats()["too_long"] == before + 1
+
+
+def test_deadline_covers_waiting_for_a_busy_worker():
+    with RewardPool(num_workers=1, timeout=5.0) as small_pool:
+        with ThreadPoolExecutor(max_workers=2) as executor:
+            stuck = executor.submit(small_pool.verify, "9^{9^{9^{9}}}", "5", 1.5)
+            time.sleep(0.2)  # the only worker is now busy with the tower
+            start = time.monotonic()
+            assert small_pool.verify("1/2", "\\frac{1}{2}", timeout=0.5) is None
+            assert 0.45 < time.monotonic() - start < 1.0
+            assert stuck.result() is None
+        stats = small_pool.stats()
+        assert stats["busy_timeouts"] == 1 and stats["timeouts"] == 1
 
 
 def test_close_leaves_no_worker_processes():

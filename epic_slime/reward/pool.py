@@ -55,7 +55,11 @@ class _Worker:
     def wait_ready(self, startup_timeout: float) -> None:
         if self.ready:
             return
-        if not self.reader.poll(startup_timeout):
+        try:
+            arrived = self.reader.poll(startup_timeout)
+        except (OSError, ValueError) as error:  # closed meanwhile (pool closed)
+            raise RewardWorkerError("reward worker was stopped during start-up") from error
+        if not arrived:
             self.kill()
             raise RewardWorkerError(f"reward worker did not start within {startup_timeout:.0f} s")
         try:
@@ -89,9 +93,13 @@ class _Worker:
 class RewardPool:
     """Thread-safe pool; ``verify(prediction, reference, timeout)`` -> True, False or None.
 
-    None means no verdict (deadline passed or the worker failed); the event is counted in
-    ``stats()`` and the worker is replaced. Use as a context manager or call ``close()``;
-    pools still open at interpreter exit are closed by an atexit hook.
+    The deadline covers the whole call: waiting for a free worker plus the verification.
+    None means no verdict: the worker missed the deadline (it is killed, reaped and replaced;
+    counted as ``timeouts``), every worker stayed busy until the deadline (``busy_timeouts``),
+    or the worker failed (``worker_errors``). Worker start-up is not charged to calls: the
+    constructor waits for the first workers, and replacements start in the background and
+    join the pool once ready. Use as a context manager or call ``close()``; pools still open
+    at interpreter exit are closed by an atexit hook.
     """
 
     def __init__(self, num_workers: int | None = None, timeout: float = 5.0, startup_timeout: float = 120.0):
@@ -108,48 +116,87 @@ class RewardPool:
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._workers: set[_Worker] = set()
         self._closed = False
-        self._stats = {"verified": 0, "timeouts": 0, "worker_errors": 0, "worker_restarts": 0}
-        for _ in range(self.num_workers):
-            self._start_worker()
+        self._startup_error: RewardWorkerError | None = None
+        self._stats = {"verified": 0, "timeouts": 0, "busy_timeouts": 0, "worker_errors": 0, "worker_restarts": 0}
         _OPEN_POOLS.add(self)
+        first = [self._spawn() for _ in range(self.num_workers)]
+        try:
+            for worker in first:  # in parallel: all were spawned before the first wait
+                worker.wait_ready(self.startup_timeout)
+        except RewardWorkerError:
+            self.close()
+            raise
+        for worker in first:
+            self._idle.put(worker)
 
     # -- workers -------------------------------------------------------------------------
     def _backstop_s(self) -> int:
         return int(max(30.0, 6.0 * self.timeout))
 
-    def _start_worker(self) -> None:
+    def _spawn(self) -> _Worker:
         worker = _Worker(self._backstop_s())
         with self._lock:
             self._workers.add(worker)
-        self._idle.put(worker)
+        return worker
+
+    def _start_replacement(self) -> None:
+        worker = self._spawn()
+
+        def join_when_ready() -> None:
+            try:
+                worker.wait_ready(self.startup_timeout)
+            except RewardWorkerError as error:
+                with self._lock:
+                    self._workers.discard(worker)
+                    self._startup_error = error
+                return
+            if self._closed:
+                worker.kill()
+            else:
+                self._idle.put(worker)
+
+        threading.Thread(target=join_when_ready, name="reward-worker-start", daemon=True).start()
 
     def _retire(self, worker: _Worker, counter: str) -> None:
         worker.kill()
         with self._lock:
             self._workers.discard(worker)
             self._stats[counter] += 1
-            closed = self._closed
-            if not closed:
+            replace = not self._closed
+            if replace:
                 self._stats["worker_restarts"] += 1
-        if not closed:
-            self._start_worker()
+        if replace:
+            self._start_replacement()
 
     def worker_pids(self) -> list[int]:
         with self._lock:
             return [worker.pid for worker in self._workers]
 
+    def wait_idle(self, timeout: float = 120.0) -> None:
+        """Block until every worker is started and idle (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._startup_error is not None:
+                raise self._startup_error
+            if self._idle.qsize() >= self.num_workers:
+                return
+            time.sleep(0.01)
+        raise RewardWorkerError(f"reward workers not idle within {timeout:.0f} s")
+
     # -- requests ------------------------------------------------------------------------
     def verify(self, prediction: str, reference: str, timeout: float | None = None) -> bool | None:
         if self._closed:
             raise RuntimeError("RewardPool is closed")
+        if self._startup_error is not None:
+            raise self._startup_error
         timeout = self.timeout if timeout is None else float(timeout)
-        worker = self._idle.get()
-        try:
-            worker.wait_ready(self.startup_timeout)  # start-up is not part of the call's budget
-        except RewardWorkerError:
-            self._retire(worker, "worker_errors")
-            raise
         deadline = time.monotonic() + timeout
+        try:
+            worker = self._idle.get(timeout=timeout)
+        except queue.Empty:
+            with self._lock:
+                self._stats["busy_timeouts"] += 1
+            return None
         try:
             worker.writer.send(("verify", prediction, reference))
             if worker.reader.poll(max(deadline - time.monotonic(), 0.0)):
