@@ -144,7 +144,7 @@ def main(argv=None) -> int:
         t_ours, ours = timed(lambda: math_rewards(responses, labels, pool=pool), args.repeats)
         t_forced, forced = timed(lambda: forced_through_pool(pool, responses, labels), args.repeats)
         pool_stats = pool.stats()
-    t_base, base = timed(lambda: baseline_in_process(responses, labels), 1)
+    t_base, base = timed(lambda: baseline_in_process(responses, labels), args.repeats)
     disagreements = sum(a != b for a, b in zip(ours, base))
     print(f"math_rewards (isolated, fast path): {n / t_ours:8.0f} responses/s  ({t_ours:.2f} s, mean reward {sum(ours) / n:.3f})")
     print(f"all pairs through worker pool:      {n / t_forced:8.0f} responses/s  ({t_forced:.2f} s)")
