@@ -188,3 +188,20 @@ def test_reward_inside_a_ray_actor():
         assert ray.get(scorer.score.remote("Answer: \\sqrt{641}", "8\\sqrt{10}")) == 0.0
     finally:
         ray.shutdown()
+
+
+def test_forked_child_neither_uses_nor_kills_the_parents_workers(pool):
+    pids = pool.worker_pids()
+    child = os.fork()
+    if child == 0:  # child: using the inherited pool must fail; closing it must not kill the workers
+        code = 0
+        try:
+            pool.verify("1", "1")
+            code = 3
+        except RuntimeError:
+            pool.close()
+        os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert all(pid_alive(pid) for pid in pids)
+    assert pool.verify("2/4", "\\frac{1}{2}") is True

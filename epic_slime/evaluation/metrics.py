@@ -129,7 +129,7 @@ def select_best_checkpoint(info: RunInfo, benchmarks: Sequence[str]) -> int | No
     best_step, best_value = None, -math.inf
     for step in sorted(info.scores):
         value = checkpoint_average(info.scores[step], benchmarks)
-        if value is not None and value > best_value:
+        if value is not None and value > best_value + 1e-12:  # float noise is not a better checkpoint
             best_step, best_value = step, value
     return best_step
 

@@ -8,6 +8,7 @@ miss scores 0.0 and is counted). Safe from any thread and inside Ray actors.
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
@@ -37,7 +38,7 @@ def get_default_pool() -> RewardPool:
     """The process-wide pool (started on first use, closed at exit)."""
     global _default_pool
     with _pool_lock:
-        if _default_pool is None or _default_pool._closed:
+        if _default_pool is None or _default_pool._closed or _default_pool._owner_pid != os.getpid():
             _default_pool = RewardPool(timeout=DEFAULT_TIMEOUT_S)
         return _default_pool
 

@@ -72,12 +72,15 @@ class _Worker:
             raise RewardWorkerError(f"reward worker failed to start:\n{message[1]}")
         self.ready = True
 
-    def kill(self) -> None:
+    def close_pipes(self) -> None:
         for conn in (self.writer, self.reader):
             try:
                 conn.close()
             except OSError:
                 pass
+
+    def kill(self) -> None:
+        self.close_pipes()
         if self.process.poll() is None:
             self.process.kill()
         try:
@@ -117,6 +120,7 @@ class RewardPool:
         self._workers: set[_Worker] = set()
         self._closed = False
         self._startup_error: RewardWorkerError | None = None
+        self._owner_pid = os.getpid()  # a forked child must neither use nor kill these workers
         self._stats = {"verified": 0, "timeouts": 0, "busy_timeouts": 0, "worker_errors": 0, "worker_restarts": 0}
         _OPEN_POOLS.add(self)
         first = [self._spawn() for _ in range(self.num_workers)]
@@ -187,6 +191,8 @@ class RewardPool:
     def verify(self, prediction: str, reference: str, timeout: float | None = None) -> bool | None:
         if self._closed:
             raise RuntimeError("RewardPool is closed")
+        if os.getpid() != self._owner_pid:
+            raise RuntimeError("RewardPool was created in another process (fork): create a new pool in this one")
         if self._startup_error is not None:
             raise self._startup_error
         timeout = self.timeout if timeout is None else float(timeout)
@@ -223,8 +229,12 @@ class RewardPool:
             self._closed = True
             workers = list(self._workers)
             self._workers.clear()
+        owner = os.getpid() == self._owner_pid
         for worker in workers:
-            worker.kill()
+            if owner:
+                worker.kill()
+            else:  # forked copy: drop our pipe ends only, the owner's workers live on
+                worker.close_pipes()
         _OPEN_POOLS.discard(self)
 
     def __del__(self) -> None:
