@@ -35,6 +35,8 @@ def pool():
         ("\\boxed{5}\nAnswer: 6", "6"),  # Answer: line beats a box
         ("**Answer:** $\\boxed{12}$", "12"),
         ("Final Answer:\n\n 99 ", "99"),  # answer on the next line
+        ("To find the answer: compute.\nSo \\boxed{8}", "8"),  # prose is not an Answer: line
+        ("### The final answer: 15", "15"),
         ("no final answer here", None),
         ("\\boxed{unbalanced", None),
         ("", None),

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 
-# "Answer:" anywhere on a line, optionally bolded ("**Answer:**", "Final Answer:").
-_ANSWER_LINE = re.compile(r"answer\s*\**\s*:\s*\**", re.IGNORECASE)
+# "Answer:" opening a line, optionally decorated: "**Answer:**", "Final Answer:", "### The final answer:".
+# Anchored so that prose such as "to find the answer: first ..." is not taken for the answer line.
+_ANSWER_LINE = re.compile(r"^[\s*#>_-]*(?:the\s+)?(?:final\s+)?answer\s*\**\s*:\s*\**", re.IGNORECASE)
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 
