@@ -72,6 +72,14 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="behaviour policy mu for the loss: SGLang's rollout log-probs (default) or the trainer's "
         "recompute at the start of the rollout step (slime's log_probs)",
     )
+    group.add_argument(
+        "--async-groups-in-flight",
+        type=int,
+        default=None,
+        help="groups the background generator keeps in flight, and finished groups it lets wait "
+        "before pausing (default: --rollout-batch-size, one batch ahead); larger values keep the "
+        "engines busier and make samples staler",
+    )
     return parser
 
 
@@ -115,6 +123,9 @@ def validate_project_args(args: Any) -> ProjectConfig:
     if behavior not in BEHAVIOR_LOGPROBS:
         raise ProjectFlagError(f"--behavior-logprobs must be one of {BEHAVIOR_LOGPROBS}, got {behavior!r}")
 
+    in_flight = _get(args, "async_groups_in_flight")
+    if in_flight is not None and in_flight < 1:
+        raise ProjectFlagError(f"--async-groups-in-flight must be >= 1, got {in_flight}")
     _check_slime_flags(args, aggregation, depth, staleness, behavior)
     return ProjectConfig(mode, dict(params), aggregation, depth, staleness, stale_policy, behavior)
 

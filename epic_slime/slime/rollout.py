@@ -34,11 +34,12 @@ _first_rollout_id: int | None = None
 def _get_worker(args, data_source):
     global _worker
     from slime.rollout.fully_async_rollout import AsyncRolloutWorker
-    from slime.utils.http_utils import get_rollout_num_engines
 
     with _lock:
         if _worker is None or _worker.worker_thread is None or not _worker.worker_thread.is_alive():
-            concurrency = args.sglang_server_concurrency * get_rollout_num_engines(args)
+            # slime's default (server concurrency x engines, ~1000 groups) would let the queue run
+            # many batches ahead and make most samples stale; one batch ahead by default.
+            concurrency = getattr(args, "async_groups_in_flight", None) or args.rollout_batch_size
             _worker = AsyncRolloutWorker(args, data_source, concurrency=concurrency)
             _worker.start()
         return _worker
