@@ -114,7 +114,8 @@ def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str
     if kl_type == "k2":
         return log_ratio.square() / 2
     if kl_type in ("k3", "low_var_kl"):
-        kl = torch.expm1(-log_ratio) + log_ratio
+        reverse = -log_ratio  # log ref - log pi: k3 = e^reverse - 1 - reverse >= 0
+        kl = reverse.exp() - 1 - reverse
         return kl.clamp(-10, 10) if kl_type == "low_var_kl" else kl
     raise ValueError(f"--kl-loss-type {kl_type!r} is not one of k1, k2, k3, low_var_kl")
 
