@@ -60,7 +60,11 @@ def test_companion_script_dry_run_is_complete_and_valid(method):
     assert mode == {"grpo_r2": "grpo", "grpo_r3": "grpo"}.get(method, method)
     assert ("--use-routing-replay" in driver) == (method == "grpo_r2")
     assert ("--use-rollout-routing-replay" in driver) == (method == "grpo_r3")
-    assert ("--calculate-per-token-loss" in driver) == (method in ("dapo", "ripo"))
+    # the driver maps --update-depth (and token-mean aggregation) onto slime's own flags
+    slime_extra = result.stdout.split("the driver passes slime ")[1].splitlines()[0]
+    assert slime_extra.startswith("--num-steps-per-rollout 8")
+    assert ("--calculate-per-token-loss" in slime_extra) == (method in ("dapo", "ripo"))
+    assert f"aggregation={'token-mean' if method in ('dapo', 'ripo') else 'seq-mean-token-mean'}" in result.stdout
 
 
 def test_overrides_by_environment_and_flags():

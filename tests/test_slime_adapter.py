@@ -21,7 +21,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from epic_slime.slime.adapter import approx_kl, slime_policy_loss_from_log_probs
 from epic_slime.slime.cp import make_all_reduce_gather, zigzag_response_positions
-from epic_slime.slime.flags import default_aggregation
+from epic_slime.losses import LOSS_MODES
 
 # (total_length, response_length): odd sizes, a one-token response, responses that start in
 # the second zigzag chunk and ones that end in the padding.
@@ -35,7 +35,7 @@ def _args(mode: str, *extra: str, **attrs) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_policy_loss_arguments(parser)
     args = parser.parse_args(["--policy-loss", mode, *extra])
-    aggregation = args.policy_loss_aggregation or default_aggregation(mode)
+    aggregation = args.policy_loss_aggregation or LOSS_MODES[mode].aggregation
     defaults = dict(
         behavior_logprobs="rollout",
         calculate_per_token_loss=aggregation == "token-mean",
@@ -58,9 +58,12 @@ def _full_data(seed: int = 0):
     data = []
     for k, (total, resp) in enumerate(SHAPES):
         log_mu = -torch.rand(resp, generator=g, dtype=torch.float64) * 3 - 0.01
-        # current policy: small drift, a few large ones so that clipping happens
-        drift = torch.randn(resp, generator=g, dtype=torch.float64) * 0.05
-        drift[::4] += torch.randn(len(drift[::4]), generator=g, dtype=torch.float64) * 0.6
+        # current policy: samples 0 and 2 almost on-policy (inside even GSPO's 3e-4 band), the
+        # others drift, with a few large moves so that every mode clips somewhere
+        drift = torch.randn(resp, generator=g, dtype=torch.float64) * (1e-5 if k in (0, 2) else 0.05)
+        if k not in (0, 2):
+            drift[::4] += torch.randn(len(drift[::4]), generator=g, dtype=torch.float64) * 0.6
+            drift += 0.05 * (1 if k % 2 == 0 else -1)  # pushes the ratio in its advantage's direction
         log_pi = torch.clamp(log_mu + drift, max=-1e-4)
         mask = torch.ones(resp, dtype=torch.int32)
         if resp > 3:
@@ -107,7 +110,7 @@ def _core_reference(mode, args, data, aggregation):
     from epic_slime.losses import compute_policy_loss
     from epic_slime.losses.flags import policy_loss_config_from_args
 
-    _, params = policy_loss_config_from_args(args)
+    _, params, _ = policy_loss_config_from_args(args)
     leaves = [d["log_pi"].clone().requires_grad_(True) for d in data]
     mask = pad_sequence([d["mask"].bool() for d in data], batch_first=True)
     out = compute_policy_loss(
@@ -130,7 +133,7 @@ def _core_reference(mode, args, data, aggregation):
 def test_cp1_adapter_equals_core(mode):
     data = _full_data()
     args = _args(mode)
-    aggregation = args.policy_loss_aggregation or default_aggregation(mode)
+    aggregation = args.policy_loss_aggregation or LOSS_MODES[mode].aggregation
     leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
     loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
     loss.backward()
@@ -141,11 +144,17 @@ def test_cp1_adapter_equals_core(mode):
     assert any(float(g.abs().sum()) > 0 for g in ref_grads)
     # metrics: slime's names, the core's diagnostics weighted by the micro-batch's share
     assert set(metrics) >= {"loss", "pg_loss", "entropy_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff"}
+    # pg_clipfrac: the core's per-token clip indicator, reduced by slime's reducer
+    clipped = [ref_out.clipped[i, : d["resp"]] for i, d in enumerate(data)]
+    torch.testing.assert_close(metrics["pg_clipfrac"].double(), reducer(torch.cat(clipped).double()), rtol=1e-6, atol=1e-7)
+    assert float(metrics["pg_clipfrac"]) > 0, "the fixture must make some tokens clip"
+    # the core's diagnostics, weighted by the micro-batch's share of the step's normaliser
     weight = float(sum(d["mask"].sum() for d in data)) if aggregation == "token-mean" else len(data)
     torch.testing.assert_close(
-        metrics["pg_clipfrac"].double(), torch.as_tensor(float(ref_out.metrics["clipfrac"]) * weight, dtype=torch.float64),
-        rtol=1e-6, atol=1e-7,
+        metrics["policy/ratio_mean"].double(),
+        torch.as_tensor(float(ref_out.metrics["ratio_mean"]) * weight, dtype=torch.float64), rtol=1e-6, atol=1e-7,
     )
+    assert "policy/valid_tokens" not in metrics and "policy/empty_response_frac" in metrics
     expected_kl = reducer(torch.cat([d["log_mu"] - d["log_pi"] for d in data]))
     torch.testing.assert_close(metrics["ppo_kl"].double(), expected_kl, rtol=1e-6, atol=1e-7)
 

@@ -33,15 +33,17 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from epic_slime.slime.cp import Gather, gather_full_responses, with_live_local_entries, zigzag_response_positions
-from epic_slime.slime.flags import TOKEN_MEAN, BEHAVIOR_LOGPROBS, default_aggregation
+from epic_slime.slime.flags import BEHAVIOR_LOGPROBS, TOKEN_MEAN
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
-METRIC_PREFIX = "policy/"
+METRIC_PREFIX = "policy/"  # slime logs a loss metric "x" as "train/x": these are "train/policy/..."
+_COUNT_METRICS = ("valid_tokens",)
 
 
 @dataclasses.dataclass
 class LocalPolicyLoss:
     per_token_loss: list[torch.Tensor]  # per sample, this rank's local tokens (differentiable)
+    clipped: list[torch.Tensor]  # per sample, this rank's local tokens: clipped by the mode's rule
     metrics: dict[str, Any]  # the core's batch-level diagnostics over the full responses
     full_outputs: Any  # the core's PolicyLossOutput
 
@@ -103,7 +105,10 @@ def local_policy_loss(
         out.per_token_loss[i, :n].index_select(0, pos.to(device))
         for i, (n, pos) in enumerate(zip(response_lengths, positions))
     ]
-    return LocalPolicyLoss(per_token_loss, dict(out.metrics), out)
+    clipped = [
+        out.clipped[i, :n].index_select(0, pos.to(device)) for i, (n, pos) in enumerate(zip(response_lengths, positions))
+    ]
+    return LocalPolicyLoss(per_token_loss, clipped, dict(out.metrics), out)
 
 
 def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str) -> torch.Tensor:
@@ -127,8 +132,7 @@ def _cat(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
 def _loss_config(args: Any) -> tuple[str, dict[str, Any], str, str]:
     from epic_slime.losses.flags import policy_loss_config_from_args
 
-    mode, params = policy_loss_config_from_args(args)
-    aggregation = getattr(args, "policy_loss_aggregation", None) or default_aggregation(mode)
+    mode, params, aggregation = policy_loss_config_from_args(args)
     behavior = getattr(args, "behavior_logprobs", None) or "rollout"
     if behavior not in BEHAVIOR_LOGPROBS:
         raise ValueError(f"--behavior-logprobs must be one of {BEHAVIOR_LOGPROBS}, got {behavior!r}")
@@ -224,19 +228,26 @@ def slime_policy_loss_from_log_probs(
         loss = loss + args.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss
 
-    # The core's diagnostics are micro-batch means over full responses (identical on every CP
-    # rank). slime sums a metric over micro-batches and DP x CP ranks, then divides by the step's
-    # sample count (token count in per-token mode), so weight each by this micro-batch's share.
+    # pg_clipfrac is exact: the core's per-token clip indicator, reduced like every slime metric.
+    clipfrac = sum_of_sample_mean(_cat(result.clipped, lp).to(lp.dtype))
+    # The core's other diagnostics are micro-batch values over full responses (identical on every
+    # CP rank). slime sums a metric over micro-batches and DP x CP ranks, then divides by the
+    # step's sample count (token count in per-token mode), so each is weighted by this
+    # micro-batch's share: the logged value is the sample- (token-) weighted mean of micro-batch
+    # values. Counts become fractions of samples; the token count is dropped (slime logs lengths).
+    n_samples = len(loss_masks)
     if per_token_mode:
         weight = sum(float(torch.clamp_min(m.sum(), 1)) for m in loss_masks) / cp_size
     else:
-        weight = len(loss_masks) / cp_size
-    core_metrics = {
-        f"{METRIC_PREFIX}{name}": torch.as_tensor(value, dtype=torch.float32, device=lp.device).detach() * weight
-        for name, value in result.metrics.items()
-        if _is_scalar(value)
-    }
-    clipfrac = core_metrics.get(f"{METRIC_PREFIX}clipfrac", lp.new_zeros(()))
+        weight = n_samples / cp_size
+    core_metrics = {}
+    for name, value in result.metrics.items():
+        if name in _COUNT_METRICS or not _is_scalar(value):
+            continue
+        value = torch.as_tensor(value, dtype=torch.float32, device=lp.device).detach()
+        if name == "empty_responses":
+            name, value = "empty_response_frac", value / max(n_samples, 1)
+        core_metrics[f"{METRIC_PREFIX}{name}"] = value * weight
 
     reported = {
         "loss": loss,

@@ -23,8 +23,6 @@ BEHAVIOR_LOGPROBS = ("rollout", "recompute")
 LOSS_FUNCTION_PATH = "epic_slime.slime.loss.policy_loss"
 ROLLOUT_FUNCTION_PATH = "epic_slime.slime.rollout.generate_rollout"
 TOKEN_MEAN = "token-mean"
-# Aggregation per mode when --policy-loss-aggregation is not given (docs/losses.md, "Aggregation").
-_TOKEN_MEAN_MODES = ("dapo", "ripo")
 
 
 class ProjectFlagError(ValueError):
@@ -93,7 +91,12 @@ def add_project_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
 
 def default_aggregation(mode: str) -> str:
-    return TOKEN_MEAN if mode in _TOKEN_MEAN_MODES else "seq-mean-token-mean"
+    """The mode's own aggregation (the core's registry: token-mean for dapo / ripo)."""
+    from epic_slime.losses import LOSS_MODES
+
+    if mode not in LOSS_MODES:
+        raise ProjectFlagError(f"--policy-loss {mode!r} is not one of {sorted(LOSS_MODES)}")
+    return LOSS_MODES[mode].aggregation
 
 
 def _get(args: Any, name: str, default: Any = None) -> Any:
@@ -105,10 +108,9 @@ def validate_project_args(args: Any) -> ProjectConfig:
     from epic_slime.losses.flags import policy_loss_config_from_args
 
     try:
-        mode, params = policy_loss_config_from_args(args)
+        mode, params, aggregation = policy_loss_config_from_args(args)
     except (ValueError, KeyError, TypeError) as exc:
         raise ProjectFlagError(str(exc)) from exc
-    aggregation = _get(args, "policy_loss_aggregation") or default_aggregation(mode)
 
     depth = _get(args, "update_depth")
     if depth is not None and depth < 1:
@@ -257,11 +259,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     samples = args.rollout_batch_size * args.n_samples_per_prompt
     depth = config.update_depth or 1
+    added = translate_argv(argv)[len(argv):]
     print(
         f"epic-slime flags OK: policy_loss={config.policy_loss} params={config.policy_loss_params} "
         f"aggregation={config.aggregation} update_depth={depth} (global batch {samples // depth} of "
         f"{samples} samples) max_staleness={config.max_staleness} stale_policy={config.stale_policy} "
-        f"behavior_logprobs={config.behavior_logprobs}"
+        f"behavior_logprobs={config.behavior_logprobs}; the driver passes slime "
+        f"{' '.join(added) if added else 'no extra flags'}"
     )
     return 0
 
