@@ -251,3 +251,49 @@ def test_slime_loss_function_cp1_cp2_and_core_agree(ranks, case):
         assert cp2[0][2][name] + cp2[1][2][name] == pytest.approx(cp1_metrics[name], rel=1e-4, abs=1e-6)
     assert ("kl_loss" in cp1_metrics) == kl
     assert any(name.startswith("policy/") for name in cp1_metrics)
+
+
+class _FakeWorker:
+    """Stands in for slime's AsyncRolloutWorker (which needs SGLang servers): finished groups,
+    handed out as (group id, group) pairs like slime's ``get_completed_groups``."""
+
+    def __init__(self, groups):
+        import threading
+
+        self.queue = list(groups)
+        self.worker_thread = threading.Thread(target=lambda: None)
+        self.worker_thread.is_alive = lambda: True
+
+    def get_completed_groups(self, limit=None):
+        out, self.queue = self.queue[:limit], self.queue[limit:]
+        return list(enumerate(out))
+
+    def queue_size(self):
+        return len(self.queue)
+
+
+def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
+    from slime.rollout.base_types import RolloutFnTrainOutput
+    from slime.utils.types import Sample
+
+    import epic_slime.slime.rollout as rollout
+
+    def group(index, version):
+        return [Sample(index=2 * index + i, weight_versions=[str(version)], rollout_id=2 * index + i) for i in range(2)]
+
+    worker = _FakeWorker([group(5, 1), group(1, 1), group(7, 0), group(2, 1)])
+    monkeypatch.setattr(rollout, "_worker", worker)
+    monkeypatch.setattr(rollout, "_first_rollout_id", None)
+    monkeypatch.setattr(rollout, "_totals", {k: 0 for k in rollout._totals})
+    args = argparse.Namespace(rollout_global_dataset=True, rollout_batch_size=2, max_staleness=0, stale_policy="drop")
+    out = rollout.generate_rollout(args, 3, data_source=None)
+    assert isinstance(out, RolloutFnTrainOutput)
+    assert [[s.index for s in g] for g in out.samples] == [[2, 3], [10, 11]]  # sorted like slime's
+    assert out.metrics["rollout/staleness/mean"] == 0.0 and out.metrics["rollout/staleness/trainer_version"] == 1.0
+    assert out.samples[0][0].metadata["epic_group_staleness"] == 0
+    # next rollout: the policy is version 2, the group from version 0 is stale by 2 > K = 0
+    worker.queue += [group(9, 2), group(8, 2)]
+    out = rollout.generate_rollout(args, 4, data_source=None)
+    assert out.metrics["rollout/staleness/dropped_groups"] == 2.0  # group(7, 0) and group(2, 1)
+    assert out.metrics["rollout/staleness/total_dropped_samples"] == 4.0
+    assert [[s.index for s in g] for g in out.samples] == [[16, 17], [18, 19]]

@@ -33,10 +33,10 @@ _first_rollout_id: int | None = None
 
 def _get_worker(args, data_source):
     global _worker
-    from slime.rollout.fully_async_rollout import AsyncRolloutWorker
-
     with _lock:
         if _worker is None or _worker.worker_thread is None or not _worker.worker_thread.is_alive():
+            from slime.rollout.fully_async_rollout import AsyncRolloutWorker
+
             # slime's default (server concurrency x engines, ~1000 groups) would let the queue run
             # many batches ahead and make most samples stale; one batch ahead by default.
             concurrency = getattr(args, "async_groups_in_flight", None) or args.rollout_batch_size
@@ -71,7 +71,8 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
     gate = StalenessGate(getattr(args, "max_staleness", None), getattr(args, "stale_policy", "drop"))
     groups = run(
         collect_admitted_groups(
-            lambda limit: worker.get_completed_groups(limit=limit),
+            # slime's worker hands out (group id, group) pairs
+            lambda limit: [group for _, group in worker.get_completed_groups(limit=limit)],
             trainer_version=trainer_version,
             gate=gate,
             target=args.rollout_batch_size,
