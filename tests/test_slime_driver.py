@@ -39,6 +39,7 @@ def test_valid_command_reports_the_config():
     config, args, rest = check_argv(BASE + ["--policy-loss", "epic", "--update-depth", "8", "--max-staleness", "2"])
     assert (config.policy_loss, config.update_depth, config.max_staleness, config.stale_policy) == ("epic", 8, 2, "drop")
     assert config.aggregation == "seq-mean-token-mean" and config.behavior_logprobs == "rollout"
+    assert config.policy_loss_params == {"delta_low": 5e-4, "delta_high": 2e-3}  # the core's defaults, resolved
     assert rest == ["--some-slime-flag", "x"]
 
 
@@ -55,6 +56,9 @@ def test_valid_command_reports_the_config():
         (["--update-weights-interval", "2"], "update-weights-interval"),
         (["--colocate"], "colocate"),
         (["--async-groups-in-flight", "0"], "async-groups-in-flight"),
+        (["--use-routing-replay", "--use-rollout-logprobs"], "R2"),
+        (["--policy-loss", "ripo", "--grpo-clip-low", "0.1"], "applies to the 'grpo' modes"),
+        (["--epic-delta-low", "-1"], "delta_low=-1"),
     ],
 )
 def test_bad_flags_are_named(extra, message):

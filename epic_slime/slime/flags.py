@@ -129,7 +129,10 @@ def validate_project_args(args: Any) -> ProjectConfig:
     if in_flight is not None and in_flight < 1:
         raise ProjectFlagError(f"--async-groups-in-flight must be >= 1, got {in_flight}")
     _check_slime_flags(args, aggregation, depth, staleness, behavior)
-    return ProjectConfig(mode, dict(params), aggregation, depth, staleness, stale_policy, behavior)
+    from epic_slime.losses import resolve_params
+
+    # the mode's parameters with its defaults filled in: what the loss will actually use
+    return ProjectConfig(mode, resolve_params(mode, params), aggregation, depth, staleness, stale_policy, behavior)
 
 
 def _check_slime_flags(args: Any, aggregation: str, depth: int | None, staleness: int | None, behavior: str) -> None:
@@ -171,6 +174,15 @@ def _check_slime_flags(args: Any, aggregation: str, depth: int | None, staleness
         raise ProjectFlagError(
             "--behavior-logprobs recompute needs slime's log-prob recompute, which "
             "--use-rollout-logprobs switches off: drop one of the two"
+        )
+    if (
+        _get(args, "use_routing_replay", False)
+        and not _get(args, "use_rollout_routing_replay", False)
+        and _get(args, "use_rollout_logprobs", False)
+    ):
+        raise ProjectFlagError(
+            "--use-routing-replay (R2) records the MoE routing during slime's log-prob recompute, "
+            "which --use-rollout-logprobs skips: drop --use-rollout-logprobs"
         )
     per_token = bool(_get(args, "calculate_per_token_loss", False))
     if (aggregation == TOKEN_MEAN) != per_token:
@@ -232,6 +244,8 @@ def _dry_run_parser() -> argparse.ArgumentParser:
     slime.add_argument("--calculate-per-token-loss", action="store_true")
     slime.add_argument("--update-weights-interval", type=int, default=1)
     slime.add_argument("--colocate", action="store_true")
+    slime.add_argument("--use-routing-replay", action="store_true")
+    slime.add_argument("--use-rollout-routing-replay", action="store_true")
     return parser
 
 
