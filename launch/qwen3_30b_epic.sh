@@ -18,7 +18,9 @@
 #   --hf-checkpoint P   HF_CHECKPOINT    HF weights (default /root/models/Qwen3-30B-A3B-Base)
 #   --ref-load P        REF_LOAD         Megatron torch_dist weights (default ${HF_CHECKPOINT}_torch_dist)
 #   --save-dir P        SAVE_DIR         checkpoints / resume (default /root/checkpoints/<run name>)
-#   --data-dir P        DATA_DIR         prepared data (default /root/data): dapo-math-17k.jsonl, aime_2024.jsonl, ...
+#   --data-dir P        DATA_DIR         `epic-slime prepare-data --out` folder (default /root/data):
+#                                        train/dapo_math_17k.jsonl, eval/{aime_2024,aime_2025,amc_2023,hmmt_feb_2025}.jsonl
+#                       EVAL_RECORDS     per-sample eval records for the Table 1 report (default SAVE_DIR/eval_records.jsonl)
 #   --wandb-project P   WANDB_PROJECT    W&B project; W&B is on when WANDB_API_KEY is set (never printed)
 #   --dry-run           DRY_RUN=1        print the full command and validate the project flags; no Ray, no GPUs
 # Ray: RAY_ROLE=head (default) starts a head on this node unless one is running (dashboard and job
@@ -94,6 +96,15 @@ fi
 REF_LOAD="${REF_LOAD:-${HF_CHECKPOINT}_torch_dist}"
 RUN_NAME="qwen3-30b-a3b-${METHOD}-d${UPDATE_DEPTH}-k${MAX_STALENESS}-s${SEED}"
 SAVE_DIR="${SAVE_DIR:-/root/checkpoints/${RUN_NAME}}"
+EVAL_RECORDS="${EVAL_RECORDS:-${SAVE_DIR}/eval_records.jsonl}"
+# Run identity for the evaluation hook, as top-level keys of slime's --custom-config-path (every
+# Ray actor sees them on args). Written next to the checkpoints, which every node must mount.
+RUN_CONFIG="${SAVE_DIR}/epic_run.yaml"
+run_config_yaml() {
+  echo "epic_run_name: \"${RUN_NAME}\""
+  echo "epic_method: \"${METHOD}\""
+  echo "epic_eval_records_path: \"${EVAL_RECORDS}\""
+}
 
 # Settings from YAML: the paper's shared settings (Table 2), the model and its parallelism,
 # then the method (its clip parameters and any routing-replay flags).
@@ -123,9 +134,10 @@ DRIVER_ARGS=(
   --ref-load "${REF_LOAD}"
   --load "${SAVE_DIR}"
   --save "${SAVE_DIR}"
-  --prompt-data "${DATA_DIR}/dapo-math-17k.jsonl"
-  --eval-prompt-data aime24 "${DATA_DIR}/aime_2024.jsonl" aime25 "${DATA_DIR}/aime_2025.jsonl"
-                     amc23 "${DATA_DIR}/amc_2023.jsonl" hmmt25 "${DATA_DIR}/hmmt_feb_2025.jsonl"
+  --prompt-data "${DATA_DIR}/train/dapo_math_17k.jsonl"
+  --eval-prompt-data aime_2024 "${DATA_DIR}/eval/aime_2024.jsonl" aime_2025 "${DATA_DIR}/eval/aime_2025.jsonl"
+                     amc_2023 "${DATA_DIR}/eval/amc_2023.jsonl" hmmt_feb_2025 "${DATA_DIR}/eval/hmmt_feb_2025.jsonl"
+  --custom-config-path "${RUN_CONFIG}"
   --num-rollout "${NUM_ROLLOUT}"
   --seed "${SEED}"
   "${CONFIG_ARGS[@]}"
@@ -151,6 +163,8 @@ SUBMIT=(ray job submit --address "http://127.0.0.1:${RAY_DASHBOARD_PORT}" --runt
 if [[ "${DRY_RUN}" == "1" ]]; then
   echo "# runtime env (RUNTIME_ENV_YAML):"
   runtime_env_yaml redact | sed 's/^/#   /'
+  echo "# ${RUN_CONFIG} (written at submission):"
+  run_config_yaml | sed 's/^/#   /'
   printf '%q ' "${SUBMIT[@]}"; echo
   cd "${REPO_DIR}"
   exec "${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}"
@@ -178,6 +192,8 @@ while :; do
 done
 
 "${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}" >/dev/null
+mkdir -p "${SAVE_DIR}"
+run_config_yaml > "${RUN_CONFIG}"
 umask 077
 RUNTIME_ENV_FILE="$(mktemp --suffix=.yaml)"
 trap 'rm -f "${RUNTIME_ENV_FILE}"' EXIT

@@ -53,6 +53,11 @@ def test_companion_script_dry_run_is_complete_and_valid(method):
     assert (_flag(driver, "--actor-num-nodes"), _flag(driver, "--rollout-num-gpus")) == ("2", "16")
     assert _flag(driver, "--eval-interval") == "5" and _flag(driver, "--n-samples-per-eval-prompt") == "8"
     assert _flag(driver, "--eval-top-p") == "0.7" and _flag(driver, "--lr") == "1e-06"
+    assert _flag(driver, "--prompt-data") == "/root/data/train/dapo_math_17k.jsonl"
+    eval_data = driver[driver.index("--eval-prompt-data") + 1 : driver.index("--eval-prompt-data") + 9]
+    assert eval_data[::2] == ["aime_2024", "aime_2025", "amc_2023", "hmmt_feb_2025"]
+    assert _flag(driver, "--custom-config-path").endswith("/epic_run.yaml")
+    assert f'epic_method: "{method}"' in result.stdout  # the eval hook's run identity
     assert "epic-slime flags OK" in result.stdout
     assert "global batch 64 of 512 samples" in result.stdout
     mode = _flag(driver, "--policy-loss")
