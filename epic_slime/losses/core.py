@@ -212,8 +212,12 @@ def sign_aware_clip(log_value: torch.Tensor, advantages: torch.Tensor, *, upper_
     q = _safe_exp(clipped_x)
     value = advantages * q
     coef = torch.where(inside, value, 0.0)
+    # Report the mode's bounds whatever the token's sign (what "mean bounds" and "finite lower
+    # bound fraction" describe), not the sign-selected ones used above.
     return TokenTerms(value=value, coef=coef, clipped_upper=clipped_upper, clipped_lower=clipped_lower,
-                      log_lower=lower, log_upper=upper, log_value=log_value)
+                      log_lower=torch.broadcast_to(_as_tensor(lower_neg, log_value), log_value.shape),
+                      log_upper=torch.broadcast_to(_as_tensor(upper_pos, log_value), log_value.shape),
+                      log_value=log_value)
 
 
 def _as_tensor(x, like: torch.Tensor) -> torch.Tensor:
@@ -221,12 +225,17 @@ def _as_tensor(x, like: torch.Tensor) -> torch.Tensor:
 
 
 def _safe_exp(x: torch.Tensor) -> torch.Tensor:
-    """exp with the argument capped at the dtype's overflow point (counted by the caller)."""
+    """exp with the argument capped at half the dtype's overflow point (counted in metrics)."""
     return torch.exp(torch.clamp(x, max=_max_log(x.dtype)))
 
 
 def _max_log(dtype: torch.dtype) -> float:
-    return math.log(torch.finfo(dtype).max) - 1.0
+    """Largest exponent a value may carry: e^44 in float32, e^354 in float64.
+
+    Half the overflow point, so that A * e^X summed over a batch stays finite even for
+    advantages of 1e6. Only reachable by importance ratios beyond 1e19 (float32), i.e. samples
+    from an unrelated policy; such tokens are counted as `value_capped_frac`."""
+    return 0.5 * math.log(torch.finfo(dtype).max)
 
 
 def reinforce_terms(weight: torch.Tensor, log_probs: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -71,8 +71,12 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms) -> dict[str, torch.
     z = batch.log_prefix_ratio / batch.token_count
     metrics["abs_z_mean"] = _frac((z.abs() * m).sum(), n)
     metrics["abs_L_mean"] = _frac((batch.log_prefix_ratio.abs() * m).sum(), n)
-    metrics["bound_lower_mean"] = _frac((torch.exp(log_lower) * m).sum(), n)
-    metrics["bound_upper_mean"] = _frac((torch.exp(log_upper) * m).sum(), n)
+    # Mean bounds in log space (on the clipped quantity X_t), each over the valid tokens that have
+    # that bound; a lower bound whose e^{lo} underflows float32 counts as absent.
+    finite_upper = torch.isfinite(log_upper) & valid
+    metrics["finite_upper_frac"] = _frac(count(finite_upper), n)
+    metrics["log_bound_lower_mean"] = _frac(torch.where(finite_lower, log_lower, 0.0).sum(), count(finite_lower))
+    metrics["log_bound_upper_mean"] = _frac(torch.where(finite_upper, log_upper, 0.0).sum(), count(finite_upper))
 
     # Token-ratio statistics (r_t = pi_t / mu_t) and the train-rollout log-prob gap.
     log_ratio = batch.log_ratio
@@ -92,12 +96,13 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms) -> dict[str, torch.
         metrics["ratio_p95"] = torch.zeros((), dtype=torch.float64)
         metrics["ratio_max"] = torch.zeros((), dtype=torch.float64)
 
-    # Counted fallback: an unclipped value whose exp would overflow was capped (see core._safe_exp).
+    # Counted fallback: an unclipped value beyond e^44 (float32) / e^354 (float64) was capped
+    # (see core._max_log).
     if terms.log_value is not None:
         overflow = (terms.log_value.to(torch.float64) > _max_log(terms.log_value.dtype)) & valid & ~clipped
-        metrics["ratio_overflow_frac"] = _frac(count(overflow), n)
+        metrics["value_capped_frac"] = _frac(count(overflow), n)
     else:
-        metrics["ratio_overflow_frac"] = torch.zeros((), dtype=torch.float64)
+        metrics["value_capped_frac"] = torch.zeros((), dtype=torch.float64)
 
     for key, value in terms.extra_metrics.items():
         metrics[key] = value
