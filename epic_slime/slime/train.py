@@ -8,11 +8,13 @@ is built from slime's public pieces (placement groups, RolloutManager, the actor
   2. ask the RolloutManager for rollout ``start``; for every rollout ``r``: wait for its data,
      immediately ask for rollout ``r + 1`` (the background worker of
      ``epic_slime.slime.rollout`` never stops generating), train ``r`` with ``D`` optimizer
-     steps, save when due, push the new weights (in-flight requests are paused and resume
-     on the new weights; they carry both versions), evaluate every ``--eval-interval``.
+     steps, save when due, push the new weights, evaluate every ``--eval-interval``.
 
-Generation therefore overlaps training; how stale a group may be when it is trained is
-bounded by ``--max-staleness`` in the rollout function.
+slime's RolloutManager actor runs one call at a time and the weight push asks it for the
+engines, so the push after rollout ``r`` happens once rollout ``r + 1`` is collected (as in
+slime's train_async.py): batches after the first are at least one update stale. Requests in
+flight during a push pause and continue on the new weights (their samples carry both versions).
+How stale a group may be when it is trained is bounded by ``--max-staleness`` (>= 1).
 """
 
 from __future__ import annotations
