@@ -38,7 +38,8 @@ class LossBatch:
 
     ``log_probs``/``behavior_log_probs``/``advantages`` are detached, in the compute dtype
     (float32 for float32/bfloat16 inputs, float64 for float64), and zero on masked tokens.
-    Prefix statistics are float64 (16k-token prefix sums must not lose precision).
+    Prefix sums are accumulated in float64 (16k-token sums must not lose precision) and then
+    stored in the compute dtype.
     """
 
     log_probs: torch.Tensor
@@ -53,34 +54,38 @@ class LossBatch:
     topk_mask: torch.Tensor | None = None
     _prefix: dict = dataclasses.field(default_factory=dict, repr=False)
 
+    def _cached(self, name, compute):
+        if name not in self._prefix:
+            self._prefix[name] = compute()
+        return self._prefix[name]
+
+    def _prefix_sum(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(x, dim=-1, dtype=torch.float64).to(self.mask.dtype)
+
     @property
     def log_ratio(self) -> torch.Tensor:
         """lam_t = m_t (log pi_t - log mu_t)."""
-        if "log_ratio" not in self._prefix:
-            self._prefix["log_ratio"] = (self.log_probs - self.behavior_log_probs) * self.mask
-        return self._prefix["log_ratio"]
+        return self._cached("log_ratio", lambda: (self.log_probs - self.behavior_log_probs) * self.mask)
 
     @property
     def token_count(self) -> torch.Tensor:
-        """t = sum_{k<=t} m_k, clamped >= 1 (float64)."""
-        if "token_count" not in self._prefix:
-            self._prefix["token_count"] = torch.cumsum(self.mask, dim=-1, dtype=torch.float64).clamp_(min=1.0)
-        return self._prefix["token_count"]
+        """t = sum_{k<=t} m_k, clamped >= 1."""
+        return self._cached("token_count", lambda: self._prefix_sum(self.mask).clamp_(min=1.0))
+
+    @property
+    def inv_token_count(self) -> torch.Tensor:
+        """1 / t."""
+        return self._cached("inv_token_count", lambda: torch.reciprocal(self.token_count))
 
     @property
     def log_prefix_ratio(self) -> torch.Tensor:
-        """L_t = sum_{k<=t} lam_k (float64)."""
-        if "log_prefix_ratio" not in self._prefix:
-            self._prefix["log_prefix_ratio"] = torch.cumsum(self.log_ratio, dim=-1, dtype=torch.float64)
-        return self._prefix["log_prefix_ratio"]
+        """L_t = sum_{k<=t} lam_k."""
+        return self._cached("log_prefix_ratio", lambda: self._prefix_sum(self.log_ratio))
 
     @property
     def log_behavior_prefix(self) -> torch.Tensor:
-        """M_t = sum_{k<=t} m_k log mu_k (float64; never exponentiated)."""
-        if "log_behavior_prefix" not in self._prefix:
-            self._prefix["log_behavior_prefix"] = torch.cumsum(
-                self.behavior_log_probs, dim=-1, dtype=torch.float64)
-        return self._prefix["log_behavior_prefix"]
+        """M_t = sum_{k<=t} m_k log mu_k (never exponentiated)."""
+        return self._cached("log_behavior_prefix", lambda: self._prefix_sum(self.behavior_log_probs))
 
     @property
     def response_length(self) -> torch.Tensor:

@@ -23,8 +23,8 @@ def _frac(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
 
 def policy_loss_metrics(batch: LossBatch, terms: TokenTerms) -> dict[str, torch.Tensor]:
     valid = batch.valid
-    m = batch.mask.to(torch.float64)
-    n = m.sum()
+    m = batch.mask
+    n = m.sum(dtype=torch.float64)
     clipped_upper = terms.clipped_upper & valid
     clipped_lower = terms.clipped_lower & valid
     clipped = clipped_upper | clipped_lower
@@ -34,7 +34,7 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms) -> dict[str, torch.
 
     metrics = {
         "valid_tokens": n,
-        "empty_responses": (m.sum(-1) == 0).sum(dtype=torch.float64),
+        "empty_responses": (batch.response_length == 0).sum(dtype=torch.float64),
         "clipfrac": _frac(count(clipped), n),
         "clipfrac_upper": _frac(count(clipped_upper), n),
         "clipfrac_lower": _frac(count(clipped_lower), n),
@@ -48,7 +48,7 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms) -> dict[str, torch.
         bins = ((batch.token_count - 1.0) / length * POSITION_BINS).long().clamp_(0, POSITION_BINS - 1)
         flat_bins = bins.reshape(-1)
         tokens_per_bin = torch.zeros(POSITION_BINS, dtype=torch.float64, device=m.device).scatter_add_(
-            0, flat_bins, m.reshape(-1))
+            0, flat_bins, m.reshape(-1).to(torch.float64))
         clipped_per_bin = torch.zeros_like(tokens_per_bin).scatter_add_(
             0, flat_bins, clipped.reshape(-1).to(torch.float64))
     else:
@@ -64,25 +64,26 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms) -> dict[str, torch.
     metrics["clipfrac_position_cv"] = torch.where(bin_mean > 0, bin_std / bin_mean.clamp(min=1e-300), 0.0)
 
     # Prefix statistics and bounds.
-    log_lower = terms.log_lower.to(torch.float64)
-    log_upper = terms.log_upper.to(torch.float64)
+    log_lower = terms.log_lower
+    log_upper = terms.log_upper
     finite_lower = (log_lower > _LOG_TINY) & valid
     metrics["finite_lower_frac"] = _frac(count(finite_lower), n)
-    z = batch.log_prefix_ratio / batch.token_count
-    metrics["abs_z_mean"] = _frac((z.abs() * m).sum(), n)
-    metrics["abs_L_mean"] = _frac((batch.log_prefix_ratio.abs() * m).sum(), n)
+    abs_prefix = batch.log_prefix_ratio.abs().mul_(m)
+    metrics["abs_L_mean"] = _frac(abs_prefix.sum(dtype=torch.float64), n)
+    metrics["abs_z_mean"] = _frac(abs_prefix.mul_(batch.inv_token_count).sum(dtype=torch.float64), n)
     # Mean bounds in log space (on the clipped quantity X_t), each over the valid tokens that have
     # that bound; a lower bound whose e^{lo} underflows float32 counts as absent.
     finite_upper = torch.isfinite(log_upper) & valid
     metrics["finite_upper_frac"] = _frac(count(finite_upper), n)
-    metrics["log_bound_lower_mean"] = _frac(torch.where(finite_lower, log_lower, 0.0).sum(), count(finite_lower))
-    metrics["log_bound_upper_mean"] = _frac(torch.where(finite_upper, log_upper, 0.0).sum(), count(finite_upper))
+    metrics["log_bound_lower_mean"] = _frac(torch.where(finite_lower, log_lower, 0.0).sum(dtype=torch.float64),
+                                            count(finite_lower))
+    metrics["log_bound_upper_mean"] = _frac(torch.where(finite_upper, log_upper, 0.0).sum(dtype=torch.float64),
+                                            count(finite_upper))
 
     # Token-ratio statistics (r_t = pi_t / mu_t) and the train-rollout log-prob gap.
     log_ratio = batch.log_ratio
-    metrics["logprob_abs_diff"] = _frac((log_ratio.abs().to(torch.float64)).sum(), n)
-    ratio = torch.exp(log_ratio.to(torch.float64))
-    metrics["ratio_mean"] = _frac((ratio * m).sum(), n)
+    metrics["logprob_abs_diff"] = _frac(log_ratio.abs().sum(dtype=torch.float64), n)
+    metrics["ratio_mean"] = _frac(torch.exp(log_ratio).mul_(m).sum(dtype=torch.float64), n)
     masked_log_ratio = torch.where(valid, log_ratio, -math.inf)
     metrics["ratio_max"] = (torch.exp(masked_log_ratio.max().to(torch.float64)) if valid.numel()
                             else torch.zeros((), dtype=torch.float64))
@@ -99,7 +100,7 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms) -> dict[str, torch.
     # Counted fallback: an unclipped value beyond e^44 (float32) / e^354 (float64) was capped
     # (see core._max_log).
     if terms.log_value is not None:
-        overflow = (terms.log_value.to(torch.float64) > _max_log(terms.log_value.dtype)) & valid & ~clipped
+        overflow = (terms.log_value > _max_log(terms.log_value.dtype)) & valid & ~clipped
         metrics["value_capped_frac"] = _frac(count(overflow), n)
     else:
         metrics["value_capped_frac"] = torch.zeros((), dtype=torch.float64)

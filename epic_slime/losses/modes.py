@@ -37,24 +37,16 @@ def _to(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 # EPIC and its ablations
 # ------------------------------------------------------------------------------------------
 
-def _epic_budgets(batch: LossBatch, delta_low: float, delta_high: float, geometric: bool):
-    """log c-_t, log c+_t = log t + log delta -+ (M_t / t  or  M_t): all in log space (float64)."""
-    t = batch.token_count
-    behavior = batch.log_behavior_prefix / t if geometric else batch.log_behavior_prefix
-    base = torch.log(t) - behavior
-    return base + math.log(delta_low), base + math.log(delta_high)
-
-
 def _epic(batch: LossBatch, delta_low: float, delta_high: float, *, geometric: bool, per_token: bool) -> TokenTerms:
-    t = batch.token_count
-    log_c_low, log_c_high = _epic_budgets(batch, delta_low, delta_high, geometric)
-    lower = exact_kl_lower_root(log_c_low)
-    upper = exact_kl_upper_root(log_c_high)
+    inv_t = batch.inv_token_count
+    # Budgets in log space: log c-+_t = log t + log delta-+ - M_t / t   (raw-prob ablation: - M_t).
+    behavior = batch.log_behavior_prefix * inv_t if geometric else batch.log_behavior_prefix
+    base = torch.log(batch.token_count).sub_(behavior)
+    lower = exact_kl_lower_root(base + math.log(delta_low))
+    upper = exact_kl_upper_root(base.add_(math.log(delta_high)))
     x = batch.log_prefix_ratio
     if per_token:  # bounds on the log geometric prefix ratio z_t = L_t / t
-        x, lower, upper = x / t, lower / t, upper / t
-    like = batch.log_probs
-    x, lower, upper = _to(x, like), _to(lower, like), _to(upper, like)
+        x, lower, upper = x * inv_t, lower.mul_(inv_t), upper.mul_(inv_t)
     return sign_aware_clip(x, batch.advantages, upper_pos=upper, lower_neg=lower, upper_neg=upper)
 
 
@@ -102,8 +94,8 @@ def dapo(batch: LossBatch, *, clip_low: float = 0.2, clip_high: float = 0.28, du
 def gspo(batch: LossBatch, *, clip_low: float = 3e-4, clip_high: float = 4e-4) -> TokenTerms:
     """GSPO-token: sequence ratio exp(mean_t lam_t) for every token (straight-through), PPO clip."""
     length = batch.response_length.clamp(min=1.0).unsqueeze(-1)
-    mean_log_ratio = batch.log_prefix_ratio[:, -1:] / length  # same value for every token of a row
-    log_value = _to(mean_log_ratio, batch.log_probs).expand_as(batch.log_probs)
+    mean_log_ratio = batch.log_ratio.sum(dim=-1, keepdim=True, dtype=torch.float64) / length
+    log_value = _to(mean_log_ratio, batch.log_probs).expand_as(batch.log_probs)  # same for a whole row
     return _ppo(log_value, batch.advantages, math.log1p(-clip_low), math.log1p(clip_high), None)
 
 
@@ -112,9 +104,8 @@ def gspo(batch: LossBatch, *, clip_low: float = 3e-4, clip_high: float = 4e-4) -
 def ctpo(batch: LossBatch, *, clip_low: float = 0.025, clip_high: float = 0.05, power: float = 0.5,
          clip_cap: float = 0.05) -> TokenTerms:
     """CTPO: cumulative prefix ratio L_t in [-eps_lo t^p, eps_hi t^p]; A < 0 capped at exp(eps_c t^p)."""
-    scale = _to(batch.token_count.pow(power), batch.log_probs)
-    log_value = _to(batch.log_prefix_ratio, batch.log_probs)
-    return sign_aware_clip(log_value, batch.advantages, upper_pos=clip_high * scale,
+    scale = batch.token_count.pow(power)
+    return sign_aware_clip(batch.log_prefix_ratio, batch.advantages, upper_pos=clip_high * scale,
                            lower_neg=-clip_low * scale, upper_neg=clip_cap * scale)
 
 
