@@ -492,6 +492,16 @@ def test_topk_input_errors_name_the_field():
     missing[0, 1] &= ~near[0, 1]
     with pytest.raises(PolicyLossInputError, match=r"behavior_topk_log_probs lacks the sampled token .*\(0, 1\)"):
         call(behavior_topk_log_probs=behavior, current_topk_log_probs=current, topk_mask=missing)
+    # A probability of 0 in the set (log = -inf) is allowed: KL(mu || pi) is +inf where pi_i = 0 < mu_i.
+    zero_b, zero_c = behavior.clone(), current.clone()
+    other = [k for k in range(behavior.shape[-1]) if used[0, 3, k] and abs(float(behavior[0, 3, k] - blp[0, 3])) > 0.1]
+    zero_b[0, 3, other[0]], zero_c[0, 3, other[-1]] = -math.inf, -math.inf
+    out = call(behavior_topk_log_probs=zero_b, current_topk_log_probs=zero_c, topk_mask=used)
+    batch = prepare_batch(lp, blp, adv[:, None].expand_as(lp), mask, behavior_topk_log_probs=zero_b,
+                          current_topk_log_probs=zero_c, topk_mask=used)
+    kl = topk_kl(batch)
+    assert torch.isfinite(out.loss) and torch.isfinite(topk_total_variation(batch)[mask]).all()
+    assert math.isinf(float(kl[0, 3])) and torch.isfinite(kl[mask & (torch.arange(6) != 3)]).all()
     # ... unless validation is off (no host sync), and garbage on unused columns never matters.
     call(behavior_topk_log_probs=behavior, current_topk_log_probs=current, topk_mask=missing, validate=False)
     garbage = torch.where(used, current, NAN)

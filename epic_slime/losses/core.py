@@ -48,7 +48,7 @@ class LossBatch:
     mask: torch.Tensor  # compute dtype, 0/1
     valid: torch.Tensor  # bool
     # Optional Top-K inputs (see epic_slime/losses/topk.py): [B, T, K], detached, compute dtype,
-    # zero where ``topk_mask`` is False; topk_mask is False on ignored columns and invalid tokens.
+    # -inf where ``topk_mask`` is False; topk_mask is False on ignored columns and invalid tokens.
     behavior_topk_log_probs: torch.Tensor | None = None
     current_topk_log_probs: torch.Tensor | None = None
     topk_mask: torch.Tensor | None = None

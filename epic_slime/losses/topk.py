@@ -134,12 +134,13 @@ def synthetic_topk_inputs(batch_size: int, seq_len: int, k: int, *, vocab_size: 
 
 def prepare_topk_inputs(behavior_topk_log_probs, current_topk_log_probs, topk_mask, valid: torch.Tensor,
                         dtype: torch.dtype, *, validate: bool = True, behavior_log_probs: torch.Tensor | None = None):
-    """Check the Top-K inputs; return (behavior, current, mask): detached ``dtype`` tensors, zero
+    """Check the Top-K inputs; return (behavior, current, mask): detached ``dtype`` tensors, -inf
     where the returned mask [B, T, K] (``topk_mask`` and the token mask ``valid``) is False.
 
     Raises PolicyLossInputError naming the field: one of the two log-prob tensors without the other,
     non-tensors, shapes other than [B, T, K] with [B, T] = the token mask's, a non-bool topk_mask,
-    and (``validate``) NaN / inf / positive log-probs on a used entry, a set whose probabilities sum
+    and (``validate``) NaN, +inf or positive log-probs on a used entry (-inf, a probability of 0, is
+    allowed), a set whose probabilities sum
     beyond 1 (duplicate ids), and a position whose set lacks the sampled token (no used column with
     log mu within 1e-2 of ``behavior_log_probs``).
     """
@@ -168,38 +169,46 @@ def prepare_topk_inputs(behavior_topk_log_probs, current_topk_log_probs, topk_ma
         raise PolicyLossInputError(f"topk_mask must be a bool tensor of shape {tuple(shape)}, "
                                    f"got {topk_mask.dtype} {tuple(topk_mask.shape)}")
     used = topk_mask & valid.unsqueeze(-1)
-    behavior = behavior_topk_log_probs.detach()
-    current = current_topk_log_probs.detach()
-
+    # -inf off the set: exp gives 0 there, so sums over the set need no mask.
+    behavior = torch.where(used, behavior_topk_log_probs.detach().to(dtype), -math.inf)
+    current = torch.where(used, current_topk_log_probs.detach().to(dtype), -math.inf)
     if validate and used.numel():
-        tolerance = _MASS_TOLERANCE.get(behavior.dtype, _DEFAULT_MASS_TOLERANCE)
-        zero = torch.zeros((), dtype=torch.float64, device=behavior.device)
-        mass = {name: torch.where(used, torch.exp(t.to(torch.float64).clamp(max=1.0)), zero).sum(-1)
-                for name, t in (("behavior_topk_log_probs", behavior), ("current_topk_log_probs", current))}
-        checks = [
-            ("behavior_topk_log_probs", behavior, ~torch.isfinite(behavior) & used, "has a non-finite value"),
-            ("current_topk_log_probs", current, ~torch.isfinite(current) & used, "has a non-finite value"),
-            ("behavior_topk_log_probs", behavior, (behavior > _MAX_LOG_PROB) & used, "has a positive value"),
-            ("current_topk_log_probs", current, (current > _MAX_LOG_PROB) & used, "has a positive value"),
-            ("behavior_topk_log_probs", mass["behavior_topk_log_probs"],
-             mass["behavior_topk_log_probs"] > 1.0 + tolerance,
-             "has probabilities summing beyond 1 (duplicate ids? mask them with topk_mask):"),
-            ("current_topk_log_probs", mass["current_topk_log_probs"],
-             mass["current_topk_log_probs"] > 1.0 + tolerance,
-             "has probabilities summing beyond 1 (duplicate ids? mask them with topk_mask):"),
-        ]
-        if behavior_log_probs is not None:
-            gap = torch.where(used, (behavior - behavior_log_probs.detach().unsqueeze(-1)).abs(), math.inf)
-            nearest = gap.amin(dim=-1)
-            checks.append(("behavior_topk_log_probs", nearest,
-                           (nearest > _SAMPLED_LOG_PROB_TOLERANCE) & valid,
-                           "lacks the sampled token (append it: topk.append_sampled_token); nearest log mu gap"))
-        any_bad = torch.stack([bad.any() for _, _, bad, _ in checks])
-        if bool(any_bad.any()):  # one host sync, like the token checks
-            for (name, tensor, bad, what), flag in zip(checks, any_bad.tolist()):
-                if flag:
-                    raise PolicyLossInputError(
-                        f"{name} {what} {float(tensor[bad][0])} on a valid token {_first_bad(bad)}")
+        _validate_topk_values(behavior, current, used, valid, behavior_topk_log_probs.dtype,
+                              None if behavior_log_probs is None else behavior_log_probs.detach().to(dtype))
+    return behavior, current, used
 
-    zero = torch.zeros((), dtype=dtype, device=behavior.device)
-    return (torch.where(used, behavior.to(dtype), zero), torch.where(used, current.to(dtype), zero), used)
+
+def _validate_topk_values(behavior, current, used, valid, input_dtype, behavior_log_probs) -> None:
+    """The value checks of `prepare_topk_inputs` on the stored tensors (-inf off the set; -inf on
+    the set is a probability of 0, allowed): a handful of passes and reductions, one host sync;
+    the messages are built only on failure."""
+    tolerance = _MASS_TOLERANCE.get(input_dtype, _DEFAULT_MASS_TOLERANCE)
+    named = (("behavior_topk_log_probs", behavior), ("current_topk_log_probs", current))
+    # amax propagates NaN: one reduction catches NaN, +inf and positive log-probs.
+    flags = [~(t.amax() <= _MAX_LOG_PROB) for _, t in named]
+    # Probability mass of the set (float32 sums of a few hundred terms: error ~1e-6 << tolerance).
+    mass = [t.exp().sum(-1) for _, t in named]
+    flags += [(m > 1.0 + tolerance).any() for m in mass]
+    nearest = None
+    if behavior_log_probs is not None:
+        nearest = (behavior - behavior_log_probs.unsqueeze(-1)).abs_().amin(dim=-1)  # inf off the set
+        flags.append(((nearest > _SAMPLED_LOG_PROB_TOLERANCE) & valid).any())
+    flags = torch.stack(flags).tolist()  # the one host sync
+    if not any(flags):
+        return
+    for (name, tensor), flag in zip(named, flags[:2]):
+        if flag:
+            bad = used & ~(tensor <= _MAX_LOG_PROB)
+            first = tensor[bad][0]
+            what = "non-finite" if not bool(torch.isfinite(first)) else "positive"
+            raise PolicyLossInputError(f"{name} has a {what} value {float(first)} on a valid token {_first_bad(bad)}")
+    for (name, _), total, flag in zip(named, mass, flags[2:4]):
+        if flag:
+            bad = total > 1.0 + tolerance
+            raise PolicyLossInputError(
+                f"{name} has probabilities summing beyond 1 (duplicate ids? mask them with topk_mask): "
+                f"{float(total[bad][0])} on a valid token {_first_bad(bad)}")
+    bad = (nearest > _SAMPLED_LOG_PROB_TOLERANCE) & valid
+    raise PolicyLossInputError(
+        "behavior_topk_log_probs lacks the sampled token (append it: topk.append_sampled_token); nearest "
+        f"log mu gap {float(nearest[bad][0])} on a valid token {_first_bad(bad)}")

@@ -256,35 +256,39 @@ def acpo(batch: LossBatch, *, eps_base: float = 0.2, alpha: float = 1.0, eps_min
 # DPPO Top-K
 # ------------------------------------------------------------------------------------------
 
-def _topk_probabilities(batch: LossBatch, mode: str):
-    """(mu, pi, log mu, log pi) on the set [B, T, K] (0 off topk_mask) and the rest masses [B, T], float64."""
+def _require_topk(batch: LossBatch, mode: str) -> None:
     if batch.behavior_topk_log_probs is None:
         raise PolicyLossInputError(
             f"mode {mode!r} needs the behaviour policy's top-K log-probs: pass behavior_topk_log_probs="
             f"[B, T, K] (log mu of mu's top-k ids plus the sampled token) and current_topk_log_probs=[B, T, K] "
             f"(log pi of the same ids), and topk_mask=[B, T, K] for duplicate/absent columns, to "
             f"compute_policy_loss; epic_slime.losses.topk.topk_inputs_from_logits builds them from logits")
-    used = batch.topk_mask
-    log_mu = _f64(batch.behavior_topk_log_probs)
-    log_pi = _f64(batch.current_topk_log_probs)
-    mu = torch.where(used, torch.exp(log_mu), 0.0)
-    pi = torch.where(used, torch.exp(log_pi), 0.0)
-    mu_rest = (1.0 - mu.sum(-1)).clamp(min=TOPK_REST_FLOOR)
-    pi_rest = (1.0 - pi.sum(-1)).clamp(min=TOPK_REST_FLOOR)
-    return used, mu, pi, log_mu, log_pi, mu_rest, pi_rest
+
+
+def _rest_mass(probabilities: torch.Tensor) -> torch.Tensor:
+    """1 - (mass of the set), floored at TOPK_REST_FLOOR; the sum over K in float64."""
+    return (1.0 - probabilities.sum(-1, dtype=torch.float64)).clamp_(min=TOPK_REST_FLOOR)
 
 
 def topk_total_variation(batch: LossBatch, mode: str = "dppo_topk_tv") -> torch.Tensor:
-    """TV = 1/2 (sum_{i in set} |mu_i - pi_i| + |mu_rest - pi_rest|), [B, T] float64."""
-    _, mu, pi, _, _, mu_rest, pi_rest = _topk_probabilities(batch, mode)
-    return 0.5 * ((mu - pi).abs().sum(-1) + (mu_rest - pi_rest).abs())
+    """TV = 1/2 (sum_{i in set} |mu_i - pi_i| + |mu_rest - pi_rest|), [B, T] float64.
+
+    Elementwise work in the compute dtype (the set's entries are -inf off topk_mask: exp gives 0)."""
+    _require_topk(batch, mode)
+    mu = torch.exp(batch.behavior_topk_log_probs)
+    pi = torch.exp(batch.current_topk_log_probs)
+    on_set = (mu - pi).abs_().sum(-1, dtype=torch.float64)
+    return 0.5 * (on_set + (_rest_mass(mu) - _rest_mass(pi)).abs_())
 
 
 def topk_kl(batch: LossBatch, mode: str = "dppo_topk_kl") -> torch.Tensor:
     """KL(mu || pi) = sum_{i in set} mu_i (log mu_i - log pi_i) + mu_rest log(mu_rest / pi_rest), [B, T] float64."""
-    used, mu, _, log_mu, log_pi, mu_rest, pi_rest = _topk_probabilities(batch, mode)
-    on_set = torch.where(used, mu * (log_mu - log_pi), 0.0).sum(-1)
-    return on_set + mu_rest * (torch.log(mu_rest) - torch.log(pi_rest))
+    _require_topk(batch, mode)
+    log_mu, log_pi = batch.behavior_topk_log_probs, batch.current_topk_log_probs
+    mu = torch.exp(log_mu)
+    terms = torch.where(mu > 0, mu * (log_mu - log_pi), 0.0)  # 0 log 0 = 0 (and -inf off the set)
+    mu_rest, pi_rest = _rest_mass(mu), _rest_mass(torch.exp(log_pi))
+    return terms.sum(-1, dtype=torch.float64) + mu_rest * (torch.log(mu_rest) - torch.log(pi_rest))
 
 
 def _dppo_topk(batch: LossBatch, divergence: torch.Tensor, clip_low: float, clip_high: float,
