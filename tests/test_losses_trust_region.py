@@ -24,6 +24,7 @@ from epic_slime.losses.topk import (
     append_sampled_token,
     gather_log_probs,
     synthetic_topk_inputs,
+    topk_inputs_around,
     topk_inputs_from_logits,
 )
 from epic_slime.losses.trust_region import (
@@ -630,3 +631,18 @@ def test_flags_for_the_new_modes():
     for mode in NEW_MODES:
         assert _parse(["--policy-loss", mode])[0] == mode
         assert LOSS_MODES[mode].needs_topk == (mode in TOPK_MODES)
+
+
+def test_topk_inputs_around_given_log_probs():
+    """The bench's helper: sets around arbitrary sampled-token log-probs pass the full validation."""
+    g = torch.Generator().manual_seed(0)
+    lp = -torch.rand(4, 30, generator=g) * 5
+    blp = (lp + 0.2 * torch.randn(4, 30, generator=g)).clamp(max=0.0)
+    topk = topk_inputs_around(lp, blp, 7, generator=g)
+    assert topk.behavior_topk_log_probs.shape == (4, 30, 8)
+    assert torch.equal(topk.behavior_topk_log_probs[..., -1], blp)
+    mass = topk.behavior_topk_log_probs.exp().sum(-1)
+    torch.testing.assert_close(mass, blp.exp() + 0.9 * (1 - blp.exp()))
+    for mode in TOPK_MODES:
+        out = compute_policy_loss(mode, lp, blp, torch.randn(4), torch.ones(4, 30, dtype=torch.bool), **topk.loss_kwargs())
+        assert torch.isfinite(out.loss)

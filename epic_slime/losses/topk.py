@@ -14,7 +14,8 @@ What a caller passes to `compute_policy_loss` (all [B, T, K], aligned with log_p
 
 `append_sampled_token` builds the ids and the mask of that layout, `gather_log_probs` the
 log-probs of ids from logits, `topk_inputs_from_logits` all of it from full logits (the local
-runtime and tests), `synthetic_topk_inputs` random but consistent inputs for benchmarks.
+runtime and tests), `synthetic_topk_inputs` random but consistent inputs for benchmarks, and
+`topk_inputs_around` random sets around given sampled-token log-probs (bench/loss_bench.py).
 """
 
 from __future__ import annotations
@@ -126,6 +127,30 @@ def synthetic_topk_inputs(batch_size: int, seq_len: int, k: int, *, vocab_size: 
     cast = lambda x: x.to(dtype)  # noqa: E731
     return cast(log_probs), cast(behavior_log_probs), TopKInputs(
         cast(inputs.behavior_topk_log_probs), cast(inputs.current_topk_log_probs), inputs.topk_mask, inputs.ids)
+
+
+def topk_inputs_around(log_probs: torch.Tensor, behavior_log_probs: torch.Tensor, k: int, *, noise: float = 0.1,
+                       set_mass: float = 0.9, generator: torch.Generator | None = None) -> TopKInputs:
+    """Top-K inputs [B, T, k + 1] consistent with given sampled-token log-probs [B, T] (benchmarks).
+
+    Column k is the sampled token (log mu = behavior_log_probs, log pi = log_probs); columns 0..k-1
+    are k other tokens sharing ``set_mass`` of each policy's remaining mass with random weights
+    (pi's are mu's perturbed by ``noise``). Random numbers are drawn on the CPU from ``generator``.
+    """
+    shape = (*log_probs.shape, k)
+    dtype = torch.float64 if log_probs.dtype == torch.float64 else torch.float32
+    log_weights = torch.randn(shape, generator=generator, dtype=dtype)
+    current_weights = log_weights + noise * torch.randn(shape, generator=generator, dtype=dtype)
+    device = log_probs.device
+
+    def others(weights: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
+        sampled = sampled.detach().to(dtype).clamp(max=0.0)
+        rest = torch.log(-torch.expm1(sampled))  # log(1 - p_sampled)
+        return torch.log_softmax(weights.to(device), dim=-1) + (math.log(set_mass) + rest).unsqueeze(-1)
+
+    behavior = torch.cat([others(log_weights, behavior_log_probs), behavior_log_probs.detach().to(dtype)[..., None]], -1)
+    current = torch.cat([others(current_weights, log_probs), log_probs.detach().to(dtype)[..., None]], -1)
+    return TopKInputs(behavior, current, torch.ones(behavior.shape, dtype=torch.bool, device=device))
 
 
 # --------------------------------------------------------------------------------------------

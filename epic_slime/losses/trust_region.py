@@ -137,23 +137,27 @@ def _kl_band_side(log_p: torch.Tensor, log_pbar: torch.Tensor, delta: float) -> 
       a = -(delta - pbar log pbar) / p   (G(a) >= 0: pbar log1p(pE/pbar) <= -pbar log pbar),
       b = -delta / p                     (G(b) <= 0).
     Start from the small-delta expansion y ~ -s - (1 + p) s^2 / (6 pbar), s = sqrt(2 delta pbar / p),
-    clamped into [a, b]; then Halley steps, each clamped into [a, b] (a Newton-type step on a convex
-    decreasing function never needs more: from the left it approaches the root monotonically).
+    clamped into [a, b]; then a fixed number of Halley steps, each clamped into [a, b] (on a convex
+    decreasing function Newton-type steps approach the root monotonically once left of it, and the
+    clamp keeps an overshoot inside the bracket). In place where possible: it runs on every token.
     """
     p, pbar = torch.exp(log_p), torch.exp(log_pbar)
     odds = torch.exp(log_p - log_pbar)  # p / pbar
-    left = -(delta - pbar * log_pbar) / p * (1.0 + 1e-12)
-    right = -delta / p * (1.0 - 1e-12)
-    s = torch.sqrt(2.0 * delta / odds)
-    y = torch.minimum(torch.maximum(-s - (1.0 + p) * s * s / (6.0 * pbar), left), right)
+    inv_p = torch.reciprocal(p)
+    left = (pbar * log_pbar - delta).mul_(inv_p).mul_(1.0 + 1e-12)
+    right = inv_p.mul_(-delta * (1.0 - 1e-12))
+    s = torch.sqrt(torch.reciprocal(odds).mul_(2.0 * delta))
+    y = (1.0 + p).mul_(s).mul_(s).div_(pbar).mul_(-1.0 / 6.0).sub_(s)
+    y = torch.minimum(torch.maximum(y, left, out=y), right, out=y)
     for _ in range(_BANDPO_HALLEY_STEPS):
-        e = -torch.expm1(y)
-        rest = pbar + p * e  # 1 - p e^y without cancellation
-        g = -p * y - pbar * torch.log1p(odds * e) - delta
-        d1 = -p * e / rest
-        d2 = p * pbar * (1.0 - e) / (rest * rest)
-        y = y - 2.0 * g * d1 / (2.0 * d1 * d1 - g * d2)
-        y = torch.minimum(torch.maximum(y, left), right)
+        e = torch.expm1(y).neg_()
+        rest = torch.mul(p, e).add_(pbar)  # 1 - p e^y without cancellation
+        g = torch.mul(odds, e).log1p_().mul_(pbar).add_(torch.mul(p, y)).add_(delta).neg_()
+        d1 = torch.mul(p, e).div_(rest).neg_()
+        d2 = torch.sub(1.0, e).mul_(p).mul_(pbar).div_(rest).div_(rest)
+        # Halley: y -= 2 g d1 / (2 d1^2 - g d2)
+        step = torch.mul(g, d1).mul_(2.0).div_(torch.mul(d1, d1).mul_(2.0).sub_(d2.mul_(g)))
+        y = torch.minimum(torch.maximum(y.sub_(step), left, out=y), right, out=y)
     return y
 
 
