@@ -22,6 +22,7 @@ from epic_slime.losses.flags import _parse_value, add_policy_loss_arguments, pol
 from epic_slime.losses.topk import (
     TopKInputs,
     append_sampled_token,
+    behavior_topk_set,
     gather_log_probs,
     synthetic_topk_inputs,
     topk_inputs_around,
@@ -646,3 +647,42 @@ def test_topk_inputs_around_given_log_probs():
     for mode in TOPK_MODES:
         out = compute_policy_loss(mode, lp, blp, torch.randn(4), torch.ones(4, 30, dtype=torch.bool), **topk.loss_kwargs())
         assert torch.isfinite(out.loss)
+
+
+def test_recorded_topk_gives_the_same_inputs_as_full_logits():
+    """What a rollout engine records (top-k ids and log mu, sampled id and log mu) plus the trainer's
+    logits gives the same Top-K inputs, and the same loss, as the full behaviour logits."""
+    logits, behavior_logits, sampled = _full_batch(seed=8, vocab=9, B=3, T=7, noise=1.0)
+    direct = topk_inputs_from_logits(logits, behavior_logits, sampled, 4)
+    behavior_lp = torch.log_softmax(behavior_logits, -1)
+    recorded = torch.topk(behavior_lp, 4, dim=-1)
+    blp = behavior_lp.gather(-1, sampled[..., None]).squeeze(-1)
+    ids, behavior, mask = behavior_topk_set(recorded.indices, recorded.values, sampled, blp)
+    assert torch.equal(ids, direct.ids) and torch.equal(mask, direct.topk_mask)
+    torch.testing.assert_close(behavior, direct.behavior_topk_log_probs)
+    current = gather_log_probs(logits, ids, mask)
+    lp = gather_log_probs(logits, sampled[..., None]).squeeze(-1)
+    adv, valid = torch.tensor([1.0, -1.0, 0.3], dtype=torch.float64), torch.ones(3, 7, dtype=torch.bool)
+    a = compute_policy_loss("dppo_topk_kl", lp, blp, adv, valid, behavior_topk_log_probs=behavior,
+                            current_topk_log_probs=current, topk_mask=mask)
+    b = compute_policy_loss("dppo_topk_kl", lp, blp, adv, valid, **direct.loss_kwargs())
+    assert float(a.loss) == pytest.approx(float(b.loss), rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", NEW_MODES)
+def test_bfloat16_inputs_are_accepted_and_close_to_float32(mode):
+    lp, blp, adv, mask, topk = make_batch(seed=12, noise=0.05, dtype=torch.float32)
+    lp = torch.where(mask, lp, 0.0)
+    blp16 = blp.to(torch.bfloat16)
+    kwargs = topk.loss_kwargs()
+    if mode in TOPK_MODES:  # keep the sampled column consistent with the rounded log mu
+        kwargs["behavior_topk_log_probs"] = torch.where(
+            (kwargs["behavior_topk_log_probs"] - blp[..., None]).abs() < 1e-6, blp16.float()[..., None],
+            kwargs["behavior_topk_log_probs"])
+    out32 = compute_policy_loss(mode, lp, blp16.float(), adv, mask, **kwargs)
+    lp16 = lp.to(torch.bfloat16).requires_grad_(True)
+    out16 = compute_policy_loss(mode, lp16, blp16, adv.to(torch.bfloat16), mask,
+                                **{k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in kwargs.items()})
+    out16.loss.backward()
+    assert out16.loss.dtype == torch.float32 and torch.isfinite(lp16.grad.float()).all()
+    assert float(out16.loss.detach()) == pytest.approx(float(out32.loss), rel=0.05, abs=2e-3)

@@ -12,7 +12,8 @@ What a caller passes to `compute_policy_loss` (all [B, T, K], aligned with log_p
   token where it already is one of the top-k ids (a duplicate would count its mass twice), and
   absent ids (an engine that returned fewer than k).
 
-`append_sampled_token` builds the ids and the mask of that layout, `gather_log_probs` the
+`append_sampled_token` builds the ids and the mask of that layout, `behavior_topk_set` the
+behaviour side from what a rollout engine records (SGLang's top log-probs), `gather_log_probs` the
 log-probs of ids from logits, `topk_inputs_from_logits` all of it from full logits (the local
 runtime and tests), `synthetic_topk_inputs` random but consistent inputs for benchmarks, and
 `topk_inputs_around` random sets around given sampled-token log-probs (bench/loss_bench.py).
@@ -67,6 +68,25 @@ def append_sampled_token(topk_ids: torch.Tensor, sampled_ids: torch.Tensor) -> t
     duplicate = ((topk_ids == sampled) & present).any(dim=-1, keepdim=True)
     mask = torch.cat([present, ~duplicate], dim=-1)
     return ids, mask
+
+
+def behavior_topk_set(topk_ids: torch.Tensor, topk_log_probs: torch.Tensor, sampled_ids: torch.Tensor,
+                      behavior_log_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The behaviour side of the Top-K inputs from what a rollout engine records per generated token.
+
+    topk_ids / topk_log_probs [B, T, k]: mu's top-k ids and their log mu (SGLang: the
+    ``output_top_logprobs`` of ``return_logprob=True, top_logprobs_num=k``; a negative id marks an
+    absent entry); sampled_ids / behavior_log_probs [B, T]: the sampled token and its log mu.
+    Returns (ids, behavior_topk_log_probs, topk_mask), all [B, T, k + 1], the sampled token last.
+    The trainer then gathers its own log-probs at ``ids`` (`gather_log_probs` from full logits).
+    """
+    if topk_log_probs.shape != topk_ids.shape or behavior_log_probs.shape != sampled_ids.shape:
+        raise PolicyLossInputError(
+            f"topk_log_probs {tuple(topk_log_probs.shape)} must match topk_ids {tuple(topk_ids.shape)}, and "
+            f"behavior_log_probs {tuple(behavior_log_probs.shape)} sampled_ids {tuple(sampled_ids.shape)}")
+    ids, mask = append_sampled_token(topk_ids, sampled_ids)
+    values = torch.cat([topk_log_probs, behavior_log_probs.to(topk_log_probs.dtype).unsqueeze(-1)], dim=-1)
+    return ids, torch.where(mask, values, 0.0), mask
 
 
 def gather_log_probs(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
