@@ -261,6 +261,9 @@ def test_dppo_topk_branches(fn, mode):
     assert (valid & ~masked & (divergence <= threshold)).any()  # kept: small divergence
     assert (valid & ~masked & (divergence > threshold)).any()   # kept despite a large one
     assert not (terms.clipped_upper & ~up).any()
+    name = f"topk_{mode[-2:]}_mean"
+    assert float(terms.extra_metrics[name]) == pytest.approx(float(divergence[valid].mean()), rel=1e-12)
+    assert name in compute_policy_loss(mode, lp, blp, adv, mask, **topk.loss_kwargs()).metrics
 
 
 # ------------------------------------------------------------------------------------------------

@@ -295,14 +295,18 @@ def topk_kl(batch: LossBatch, mode: str = "dppo_topk_kl") -> torch.Tensor:
     return terms.sum(-1, dtype=torch.float64) + mu_rest * (torch.log(mu_rest) - torch.log(pi_rest))
 
 
-def _dppo_topk(batch: LossBatch, divergence: torch.Tensor, clip_low: float, clip_high: float,
+def _dppo_topk(batch: LossBatch, divergence: torch.Tensor, name: str, clip_low: float, clip_high: float,
                ratio_cap: float) -> TokenTerms:
     """The binary DPPO rule on a Top-K divergence: mask when it exceeds eps and the sampled token
-    moved in its advantage's direction (A > 0: pi_t > mu_t, A <= 0: pi_t < mu_t)."""
+    moved in its advantage's direction (A > 0: pi_t > mu_t, A <= 0: pi_t < mu_t). Reports the
+    divergence's mean over valid tokens as the metric ``topk_{name}_mean``."""
     up = batch.log_probs > batch.behavior_log_probs
     down = batch.log_probs < batch.behavior_log_probs
     inf = torch.full_like(batch.log_probs, math.inf)
-    return _dppo(batch, (divergence > clip_high) & up, (divergence > clip_low) & down, ratio_cap, -inf, inf)
+    terms = _dppo(batch, (divergence > clip_high) & up, (divergence > clip_low) & down, ratio_cap, -inf, inf)
+    count = batch.valid.sum(dtype=torch.float64).clamp(min=1.0)
+    terms.extra_metrics[f"topk_{name}_mean"] = torch.where(batch.valid, divergence, 0.0).sum() / count
+    return terms
 
 
 _TOPK_CHECKS = {"clip_low": positive, "clip_high": positive, "ratio_cap": greater_than_one}
@@ -312,11 +316,11 @@ _TOPK_CHECKS = {"clip_low": positive, "clip_high": positive, "ratio_cap": greate
 def dppo_topk_tv(batch: LossBatch, *, clip_low: float = 0.15, clip_high: float = 0.15,
                  ratio_cap: float = 1e4) -> TokenTerms:
     """DPPO-TV Top-K: dppo_tv's rule with the TV over mu's top-K set plus a rest bucket."""
-    return _dppo_topk(batch, topk_total_variation(batch, "dppo_topk_tv"), clip_low, clip_high, ratio_cap)
+    return _dppo_topk(batch, topk_total_variation(batch, "dppo_topk_tv"), "tv", clip_low, clip_high, ratio_cap)
 
 
 @register_loss("dppo_topk_kl", checks=_TOPK_CHECKS, needs_topk=True)
 def dppo_topk_kl(batch: LossBatch, *, clip_low: float = 0.05, clip_high: float = 0.05,
                  ratio_cap: float = 1e4) -> TokenTerms:
     """DPPO-KL Top-K: dppo_kl's rule with KL(mu || pi) over mu's top-K set plus a rest bucket."""
-    return _dppo_topk(batch, topk_kl(batch, "dppo_topk_kl"), clip_low, clip_high, ratio_cap)
+    return _dppo_topk(batch, topk_kl(batch, "dppo_topk_kl"), "kl", clip_low, clip_high, ratio_cap)
