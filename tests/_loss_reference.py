@@ -171,7 +171,7 @@ def _cppo_row(lp_row, blp_row, adv_row, valid, params):
         threshold = min(delta, delta + budget * weight_sum - spent)
         z = weights[j] * divergence[j]
         keep = a * math.expm1(lam) <= 0 or z <= threshold
-        out.append((a * r, a * r if keep else 0.0))
+        out.append((a * r, a * r) if keep else (0.0, 0.0))
         spent += z
         weight_sum += weights[j]
     return out

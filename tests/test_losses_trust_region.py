@@ -162,9 +162,11 @@ def test_cppo_branches():
     assert (valid & away & ~masked).any()           # kept: moves away, within the threshold
     assert (terms.clipped_upper & valid).any() and (terms.clipped_lower & valid).any()
     assert not (masked & ~away).any()
-    # On masked tokens only the gradient goes, the value stays A r.
+    # "Loss on kept tokens": masked tokens carry neither value nor gradient; kept ones A r.
     assert torch.equal(terms.coef[masked], torch.zeros_like(terms.coef[masked]))
-    torch.testing.assert_close(terms.value[valid], (adv * torch.exp(lam))[valid])
+    assert torch.equal(terms.value[masked], torch.zeros_like(terms.value[masked]))
+    kept = valid & ~masked
+    torch.testing.assert_close(terms.value[kept], (adv * torch.exp(lam))[kept])
     d = (torch.exp(batch.log_probs) - torch.exp(batch.behavior_log_probs)).abs()
     p90 = row_quantile(d, valid, 0.9)
     assert (p90 < 0.02).any() and ((p90 > 0.02) & (p90 < 0.04)).any() and (p90 > 0.04).any()

@@ -107,8 +107,9 @@ def cppo(batch: LossBatch, *, delta: float = 0.2, weight_min: float = 0.8, budge
     # A (r - 1) > 0, from the sign of log r (exact; r - 1 rounds to 0 for |log r| < 1e-8).
     moves_away = ((advantages > 0) & (log_ratio > 0)) | ((advantages < 0) & (log_ratio < 0))
     masked = moves_away & (weighted > threshold)
-    value = advantages * _safe_exp(log_ratio)
-    coef = torch.where(masked, 0.0, value)
+    # "Loss on kept tokens": a masked token contributes neither value nor gradient.
+    value = torch.where(masked, 0.0, advantages * _safe_exp(log_ratio))
+    coef = value
 
     # The rule as a ratio band (metrics): Z_t <= c_t  <=>  |r_t - 1| <= max(c_t, 0) / (w_t q_t).
     half_width = torch.exp(torch.log(threshold.clamp(min=0.0)) - torch.log(weights.clamp(min=1e-300)) - log_q)
