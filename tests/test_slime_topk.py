@@ -125,8 +125,13 @@ def test_cp1_adapter_equals_core(mode):
     for leaf, grad in zip(leaves, ref_grads):
         torch.testing.assert_close(leaf.grad, grad, rtol=1e-6, atol=1e-9)
     assert 0 < float(ref_out.clipped.sum()) < float(ref_out.clipped.numel()), "the fixture must clip some tokens"
-    name = "policy/topk_tv_mean" if mode.endswith("tv") else "policy/topk_kl_mean"
-    assert float(metrics[name]) > 0
+    # the set divergence (continuous in every set log-prob, unlike the loss): the core's value
+    # weighted by the micro-batch's sample count, like every core diagnostic
+    name = "topk_tv_mean" if mode.endswith("tv") else "topk_kl_mean"
+    assert float(ref_out.metrics[name]) > 0
+    torch.testing.assert_close(metrics[f"policy/{name}"].double(),
+                               torch.tensor(float(ref_out.metrics[name]) * len(data), dtype=torch.float64),
+                               rtol=1e-6, atol=1e-9)
     # the sets are computed by the adapter when the caller does not pass them
     again, _ = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer, current_topk_log_probs=current)
     torch.testing.assert_close(again.detach(), loss.detach())
@@ -234,7 +239,7 @@ def test_cp2_over_gloo_equals_cp1(two_ranks, mode):
     for i, leaf in enumerate(leaves):
         torch.testing.assert_close(r0[1][i] + r1[1][i], leaf.grad, rtol=1e-12, atol=1e-14)
         assert bool(((r0[1][i] == 0) | (r1[1][i] == 0)).all())
-    for name in ("pg_loss", "pg_clipfrac", "ppo_kl"):
+    for name in ("pg_loss", "pg_clipfrac", "ppo_kl", "policy/topk_tv_mean" if mode.endswith("tv") else "policy/topk_kl_mean"):
         torch.testing.assert_close((r0[2][name] + r1[2][name]).double(), metrics[name].double(), rtol=1e-5, atol=1e-7)
 
 
