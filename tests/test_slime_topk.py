@@ -403,3 +403,16 @@ def test_generated_topk_rows_feed_the_adapter(monkeypatch):
     (ids,), (mask,) = topk_token_sets(batch, [sample.response_length])
     assert ids.tolist() == [[7, 2, 5, 7], [1, 4, 3, 3], [9, 8, -1, 9]]
     assert mask.tolist() == [[True, True, True, False], [True, True, True, False], [True, True, False, False]]
+
+
+def test_launch_method_configs_thread_the_topk_flags():
+    from test_launch import _command, _dry_run, _flag
+
+    refused = _dry_run("--method", "dppo_topk_tv")
+    assert refused.returncode != 0 and "--slime-forwards-topk" in refused.stderr
+    result = _dry_run("--method", "dppo_topk_kl", "--", "--slime-forwards-topk", "--policy-loss-topk", "8")
+    assert result.returncode == 0, result.stderr
+    driver = _command(result)
+    assert _flag(driver, "--policy-loss") == "dppo_topk_kl"
+    assert _flag(driver, "--custom-generate-function-path") == GENERATE_FUNCTION_PATH
+    assert "policy_loss_topk=8" in result.stdout  # flags after -- come last and win

@@ -3,6 +3,10 @@
 A thin layer: log-probs and entropy come from slime's ``get_log_probs_and_entropy`` (tensor-
 parallel vocabulary shards, temperature, rollout top-p replay), the CP rank and group from
 Megatron's ``mpu``; everything else is ``epic_slime.slime.adapter`` (slime-free, tested in CI).
+Top-K modes (``dppo_topk_tv`` / ``dppo_topk_kl``) also need pi's log-probs of each position's set
+(rollout top-k ids + the sampled token): computed here from the same logits, sliced per sample by
+slime's ``get_responses``, with the normaliser over the tensor-parallel vocabulary shards
+(``epic_slime.slime.topk.vocab_parallel_log_probs_at``: two TP all-reduces, no gradient).
 slime is imported inside the function: this module is loaded in slime's training actors.
 """
 
