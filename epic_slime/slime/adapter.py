@@ -13,6 +13,8 @@ Per micro-batch:
   3. keep ``per_token_loss`` at the local positions and reduce it with slime's reducer.
 The core's per-token loss has gradient only through each token's own log pi (straight-through,
 every mode), so the local slices of all CP ranks add up to the CP = 1 loss and gradient.
+Top-K modes add pi's detached log-probs of each position's set to the same gathered rows; log mu
+of the set is the batch's full-response ``rollout_topk_log_probs`` plus the sampled token's log mu.
 
 Aggregation onto slime's reducer (slime rescales by num_microbatches / step global batch):
   - seq-mean-token-mean: ``sum_of_sample_mean`` as is (per-sample denominators are the
@@ -261,7 +263,7 @@ def slime_policy_loss_from_log_probs(
 
         if behavior != "rollout":
             raise ValueError(f"--policy-loss {mode} needs --behavior-logprobs rollout (the top-k log-probs are SGLang's)")
-        set_ids, set_masks = topk_sets if topk_sets is not None else topk_token_sets(batch, response_lengths)
+        _, set_masks = topk_sets if topk_sets is not None else topk_token_sets(batch, response_lengths)
         if current_topk_log_probs is None:
             raise ValueError(
                 f"--policy-loss {mode}: current_topk_log_probs (log pi of the Top-K set ids at the local tokens) "

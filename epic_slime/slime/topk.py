@@ -61,14 +61,13 @@ def vocab_parallel_log_probs_at(
                     f"[R, {width}] and [R, K]"
                 )
             counts.append(int(shard.shape[0]))
-        k = int(ids[0].shape[-1])
         scaled = [shard.to(dtype) / temperature if temperature != 1.0 else shard.to(dtype) for shard in logit_shards]
-        row_max = all_reduce_max(torch.cat([s.amax(dim=-1) if s.shape[0] else s.new_zeros(0) for s in scaled]))
+        row_max = all_reduce_max(torch.cat([s.amax(dim=-1) for s in scaled]))
         local_ids = [id_rows.long() - vocab_start for id_rows in ids]
         buffers = []
         for s, m, local in zip(scaled, row_max.split(counts), local_ids):
             held = (local >= 0) & (local < width)
-            picked = torch.where(held, s.gather(-1, local.clamp(0, width - 1)), 0.0) if s.shape[0] else s.new_zeros(0, k)
+            picked = torch.where(held, s.gather(-1, local.clamp(0, width - 1)), 0.0)
             exp_sum = (s - m.unsqueeze(-1)).exp().sum(-1, keepdim=True)
             buffers.append(torch.cat([exp_sum, picked], dim=-1))
         reduced = all_reduce_sum(torch.cat(buffers, dim=0))
