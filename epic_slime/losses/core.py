@@ -70,7 +70,8 @@ class LossBatch:
     @property
     def token_count(self) -> torch.Tensor:
         """t = sum_{k<=t} m_k, clamped >= 1."""
-        return self._cached("token_count", lambda: self._prefix_sum(self.mask).clamp_(min=1.0))
+        # Integer counts are exact in float32 up to 2^24 tokens per response: no float64 needed.
+        return self._cached("token_count", lambda: torch.cumsum(self.mask, dim=-1).clamp_(min=1.0))
 
     @property
     def inv_token_count(self) -> torch.Tensor:
@@ -215,7 +216,10 @@ def sign_aware_clip(log_value: torch.Tensor, advantages: torch.Tensor, *, upper_
     cannot overflow into the loss or its gradient.
     """
     positive = advantages >= 0
-    upper = torch.where(positive, _as_tensor(upper_pos, log_value), _as_tensor(upper_neg, log_value))
+    if upper_neg is upper_pos:  # EPIC: one upper bound for both signs
+        upper = _as_tensor(upper_pos, log_value)
+    else:
+        upper = torch.where(positive, _as_tensor(upper_pos, log_value), _as_tensor(upper_neg, log_value))
     lower = torch.where(positive, -math.inf, _as_tensor(lower_neg, log_value))
     clipped_upper = log_value >= upper
     clipped_lower = log_value <= lower
@@ -223,7 +227,7 @@ def sign_aware_clip(log_value: torch.Tensor, advantages: torch.Tensor, *, upper_
     clipped_x = torch.minimum(torch.maximum(log_value, lower), upper)
     q = _safe_exp(clipped_x)
     value = advantages * q
-    coef = torch.where(inside, value, 0.0)
+    coef = value * inside  # value is finite (capped exponent), so a multiply is a safe select
     # Report the mode's bounds whatever the token's sign (what "mean bounds" and "finite lower
     # bound fraction" describe), not the sign-selected ones used above.
     return TokenTerms(value=value, coef=coef, clipped_upper=clipped_upper, clipped_lower=clipped_lower,
