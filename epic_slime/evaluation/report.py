@@ -1,0 +1,163 @@
+"""``epic-slime report``: Table 1 (Markdown) and training curves (PNG) from eval records.
+
+    epic-slime report --records runs/*.jsonl --out report/
+
+Writes ``table1.md`` (Table 1, per-run selections, notes), ``scores.csv`` (every run, step
+and benchmark), ``selection.json`` and ``average.png`` + one ``<benchmark>.png`` per benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from typing import Sequence
+
+from epic_slime.evaluation.config import BENCHMARKS, PAPER_PROTOCOL
+from epic_slime.evaluation.metrics import (
+    MethodRow, RunInfo, checkpoint_average, group_records, method_table,
+)
+from epic_slime.evaluation.records import RecordError, read_record_paths
+
+
+def format_cell(cell: tuple[float, float | None] | None) -> str:
+    """Percent with one decimal: '43.2 ± 1.1' (no ± with a single seed), 'n/a' when absent."""
+    if cell is None:
+        return "n/a"
+    mean, std = cell
+    return f"{100 * mean:.1f}" if std is None else f"{100 * mean:.1f} ± {100 * std:.1f}"
+
+
+def table1_markdown(rows: Sequence[MethodRow], benchmarks: Sequence[str], titles: dict[str, str]) -> str:
+    header = ["Method"] + [titles.get(b, b) for b in benchmarks] + ["Average"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + [":---:"] * (len(header) - 1)) + "|"]
+    for row in rows:
+        cells = [format_cell(row.cells.get(b)) for b in benchmarks] + [format_cell(row.cells.get("average"))]
+        lines.append("| " + " | ".join([row.method] + cells) + " |")
+    return "\n".join(lines)
+
+
+def runs_markdown(rows: Sequence[MethodRow], runs: dict[str, RunInfo], benchmarks: Sequence[str],
+                  titles: dict[str, str], pass_k: int | None) -> str:
+    header = ["Run", "Method", "Seed", "Selected step"] + [titles.get(b, b) for b in benchmarks] + ["Average"]
+    if pass_k:
+        header += [f"pass@{pass_k} {titles.get(b, b)}" for b in benchmarks]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    for row in rows:
+        for run in row.runs:
+            info, step = runs[run], row.selected_steps[run]
+            scores = info.scores[step]
+            cells = [f"{100 * scores[b].mean_at_k:.1f}" for b in benchmarks]
+            cells.append(f"{100 * checkpoint_average(scores, benchmarks):.1f}")
+            if pass_k:
+                cells += [f"{100 * scores[b].pass_at(pass_k):.1f}" if scores[b].min_samples >= pass_k else "n/a"
+                          for b in benchmarks]
+            lines.append("| " + " | ".join([run, info.method, str(info.seed), str(step)] + cells) + " |")
+    return "\n".join(lines)
+
+
+def notes(rows: Sequence[MethodRow], runs: dict[str, RunInfo], benchmarks: Sequence[str], k_expected: int) -> list[str]:
+    out = []
+    prompts = {b: sorted({s[b].num_prompts for i in runs.values() for s in i.scores.values() if b in s})
+               for b in benchmarks}
+    samples = sorted({(s[b].min_samples, s[b].max_samples) for i in runs.values()
+                      for s in i.scores.values() for b in benchmarks if b in s})
+    out.append("Prompts per benchmark: " + ", ".join(f"{b} {'/'.join(map(str, p)) or 'none'}" for b, p in prompts.items()))
+    sample_sizes = sorted({n for pair in samples for n in pair})
+    out.append(f"Samples per prompt: {'/'.join(map(str, sample_sizes)) or 'none'} (protocol: {k_expected})")
+    if sample_sizes and sample_sizes != [k_expected]:
+        out.append(f"WARNING: samples per prompt differ from the protocol's {k_expected}: "
+                   f"these are mean@{'/'.join(map(str, sample_sizes))} numbers")
+    for b, p in prompts.items():
+        if len(p) > 1:
+            out.append(f"WARNING: {b} was evaluated on different numbers of prompts across checkpoints: {p}")
+    for row in rows:
+        if row.runs_without_complete_checkpoint:
+            out.append(f"WARNING: method {row.method}: run(s) {', '.join(row.runs_without_complete_checkpoint)} "
+                       f"have no checkpoint with all {len(benchmarks)} benchmarks and are left out")
+        if len(row.runs) == 1:
+            out.append(f"Method {row.method}: a single seed, no standard deviation")
+    return out
+
+
+def write_scores_csv(path: str, runs: dict[str, RunInfo], benchmarks: Sequence[str]) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["run", "method", "seed", "step", "benchmark", "mean_at_k", "num_prompts", "samples_per_prompt"])
+        for info in sorted(runs.values(), key=lambda i: (i.method, i.seed, i.run)):
+            for step in sorted(info.scores):
+                scores = info.scores[step]
+                for b in sorted(scores, key=lambda x: (x not in benchmarks, x)):
+                    s = scores[b]
+                    writer.writerow([info.run, info.method, info.seed, step, b, f"{s.mean_at_k:.6f}", s.num_prompts,
+                                     s.min_samples if s.min_samples == s.max_samples else f"{s.min_samples}-{s.max_samples}"])
+                average = checkpoint_average(scores, benchmarks)
+                if average is not None:
+                    writer.writerow([info.run, info.method, info.seed, step, "average", f"{average:.6f}", "", ""])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="epic-slime report", description="Table 1 and curves from eval records")
+    parser.add_argument("--records", nargs="+", required=True, help="record files (JSONL) or folders of them")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS),
+                        help="benchmarks of the average, in column order (default: the paper's four)")
+    parser.add_argument("--methods", nargs="+", default=None, help="methods (rows) to show, in order (default: all, sorted)")
+    parser.add_argument("--samples-per-prompt", type=int, default=PAPER_PROTOCOL.samples_per_prompt,
+                        help="expected k of mean@k; a mismatch is flagged in the notes (default 8)")
+    parser.add_argument("--pass-at-k", type=int, default=None, help="also list unbiased pass@k per run")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        records = read_record_paths(args.records)
+        if not records:
+            raise RecordError(f"no eval records in {', '.join(args.records)}")
+        runs = group_records(records)
+        rows = method_table(runs, args.benchmarks, args.methods)
+    except (RecordError, ValueError) as error:
+        print(f"report: {error}", file=sys.stderr)
+        return 1
+    titles = dict(BENCHMARKS)
+    os.makedirs(args.out, exist_ok=True)
+    table = table1_markdown(rows, args.benchmarks, titles)
+    document = [
+        "# Table 1",
+        "",
+        f"mean@k (%) at each run's checkpoint with the best equal-weight average of "
+        f"{len(args.benchmarks)} benchmarks; mean ± standard deviation (ddof=1) over seeds.",
+        "",
+        table,
+        "",
+        "## Selected checkpoints",
+        "",
+        runs_markdown(rows, runs, args.benchmarks, titles, args.pass_at_k),
+        "",
+        "## Notes",
+        "",
+        *[f"- {line}" for line in notes(rows, runs, args.benchmarks, args.samples_per_prompt)],
+        "",
+    ]
+    with open(os.path.join(args.out, "table1.md"), "w") as handle:
+        handle.write("\n".join(document))
+    write_scores_csv(os.path.join(args.out, "scores.csv"), runs, args.benchmarks)
+    selection = {row.method: {run: {"seed": runs[run].seed, "step": row.selected_steps[run]} for run in row.runs}
+                 for row in rows}
+    with open(os.path.join(args.out, "selection.json"), "w") as handle:
+        json.dump(selection, handle, indent=2)
+    if not args.no_plots:
+        from epic_slime.evaluation.plots import plot_curves
+
+        plot_curves(runs, args.benchmarks, titles, args.out)
+    print(table)
+    print(f"\nreport written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

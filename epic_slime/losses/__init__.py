@@ -1,0 +1,44 @@
+"""The policy-loss core: pure functions over plain [B, T] tensors, no framework imports.
+
+    out = compute_policy_loss("epic", log_probs, behavior_log_probs, advantages, mask)
+    out.loss.backward()
+
+See README "Policy losses" and shared docs/losses.md for the math of every mode.
+"""
+
+from .bounds import exact_kl_log_bounds, exact_kl_lower_root, exact_kl_upper_root, kl_phi
+from .core import (
+    AGGREGATIONS,
+    LOSS_MODES,
+    LossBatch,
+    LossSpec,
+    PolicyLossInputError,
+    TokenTerms,
+    aggregate_loss,
+    register_loss,
+    resolve_params,
+    sign_aware_clip,
+)
+from .policy_loss import PolicyLossOutput, compute_policy_loss
+
+DEFAULT_MODE = "epic"
+
+__all__ = [
+    "AGGREGATIONS",
+    "DEFAULT_MODE",
+    "LOSS_MODES",
+    "LossBatch",
+    "LossSpec",
+    "PolicyLossInputError",
+    "PolicyLossOutput",
+    "TokenTerms",
+    "aggregate_loss",
+    "compute_policy_loss",
+    "exact_kl_log_bounds",
+    "exact_kl_lower_root",
+    "exact_kl_upper_root",
+    "kl_phi",
+    "register_loss",
+    "resolve_params",
+    "sign_aware_clip",
+]

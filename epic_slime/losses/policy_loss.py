@@ -1,0 +1,62 @@
+"""`compute_policy_loss`: the one entry point every framework adapter calls."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from . import modes as _modes  # noqa: F401  (registers the modes)
+from .core import LOSS_MODES, aggregate_loss, prepare_batch, resolve_params
+from .metrics import policy_loss_metrics
+
+
+@dataclasses.dataclass
+class PolicyLossOutput:
+    """loss: scalar, differentiable w.r.t. log_probs. per_token_loss: [B, T] -S_t (0 off the mask),
+    differentiable; its gradient reaches only the same token's log_probs entry. clipped: [B, T]
+    bool. metrics: name -> 0-d tensor (see metrics.py)."""
+
+    loss: torch.Tensor
+    per_token_loss: torch.Tensor
+    clipped: torch.Tensor
+    metrics: dict[str, torch.Tensor]
+    mode: str
+    aggregation: str
+    params: dict
+
+
+def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: torch.Tensor,
+                        advantages: torch.Tensor, mask: torch.Tensor, *, aggregation: str | None = None,
+                        compute_metrics: bool = True, validate: bool = True, **params) -> PolicyLossOutput:
+    """The policy loss of ``mode`` (a key of LOSS_MODES) on padded [B, T] tensors.
+
+    log_probs: current policy log pi_t of the sampled tokens (carries the gradient).
+    behavior_log_probs: the behaviour policy's log mu_t of the same tokens.
+    advantages: [B, T] or [B] (broadcast over tokens). mask: bool or 0/1, True on generated tokens.
+    aggregation: "seq-mean-token-mean" | "token-mean" | "seq-mean-token-sum" (default: the mode's).
+    params: the mode's keyword parameters (defaults: LOSS_MODES[mode].defaults).
+    """
+    resolved = resolve_params(mode, params)
+    spec = LOSS_MODES[mode]
+    aggregation = aggregation or spec.aggregation
+    batch = prepare_batch(log_probs, behavior_log_probs, advantages, mask, validate=validate)
+    with torch.no_grad():
+        terms = spec.fn(batch, **resolved)
+        value = terms.value.to(batch.mask.dtype) * batch.mask
+        coef = terms.coef.to(batch.mask.dtype) * batch.mask
+
+    # Straight-through link: forward value S_t, gradient coef_t * dlog pi_t. Masked tokens are
+    # replaced by 0 first so that NaN padding cannot leak into the forward value or the gradient.
+    live = torch.where(batch.valid, log_probs.to(batch.mask.dtype), 0.0)
+    objective = value + coef * (live - live.detach())
+    per_token_loss = -objective
+    loss = aggregate_loss(per_token_loss, batch.mask, aggregation)
+
+    clipped = (terms.clipped_upper | terms.clipped_lower) & batch.valid
+    metrics = {}
+    if compute_metrics:
+        with torch.no_grad():
+            metrics = policy_loss_metrics(batch, terms)
+    return PolicyLossOutput(loss=loss, per_token_loss=per_token_loss, clipped=clipped, metrics=metrics,
+                            mode=mode, aggregation=aggregation, params=resolved)

@@ -1,0 +1,84 @@
+"""slime eval hook: ``--custom-eval-rollout-log-function-path epic_slime.slime.eval_hooks.log_eval_rollout``.
+
+slime calls ``log_eval_rollout(rollout_id, args, data, extra_metrics)`` after each eval
+rollout with ``data[name] = {"rewards": [...], "samples": [Sample, ...], ...}``. This writes one
+eval record per sample (see ``epic_slime.evaluation.records``) and returns False so that slime
+still logs its own ``eval/<name>`` metrics. It needs no slime import: it reads
+``sample.index``, ``sample.metadata`` and the rewards, so it runs on plain objects too.
+
+Settings on ``args`` (e.g. top-level keys of ``--custom-config-path``):
+- ``epic_eval_records_path`` (required to write anything): the JSONL file records go to.
+- ``epic_run_name`` (default: ``wandb_group``, else "run"), ``epic_method`` (default:
+  ``policy_loss``, else "unknown"), ``seed`` (slime's ``--seed``).
+Step = the rollout id (slime's ``eval/step`` without ``--wandb-always-use-train-step``).
+A sample is correct when its reward is > 0.5 (1/0 rewards, and DAPO's +1/-1 scores).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from epic_slime.evaluation.records import EvalRecord, write_records
+
+logger = logging.getLogger(__name__)
+_warned_no_path = False
+
+
+def _run_identity(args) -> tuple[str, str, int]:
+    run = getattr(args, "epic_run_name", None) or getattr(args, "wandb_group", None) or "run"
+    method = getattr(args, "epic_method", None) or getattr(args, "policy_loss", None) or "unknown"
+    seed = getattr(args, "seed", None)
+    return str(run), str(method), int(seed if seed is not None else 0)
+
+
+def _reward_value(reward) -> float:
+    if isinstance(reward, dict):  # slime keeps dict rewards when no reward key is set
+        for key in ("score", "reward", "acc"):
+            if key in reward:
+                return float(reward[key])
+        raise ValueError(f"eval reward is a dict without a score/reward/acc key: {sorted(reward)}")
+    return float(reward)
+
+
+def eval_records_from_rollout(rollout_id: int, args, data: dict) -> list[EvalRecord]:
+    """The records of one eval rollout (pure: no I/O)."""
+    run, method, seed = _run_identity(args)
+    default_k = int(getattr(args, "n_samples_per_eval_prompt", None) or 1)
+    records = []
+    for dataset_name, entry in data.items():
+        rewards = entry["rewards"]
+        samples = entry.get("samples")
+        if samples is not None and len(samples) != len(rewards):
+            raise ValueError(f"eval dataset {dataset_name!r}: {len(samples)} samples but {len(rewards)} rewards")
+        keyed = []  # (benchmark, prompt_id, order key, correct)
+        for position, reward in enumerate(rewards):
+            sample = samples[position] if samples is not None else None
+            metadata = getattr(sample, "metadata", None) or {}
+            index = getattr(sample, "index", None)
+            index = position if index is None else int(index)
+            benchmark = str(metadata.get("benchmark") or dataset_name)
+            prompt_id = metadata.get("problem_id")
+            prompt_id = str(prompt_id) if prompt_id is not None else str(index // default_k)
+            keyed.append((benchmark, prompt_id, index, _reward_value(reward) > 0.5))
+        groups = defaultdict(list)
+        for benchmark, prompt_id, index, correct in keyed:
+            groups[(benchmark, prompt_id)].append((index, correct))
+        for (benchmark, prompt_id), members in groups.items():
+            for sample_idx, (_, correct) in enumerate(sorted(members)):
+                records.append(EvalRecord(run, method, seed, int(rollout_id), benchmark, prompt_id, sample_idx, correct))
+    return records
+
+
+def log_eval_rollout(rollout_id, args, data, extra_metrics=None) -> bool:
+    global _warned_no_path
+    path = getattr(args, "epic_eval_records_path", None)
+    if not path:
+        if not _warned_no_path:
+            logger.warning("epic_eval_records_path is not set: eval records are not written")
+            _warned_no_path = True
+        return False
+    records = eval_records_from_rollout(rollout_id, args, data)
+    write_records(path, records)
+    logger.info("wrote %d eval records for rollout %s to %s", len(records), rollout_id, path)
+    return False  # slime logs eval/<name> as usual

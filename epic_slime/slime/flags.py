@@ -1,0 +1,296 @@
+"""The project's own command-line flags for the slime driver, and their validation.
+
+This module imports only argparse and ``epic_slime.losses.flags`` (never slime), so the launch
+scripts' ``DRY_RUN=1`` can validate a full command line on a machine without slime or GPUs:
+
+    python -m epic_slime.slime.flags <the driver's argv ...>
+
+slime's parser silently ignores unknown flags, so every project flag is checked here, and the
+few slime flags the project depends on are cross-checked (loss hook, rollout function, batch
+arithmetic, behaviour log-probs, aggregation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+STALE_POLICIES = ("drop", "keep")
+BEHAVIOR_LOGPROBS = ("rollout", "recompute")
+LOSS_FUNCTION_PATH = "epic_slime.slime.loss.policy_loss"
+ROLLOUT_FUNCTION_PATH = "epic_slime.slime.rollout.generate_rollout"
+TOKEN_MEAN = "token-mean"
+
+
+class ProjectFlagError(ValueError):
+    """A project flag (or a slime flag the project depends on) has a bad value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProjectConfig:
+    policy_loss: str
+    policy_loss_params: dict[str, Any]
+    aggregation: str
+    update_depth: int | None
+    max_staleness: int | None
+    stale_policy: str
+    behavior_logprobs: str
+
+
+def add_async_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Flags shared by name with the local runtime: update depth, staleness, behaviour log-probs."""
+    group = parser.add_argument_group("epic-slime asynchronous training")
+    group.add_argument(
+        "--update-depth",
+        type=int,
+        default=None,
+        help="optimizer steps per rollout batch (the paper's update depth D); sets slime's "
+        "--num-steps-per-rollout, i.e. global batch = rollout-batch-size * n-samples-per-prompt / D",
+    )
+    group.add_argument(
+        "--max-staleness",
+        type=int,
+        default=None,
+        help="largest allowed staleness K (weight updates between the policy that generated a "
+        "group and the policy that starts training on it); default: no bound",
+    )
+    group.add_argument(
+        "--stale-policy",
+        choices=STALE_POLICIES,
+        default="drop",
+        help="what to do with a group staler than --max-staleness: drop it (counted) or keep it (counted)",
+    )
+    group.add_argument(
+        "--behavior-logprobs",
+        choices=BEHAVIOR_LOGPROBS,
+        default="rollout",
+        help="behaviour policy mu for the loss: SGLang's rollout log-probs (default) or the trainer's "
+        "recompute at the start of the rollout step (slime's log_probs)",
+    )
+    group.add_argument(
+        "--async-groups-in-flight",
+        type=int,
+        default=None,
+        help="groups the background generator keeps in flight, and finished groups it lets wait "
+        "before pausing (default: --rollout-batch-size, one batch ahead); larger values keep the "
+        "engines busier and make samples staler",
+    )
+    return parser
+
+
+def add_project_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``add_custom_arguments`` for ``slime.utils.arguments.parse_args``: loss flags + async flags."""
+    from epic_slime.losses.flags import add_policy_loss_arguments
+
+    add_policy_loss_arguments(parser)
+    add_async_arguments(parser)
+    return parser
+
+
+def default_aggregation(mode: str) -> str:
+    """The mode's own aggregation (the core's registry: token-mean for dapo / ripo)."""
+    from epic_slime.losses import LOSS_MODES
+
+    if mode not in LOSS_MODES:
+        raise ProjectFlagError(f"--policy-loss {mode!r} is not one of {sorted(LOSS_MODES)}")
+    return LOSS_MODES[mode].aggregation
+
+
+def _get(args: Any, name: str, default: Any = None) -> Any:
+    return getattr(args, name, default)
+
+
+def validate_project_args(args: Any) -> ProjectConfig:
+    """Validate the project flags and their interplay with slime's flags; raise ProjectFlagError."""
+    from epic_slime.losses.flags import policy_loss_config_from_args
+
+    try:
+        mode, params, aggregation = policy_loss_config_from_args(args)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProjectFlagError(str(exc)) from exc
+
+    depth = _get(args, "update_depth")
+    if depth is not None and depth < 1:
+        raise ProjectFlagError(f"--update-depth must be >= 1, got {depth}")
+    staleness = _get(args, "max_staleness")
+    if staleness is not None and staleness < 0:
+        raise ProjectFlagError(f"--max-staleness must be >= 0 (or omitted for no bound), got {staleness}")
+    stale_policy = _get(args, "stale_policy", "drop")
+    if stale_policy not in STALE_POLICIES:
+        raise ProjectFlagError(f"--stale-policy must be one of {STALE_POLICIES}, got {stale_policy!r}")
+    behavior = _get(args, "behavior_logprobs", "rollout")
+    if behavior not in BEHAVIOR_LOGPROBS:
+        raise ProjectFlagError(f"--behavior-logprobs must be one of {BEHAVIOR_LOGPROBS}, got {behavior!r}")
+
+    in_flight = _get(args, "async_groups_in_flight")
+    if in_flight is not None and in_flight < 1:
+        raise ProjectFlagError(f"--async-groups-in-flight must be >= 1, got {in_flight}")
+    _check_slime_flags(args, aggregation, depth, staleness, behavior)
+    from epic_slime.losses import resolve_params
+
+    # the mode's parameters with its defaults filled in: what the loss will actually use
+    return ProjectConfig(mode, resolve_params(mode, params), aggregation, depth, staleness, stale_policy, behavior)
+
+
+def _check_slime_flags(args: Any, aggregation: str, depth: int | None, staleness: int | None, behavior: str) -> None:
+    loss_type = _get(args, "loss_type")
+    if loss_type is not None and loss_type != "custom_loss":
+        raise ProjectFlagError(
+            f"--loss-type is {loss_type!r}: the project's loss needs --loss-type custom_loss "
+            f"--custom-loss-function-path {LOSS_FUNCTION_PATH}"
+        )
+    loss_path = _get(args, "custom_loss_function_path")
+    if loss_type == "custom_loss" and loss_path != LOSS_FUNCTION_PATH:
+        raise ProjectFlagError(f"--custom-loss-function-path is {loss_path!r}; expected {LOSS_FUNCTION_PATH}")
+
+    if staleness == 0:
+        # slime's RolloutManager runs one call at a time: the weight push after training rollout r
+        # waits until rollout r + 1 is collected, so every batch after the first was generated by
+        # the previous policy. K = 0 would drop every group and never finish a batch.
+        raise ProjectFlagError(
+            "--max-staleness 0 cannot be met by the asynchronous driver: rollout r + 1 is generated "
+            "while rollout r trains, so every batch after the first is at least 1 update stale; use >= 1"
+        )
+    rollout_path = _get(args, "rollout_function_path")
+    if staleness is not None and rollout_path not in (None, ROLLOUT_FUNCTION_PATH):
+        raise ProjectFlagError(
+            f"--max-staleness is enforced by {ROLLOUT_FUNCTION_PATH}, but --rollout-function-path is "
+            f"{rollout_path!r}"
+        )
+
+    prompts, per_prompt = _get(args, "rollout_batch_size"), _get(args, "n_samples_per_prompt")
+    steps = _get(args, "num_steps_per_rollout")
+    if depth is not None and steps is not None and steps != depth:
+        raise ProjectFlagError(f"--update-depth {depth} disagrees with --num-steps-per-rollout {steps}")
+    if depth is not None and prompts is not None and per_prompt is not None:
+        samples = prompts * per_prompt
+        if samples % depth:
+            raise ProjectFlagError(
+                f"--update-depth {depth} must divide rollout-batch-size * n-samples-per-prompt = {samples}"
+            )
+        gbs = _get(args, "global_batch_size")
+        if gbs is not None and gbs != samples // depth:
+            raise ProjectFlagError(
+                f"--global-batch-size {gbs} disagrees with --update-depth {depth} "
+                f"({prompts} prompts x {per_prompt} samples / {depth} = {samples // depth})"
+            )
+
+    if behavior == "recompute" and _get(args, "use_rollout_logprobs", False):
+        raise ProjectFlagError(
+            "--behavior-logprobs recompute needs slime's log-prob recompute, which "
+            "--use-rollout-logprobs switches off: drop one of the two"
+        )
+    if (
+        _get(args, "use_routing_replay", False)
+        and not _get(args, "use_rollout_routing_replay", False)
+        and _get(args, "use_rollout_logprobs", False)
+    ):
+        raise ProjectFlagError(
+            "--use-routing-replay (R2) records the MoE routing during slime's log-prob recompute, "
+            "which --use-rollout-logprobs skips: drop --use-rollout-logprobs"
+        )
+    per_token = bool(_get(args, "calculate_per_token_loss", False))
+    if (aggregation == TOKEN_MEAN) != per_token:
+        raise ProjectFlagError(
+            f"aggregation {aggregation!r} needs --calculate-per-token-loss "
+            f"{'set' if aggregation == TOKEN_MEAN else 'unset'} (slime's reducer and normaliser "
+            "implement token-mean only in per-token mode)"
+        )
+    interval = _get(args, "update_weights_interval", 1)
+    if interval not in (None, 1):
+        raise ProjectFlagError(
+            f"--update-weights-interval {interval}: staleness accounting assumes one weight update per rollout (1)"
+        )
+    if _get(args, "colocate", False):
+        raise ProjectFlagError("--colocate cannot be used: the driver generates while it trains")
+
+
+def translate_argv(argv: Sequence[str]) -> list[str]:
+    """Rewrite the driver's argv for slime: ``--update-depth D`` -> ``--num-steps-per-rollout D``.
+
+    slime derives the global batch size from --num-steps-per-rollout inside its own validation,
+    so the mapping has to happen before slime parses. ``--calculate-per-token-loss`` is added
+    when the loss aggregates token-mean (dapo/ripo by default).
+    """
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_project_arguments(parser)
+    parser.add_argument("--num-steps-per-rollout", type=int, default=None)
+    parser.add_argument("--calculate-per-token-loss", action="store_true")
+    known, _ = parser.parse_known_args(list(argv))
+    out = list(argv)
+    if known.update_depth is not None:
+        if known.num_steps_per_rollout is not None and known.num_steps_per_rollout != known.update_depth:
+            raise ProjectFlagError(
+                f"--update-depth {known.update_depth} disagrees with --num-steps-per-rollout "
+                f"{known.num_steps_per_rollout}"
+            )
+        if known.num_steps_per_rollout is None:
+            out += ["--num-steps-per-rollout", str(known.update_depth)]
+    mode = known.policy_loss
+    aggregation = known.policy_loss_aggregation or default_aggregation(mode)
+    if aggregation == TOKEN_MEAN and not known.calculate_per_token_loss:
+        out.append("--calculate-per-token-loss")
+    return out
+
+
+def _dry_run_parser() -> argparse.ArgumentParser:
+    """Project flags plus the slime flags that the cross-checks read (slime parses the rest)."""
+    parser = argparse.ArgumentParser(prog="python -m epic_slime.slime.flags", allow_abbrev=False)
+    add_project_arguments(parser)
+    slime = parser.add_argument_group("slime flags cross-checked by the project")
+    slime.add_argument("--loss-type", default="policy_loss")
+    slime.add_argument("--custom-loss-function-path", default=None)
+    slime.add_argument("--rollout-function-path", default="slime.rollout.sglang_rollout.generate_rollout")
+    slime.add_argument("--rollout-batch-size", type=int, default=None)
+    slime.add_argument("--n-samples-per-prompt", type=int, default=1)
+    slime.add_argument("--num-steps-per-rollout", type=int, default=None)
+    slime.add_argument("--global-batch-size", type=int, default=None)
+    slime.add_argument("--use-rollout-logprobs", action="store_true")
+    slime.add_argument("--calculate-per-token-loss", action="store_true")
+    slime.add_argument("--update-weights-interval", type=int, default=1)
+    slime.add_argument("--colocate", action="store_true")
+    slime.add_argument("--use-routing-replay", action="store_true")
+    slime.add_argument("--use-rollout-routing-replay", action="store_true")
+    return parser
+
+
+def check_argv(argv: Sequence[str]) -> tuple[ProjectConfig, argparse.Namespace, list[str]]:
+    """Translate and validate a driver command line without slime: (config, parsed, unparsed rest)."""
+    translated = translate_argv(argv)
+    parser = _dry_run_parser()
+    args, rest = parser.parse_known_args(translated)
+    if args.update_depth is None and args.num_steps_per_rollout is not None:
+        args.update_depth = args.num_steps_per_rollout
+    config = validate_project_args(args)
+    if args.rollout_batch_size is None:
+        raise ProjectFlagError("--rollout-batch-size is required")
+    return config, args, rest
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        config, args, _ = check_argv(argv)
+    except (ProjectFlagError, SystemExit) as exc:
+        if isinstance(exc, SystemExit):
+            return int(exc.code or 2)
+        print(f"epic-slime flags: error: {exc}", file=sys.stderr)
+        return 2
+    samples = args.rollout_batch_size * args.n_samples_per_prompt
+    depth = config.update_depth or 1
+    added = translate_argv(argv)[len(argv):]
+    print(
+        f"epic-slime flags OK: policy_loss={config.policy_loss} params={config.policy_loss_params} "
+        f"aggregation={config.aggregation} update_depth={depth} (global batch {samples // depth} of "
+        f"{samples} samples) max_staleness={config.max_staleness} stale_policy={config.stale_policy} "
+        f"behavior_logprobs={config.behavior_logprobs}; the driver passes slime "
+        f"{' '.join(added) if added else 'no extra flags'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""The asynchronous slime driver: ``python -m epic_slime.slime.train <slime flags + project flags>``.
+
+slime's own train scripts are repository-root files, not part of its package, so this driver
+is built from slime's public pieces (placement groups, RolloutManager, the actor group's
+``async_train`` / ``update_weights`` / ``save_model``):
+
+  1. push the initial weights to SGLang (weight version 1);
+  2. ask the RolloutManager for rollout ``start``; for every rollout ``r``: wait for its data,
+     immediately ask for rollout ``r + 1`` (the background worker of
+     ``epic_slime.slime.rollout`` never stops generating), train ``r`` with ``D`` optimizer
+     steps, save when due, push the new weights, evaluate every ``--eval-interval``.
+
+slime's RolloutManager actor runs one call at a time and the weight push asks it for the
+engines, so the push after rollout ``r`` happens once rollout ``r + 1`` is collected (as in
+slime's train_async.py): batches after the first are at least one update stale. Requests in
+flight during a push pause and continue on the new weights (their samples carry both versions).
+How stale a group may be when it is trained is bounded by ``--max-staleness`` (>= 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from epic_slime.slime.flags import (
+    ProjectFlagError,
+    add_project_arguments,
+    translate_argv,
+    validate_project_args,
+)
+
+logger = logging.getLogger("epic_slime.slime.train")
+
+
+def _periodic(rollout_id: int, interval: int | None, per_epoch: int | None, last: int | None = None) -> bool:
+    """Same rule as slime's ``should_run_periodic_action`` (a 1-based step hits the interval)."""
+    if interval is None:
+        return False
+    if last is not None and rollout_id == last:
+        return True
+    step = rollout_id + 1
+    return step % interval == 0 or (per_epoch is not None and step % per_epoch == 0)
+
+
+def async_training_loop(
+    args: Any,
+    rollout_manager: Any,
+    actor_model: Any,
+    num_rollout_per_epoch: int | None,
+    get: Callable[[Any], Any],
+) -> list[tuple[str, int]]:
+    """The overlap schedule; returns the (event, rollout_id) trace (tests run it on fakes)."""
+    trace: list[tuple[str, int]] = []
+    start, end = args.start_rollout_id, args.num_rollout
+    if args.eval_interval is not None and start == 0 and not getattr(args, "skip_eval_before_train", False):
+        get(rollout_manager.eval.remote(0))
+        trace.append(("eval", 0))
+    next_ref = rollout_manager.generate.remote(start) if start < end else None
+    if next_ref is not None:
+        trace.append(("generate", start))
+    for rollout_id in range(start, end):
+        data_ref = get(next_ref)
+        next_ref = None
+        if rollout_id + 1 < end:
+            next_ref = rollout_manager.generate.remote(rollout_id + 1)
+            trace.append(("generate", rollout_id + 1))
+        get(actor_model.async_train(rollout_id, data_ref))
+        trace.append(("train", rollout_id))
+        if _periodic(rollout_id, args.save_interval, num_rollout_per_epoch, end - 1):
+            actor_model.save_model(rollout_id, force_sync=rollout_id == end - 1)
+            if args.rollout_global_dataset:
+                get(rollout_manager.save.remote(rollout_id))
+            trace.append(("save", rollout_id))
+        actor_model.update_weights()
+        trace.append(("update_weights", rollout_id))
+        if _periodic(rollout_id, args.eval_interval, num_rollout_per_epoch):
+            get(rollout_manager.eval.remote(rollout_id))
+            trace.append(("eval", rollout_id))
+    return trace
+
+
+def run(args: Any) -> None:
+    import ray
+    from slime.observability.logging_utils import configure_logger, finish_tracking, init_tracking
+    from slime.ray.placement_group import create_placement_groups, create_rollout_manager, create_training_models
+
+    configure_logger()
+    if args.use_critic:
+        raise ProjectFlagError("--use-critic is not supported by the epic-slime driver (GRPO-style advantages only)")
+    pgs = create_placement_groups(args)
+    init_tracking(args)
+    rollout_manager, num_rollout_per_epoch = create_rollout_manager(args, pgs["rollout"])
+    actor_model, _ = create_training_models(args, pgs, rollout_manager)
+    actor_model.update_weights()  # weight version 1: the policy that generates the first batch
+    if args.check_weight_update_equal:
+        ray.get(rollout_manager.check_weights.remote(action="compare"))
+    async_training_loop(args, rollout_manager, actor_model, num_rollout_per_epoch, ray.get)
+    ray.get(rollout_manager.dispose.remote())
+    finish_tracking(args)
+
+
+def parse(argv: Sequence[str]) -> Any:
+    """slime's parser with the project's flags; argv is translated first (update depth, aggregation)."""
+    from slime.utils.arguments import parse_args
+
+    translated = translate_argv(argv)
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "epic_slime.slime.train", *translated]
+    try:
+        args = parse_args(add_custom_arguments=add_project_arguments)
+    finally:
+        sys.argv = saved
+    config = validate_project_args(args)
+    logger.info("epic-slime config: %s", config)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse(argv)
+    except ProjectFlagError as exc:
+        print(f"epic_slime.slime.train: error: {exc}", file=sys.stderr)
+        return 2
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

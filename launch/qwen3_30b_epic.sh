@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# The paper's run: Qwen3-30B-A3B-Base on DAPO-Math-17K with EPIC (or any Table 1 method) on a
+# Ray cluster, 4 nodes x 8 GPUs by default, through the asynchronous slime driver
+# `python -m epic_slime.slime.train`.
+#
+#   bash launch/qwen3_30b_epic.sh [options] [-- extra driver flags]
+#
+# Every setting is an environment variable, and most also a flag (flags win):
+#   --method M          METHOD           epic | grpo | dapo | gspo | ctpo | ripo | grpo_r2 | grpo_r3 (configs/methods/M.yaml)
+#   --nodes N           NUM_NODES        nodes in the Ray cluster (default 4)
+#   --gpus-per-node G   GPUS_PER_NODE    (default 8)
+#   --actor-nodes A     ACTOR_NODES      nodes for Megatron training (default NUM_NODES / 2); the rest run SGLang
+#   --update-depth D    UPDATE_DEPTH     optimizer steps per rollout batch (default 8)
+#   --max-staleness K   MAX_STALENESS    staleness bound in weight updates (default 2; "none" = unbounded)
+#   --stale-policy P    STALE_POLICY     drop | keep (default drop)
+#   --seed S            SEED             (default 1234)
+#   --num-rollout R     NUM_ROLLOUT      training steps (default 300)
+#   --hf-checkpoint P   HF_CHECKPOINT    HF weights (default /root/models/Qwen3-30B-A3B-Base)
+#   --ref-load P        REF_LOAD         Megatron torch_dist weights (default ${HF_CHECKPOINT}_torch_dist)
+#   --save-dir P        SAVE_DIR         checkpoints / resume (default /root/checkpoints/<run name>)
+#   --data-dir P        DATA_DIR         `epic-slime prepare-data --out` folder (default /root/data):
+#                                        train/dapo_math_17k.jsonl, eval/{aime_2024,aime_2025,amc_2023,hmmt_feb_2025}.jsonl
+#                       EVAL_RECORDS     per-sample eval records for the Table 1 report (default SAVE_DIR/eval_records.jsonl)
+#   --wandb-project P   WANDB_PROJECT    W&B project; W&B is on when WANDB_API_KEY is set (never printed)
+#   --dry-run           DRY_RUN=1        print the full command and validate the project flags; no Ray, no GPUs
+# Ray: RAY_ROLE=head (default) starts a head on this node unless one is running (dashboard and job
+# API bound to 127.0.0.1 only); RAY_ROLE=worker HEAD_ADDR=<ip> joins this node to the head and exits.
+set -euo pipefail
+
+REPO_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+
+METHOD="${METHOD:-epic}"
+NUM_NODES="${NUM_NODES:-4}"
+GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
+ACTOR_NODES="${ACTOR_NODES:-}"
+UPDATE_DEPTH="${UPDATE_DEPTH:-8}"
+MAX_STALENESS="${MAX_STALENESS:-2}"
+STALE_POLICY="${STALE_POLICY:-drop}"
+SEED="${SEED:-1234}"
+NUM_ROLLOUT="${NUM_ROLLOUT:-300}"
+HF_CHECKPOINT="${HF_CHECKPOINT:-/root/models/Qwen3-30B-A3B-Base}"
+REF_LOAD="${REF_LOAD:-}"
+SAVE_DIR="${SAVE_DIR:-}"
+DATA_DIR="${DATA_DIR:-/root/data}"
+WANDB_PROJECT="${WANDB_PROJECT:-epic-slime}"
+DRY_RUN="${DRY_RUN:-0}"
+RAY_ROLE="${RAY_ROLE:-head}"
+RAY_DASHBOARD_PORT="${RAY_DASHBOARD_PORT:-8265}"
+MEGATRON_PATH="${MEGATRON_PATH:-/root/Megatron-LM}"
+EXTRA_ARGS=()
+
+die() { echo "qwen3_30b_epic.sh: error: $*" >&2; exit 2; }
+need_value() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --method) need_value "$@"; METHOD="$2"; shift 2 ;;
+    --nodes) need_value "$@"; NUM_NODES="$2"; shift 2 ;;
+    --gpus-per-node) need_value "$@"; GPUS_PER_NODE="$2"; shift 2 ;;
+    --actor-nodes) need_value "$@"; ACTOR_NODES="$2"; shift 2 ;;
+    --update-depth) need_value "$@"; UPDATE_DEPTH="$2"; shift 2 ;;
+    --max-staleness) need_value "$@"; MAX_STALENESS="$2"; shift 2 ;;
+    --stale-policy) need_value "$@"; STALE_POLICY="$2"; shift 2 ;;
+    --seed) need_value "$@"; SEED="$2"; shift 2 ;;
+    --num-rollout) need_value "$@"; NUM_ROLLOUT="$2"; shift 2 ;;
+    --hf-checkpoint) need_value "$@"; HF_CHECKPOINT="$2"; shift 2 ;;
+    --ref-load) need_value "$@"; REF_LOAD="$2"; shift 2 ;;
+    --save-dir) need_value "$@"; SAVE_DIR="$2"; shift 2 ;;
+    --data-dir) need_value "$@"; DATA_DIR="$2"; shift 2 ;;
+    --wandb-project) need_value "$@"; WANDB_PROJECT="$2"; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --) shift; EXTRA_ARGS+=("$@"); break ;;
+    *) die "unknown option $1 (driver flags go after --)" ;;
+  esac
+done
+
+is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
+for pair in "NUM_NODES:${NUM_NODES}" "GPUS_PER_NODE:${GPUS_PER_NODE}" "UPDATE_DEPTH:${UPDATE_DEPTH}" \
+            "SEED:${SEED}" "NUM_ROLLOUT:${NUM_ROLLOUT}"; do
+  is_uint "${pair#*:}" || die "${pair%%:*} must be a non-negative integer, got '${pair#*:}'"
+done
+[[ "${NUM_NODES}" -ge 2 ]] || die "NUM_NODES must be >= 2 (training and generation use separate nodes), got ${NUM_NODES}"
+ACTOR_NODES="${ACTOR_NODES:-$(( NUM_NODES / 2 ))}"
+is_uint "${ACTOR_NODES}" || die "ACTOR_NODES must be an integer, got '${ACTOR_NODES}'"
+[[ "${ACTOR_NODES}" -ge 1 && "${ACTOR_NODES}" -lt "${NUM_NODES}" ]] \
+  || die "ACTOR_NODES=${ACTOR_NODES} must leave at least one of NUM_NODES=${NUM_NODES} nodes for SGLang"
+ROLLOUT_GPUS=$(( (NUM_NODES - ACTOR_NODES) * GPUS_PER_NODE ))
+
+METHOD_CONFIG="${REPO_DIR}/configs/methods/${METHOD}.yaml"
+if [[ ! -f "${METHOD_CONFIG}" ]]; then
+  available=$(cd "${REPO_DIR}/configs/methods" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')
+  die "unknown method '${METHOD}'; available: ${available}"
+fi
+REF_LOAD="${REF_LOAD:-${HF_CHECKPOINT}_torch_dist}"
+RUN_NAME="qwen3-30b-a3b-${METHOD}-d${UPDATE_DEPTH}-k${MAX_STALENESS}-s${SEED}"
+SAVE_DIR="${SAVE_DIR:-/root/checkpoints/${RUN_NAME}}"
+EVAL_RECORDS="${EVAL_RECORDS:-${SAVE_DIR}/eval_records.jsonl}"
+# Run identity for the evaluation hook, as top-level keys of slime's --custom-config-path (every
+# Ray actor sees them on args). Written next to the checkpoints, which every node must mount.
+RUN_CONFIG="${SAVE_DIR}/epic_run.yaml"
+run_config_yaml() {
+  echo "epic_run_name: \"${RUN_NAME}\""
+  echo "epic_method: \"${METHOD}\""
+  echo "epic_eval_records_path: \"${EVAL_RECORDS}\""
+}
+
+# Settings from YAML: the paper's shared settings (Table 2), the model and its parallelism,
+# then the method (its clip parameters and any routing-replay flags).
+CONFIG_ARGS=()
+while IFS= read -r -d '' arg; do CONFIG_ARGS+=("${arg}"); done < <(
+  cd "${REPO_DIR}" && "${PYTHON}" -m epic_slime.slime.config_flags -0 \
+    configs/paper/table2.yaml configs/models/qwen3_30b_a3b.yaml "${METHOD_CONFIG}"
+)
+[[ ${#CONFIG_ARGS[@]} -gt 0 ]] || die "reading the YAML configs failed"
+
+STALENESS_ARGS=(--stale-policy "${STALE_POLICY}")
+if [[ "${MAX_STALENESS}" != "none" ]]; then
+  is_uint "${MAX_STALENESS}" || die "MAX_STALENESS must be a non-negative integer or 'none', got '${MAX_STALENESS}'"
+  STALENESS_ARGS+=(--max-staleness "${MAX_STALENESS}")
+fi
+
+WANDB_ARGS=()
+if [[ -n "${WANDB_API_KEY:-}" ]]; then
+  WANDB_ARGS=(--use-wandb --wandb-project "${WANDB_PROJECT}" --wandb-group "${RUN_NAME}")
+fi
+
+DRIVER_ARGS=(
+  --actor-num-nodes "${ACTOR_NODES}"
+  --actor-num-gpus-per-node "${GPUS_PER_NODE}"
+  --rollout-num-gpus "${ROLLOUT_GPUS}"
+  --hf-checkpoint "${HF_CHECKPOINT}"
+  --ref-load "${REF_LOAD}"
+  --load "${SAVE_DIR}"
+  --save "${SAVE_DIR}"
+  --prompt-data "${DATA_DIR}/train/dapo_math_17k.jsonl"
+  --eval-prompt-data aime_2024 "${DATA_DIR}/eval/aime_2024.jsonl" aime_2025 "${DATA_DIR}/eval/aime_2025.jsonl"
+                     amc_2023 "${DATA_DIR}/eval/amc_2023.jsonl" hmmt_feb_2025 "${DATA_DIR}/eval/hmmt_feb_2025.jsonl"
+  --custom-config-path "${RUN_CONFIG}"
+  --num-rollout "${NUM_ROLLOUT}"
+  --seed "${SEED}"
+  "${CONFIG_ARGS[@]}"
+  --update-depth "${UPDATE_DEPTH}"
+  "${STALENESS_ARGS[@]}"
+  "${WANDB_ARGS[@]}"
+  "${EXTRA_ARGS[@]}"
+)
+
+runtime_env_yaml() {  # $1 = "redact" to print, anything else to submit
+  echo "env_vars:"
+  echo "  PYTHONPATH: \"${MEGATRON_PATH}:${REPO_DIR}\""
+  echo "  CUDA_DEVICE_MAX_CONNECTIONS: \"1\""
+  echo "  PYTHONUNBUFFERED: \"1\""
+  if [[ -n "${WANDB_API_KEY:-}" ]]; then
+    if [[ "$1" == "redact" ]]; then echo "  WANDB_API_KEY: <redacted>"; else echo "  WANDB_API_KEY: \"${WANDB_API_KEY}\""; fi
+  fi
+}
+
+SUBMIT=(ray job submit --address "http://127.0.0.1:${RAY_DASHBOARD_PORT}" --runtime-env RUNTIME_ENV_YAML
+        -- python3 -m epic_slime.slime.train "${DRIVER_ARGS[@]}")
+
+if [[ "${DRY_RUN}" == "1" ]]; then
+  echo "# runtime env (RUNTIME_ENV_YAML):"
+  runtime_env_yaml redact | sed 's/^/#   /'
+  echo "# ${RUN_CONFIG} (written at submission):"
+  run_config_yaml | sed 's/^/#   /'
+  printf '%q ' "${SUBMIT[@]}"; echo
+  cd "${REPO_DIR}"
+  exec "${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}"
+fi
+
+# ---- Ray: join or start, local-only dashboard / job API ----
+if [[ "${RAY_ROLE}" == "worker" ]]; then
+  [[ -n "${HEAD_ADDR:-}" ]] || die "RAY_ROLE=worker needs HEAD_ADDR=<head node ip>"
+  ray start --address "${HEAD_ADDR}:6379" --num-gpus "${GPUS_PER_NODE}" --disable-usage-stats
+  exit 0
+fi
+[[ "${RAY_ROLE}" == "head" ]] || die "RAY_ROLE must be head or worker, got '${RAY_ROLE}'"
+if ! ray status >/dev/null 2>&1; then
+  ray start --head --node-ip-address "${MASTER_ADDR:-$(hostname -I | awk '{print $1}')}" \
+    --num-gpus "${GPUS_PER_NODE}" --disable-usage-stats \
+    --dashboard-host 127.0.0.1 --dashboard-port "${RAY_DASHBOARD_PORT}"
+fi
+# Wait (up to WAIT_NODES_S seconds) until every node has joined.
+deadline=$(( SECONDS + ${WAIT_NODES_S:-600} ))
+while :; do
+  gpus=$(ray status 2>/dev/null | awk '/GPU/ {split($1, a, "/"); print int(a[2]); exit}')
+  [[ "${gpus:-0}" -ge $(( NUM_NODES * GPUS_PER_NODE )) ]] && break
+  [[ ${SECONDS} -lt ${deadline} ]] || die "the Ray cluster has ${gpus:-0} GPUs, expected $(( NUM_NODES * GPUS_PER_NODE )) (start the workers with RAY_ROLE=worker HEAD_ADDR=...)"
+  sleep 10
+done
+
+"${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}" >/dev/null
+mkdir -p "${SAVE_DIR}"
+run_config_yaml > "${RUN_CONFIG}"
+umask 077
+RUNTIME_ENV_FILE="$(mktemp --suffix=.yaml)"
+trap 'rm -f "${RUNTIME_ENV_FILE}"' EXIT
+runtime_env_yaml submit > "${RUNTIME_ENV_FILE}"
+SUBMIT[6]="${RUNTIME_ENV_FILE}"  # the placeholder after --runtime-env
+cd "${REPO_DIR}"
+"${SUBMIT[@]}"

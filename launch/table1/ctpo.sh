@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Paper Table 1 row "ctpo" (configs/methods/ctpo.yaml) on the default 4 x 8 GPU cluster; every
+# setting of launch/qwen3_30b_epic.sh can still be overridden (environment or flags).
+exec bash "$(dirname -- "${BASH_SOURCE[0]}")/../qwen3_30b_epic.sh" --method ctpo "$@"

@@ -1,0 +1,261 @@
+"""The slime loss adapter against the core, on slime-shaped inputs (no slime needed).
+
+slime hands a custom loss per-sample 1-D tensors of the rank's local response tokens, full-length
+loss masks and a reducer. The reducers below are written from slime's documented contract
+(``sum_of_sample_mean``: per sample, sum of x * mask over local tokens divided by the sample's
+full-response denominator, summed over samples; per-token mode: plain masked token sum).
+CP = 2 runs in two gloo processes and must reproduce CP = 1's loss and gradients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.utils.rnn import pad_sequence
+
+from epic_slime.slime.adapter import approx_kl, slime_policy_loss_from_log_probs
+from epic_slime.slime.cp import make_all_reduce_gather, zigzag_response_positions
+from epic_slime.losses import LOSS_MODES
+
+# (total_length, response_length): odd sizes, a one-token response, responses that start in
+# the second zigzag chunk and ones that end in the padding.
+SHAPES = [(9, 5), (20, 17), (7, 1), (33, 30), (12, 3)]
+MODES = ["epic", "grpo", "dapo", "gspo", "ctpo", "ripo"]
+
+
+def _args(mode: str, *extra: str, **attrs) -> argparse.Namespace:
+    from epic_slime.losses.flags import add_policy_loss_arguments
+
+    parser = argparse.ArgumentParser()
+    add_policy_loss_arguments(parser)
+    args = parser.parse_args(["--policy-loss", mode, *extra])
+    aggregation = args.policy_loss_aggregation or LOSS_MODES[mode].aggregation
+    defaults = dict(
+        behavior_logprobs="rollout",
+        calculate_per_token_loss=aggregation == "token-mean",
+        entropy_coef=0.0,
+        use_kl_loss=False,
+        kl_loss_coef=0.0,
+        kl_loss_type="low_var_kl",
+        use_unbiased_kl=False,
+        use_rollout_logprobs=False,
+    )
+    defaults.update(attrs)
+    for key, value in defaults.items():
+        setattr(args, key, value)
+    return args
+
+
+def _full_data(seed: int = 0):
+    """Full-response tensors per sample (float64): log pi, log mu, advantages, mask, ref log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    data = []
+    for k, (total, resp) in enumerate(SHAPES):
+        log_mu = -torch.rand(resp, generator=g, dtype=torch.float64) * 3 - 0.01
+        # current policy: samples 0 and 2 almost on-policy (inside even GSPO's 3e-4 band), the
+        # others drift, with a few large moves so that every mode clips somewhere
+        drift = torch.randn(resp, generator=g, dtype=torch.float64) * (1e-5 if k in (0, 2) else 0.05)
+        if k not in (0, 2):
+            drift[::4] += torch.randn(len(drift[::4]), generator=g, dtype=torch.float64) * 0.6
+            drift += 0.05 * (1 if k % 2 == 0 else -1)  # pushes the ratio in its advantage's direction
+        log_pi = torch.clamp(log_mu + drift, max=-1e-4)
+        mask = torch.ones(resp, dtype=torch.int32)
+        if resp > 3:
+            mask[resp // 2] = 0  # e.g. a tool-output token inside the response
+        adv = torch.full((resp,), [1.0, -0.7, 0.4, -1.3, 0.9][k], dtype=torch.float64)
+        ref = log_mu + torch.randn(resp, generator=g, dtype=torch.float64) * 0.1
+        data.append(dict(total=total, resp=resp, log_pi=log_pi, log_mu=log_mu, mask=mask, adv=adv, ref=ref))
+    return data
+
+
+def _reducer(positions, masks, denoms, per_token: bool):
+    def reduce(x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros(())
+        for x_i, pos, m, d in zip(x.split([len(p) for p in positions]), positions, masks, denoms):
+            term = (x_i * m[pos].to(x.dtype)).sum()
+            out = out + (term if per_token else term / max(float(d), 1.0))
+        return out
+
+    return reduce
+
+
+def _slime_inputs(data, rank: int, cp: int, args):
+    """Leaves (full log pi per sample) and the batch / reducer a CP rank would see."""
+    leaves = [d["log_pi"].clone().requires_grad_(True) for d in data]
+    positions = [zigzag_response_positions(d["total"], d["resp"], rank, cp) for d in data]
+    masks = [d["mask"] for d in data]
+    batch = {
+        "total_lengths": [d["total"] for d in data],
+        "response_lengths": [d["resp"] for d in data],
+        "loss_masks": masks,
+        "advantages": [d["adv"][p] for d, p in zip(data, positions)],
+        "rollout_log_probs": [d["log_mu"][p] for d, p in zip(data, positions)],
+        "ref_log_probs": [d["ref"][p] for d, p in zip(data, positions)],
+        "log_probs": None,
+        "rollout_mask_sums": None,
+    }
+    log_probs = [leaf[p] for leaf, p in zip(leaves, positions)]
+    reducer = _reducer(positions, masks, [m.sum() for m in masks], args.calculate_per_token_loss)
+    return leaves, log_probs, batch, reducer
+
+
+def _core_reference(mode, args, data, aggregation):
+    """The core on padded [B, T] tensors: the loss slime's reducer must produce, and its gradient."""
+    from epic_slime.losses import compute_policy_loss
+    from epic_slime.losses.flags import policy_loss_config_from_args
+
+    _, params, _ = policy_loss_config_from_args(args)
+    leaves = [d["log_pi"].clone().requires_grad_(True) for d in data]
+    mask = pad_sequence([d["mask"].bool() for d in data], batch_first=True)
+    out = compute_policy_loss(
+        mode,
+        pad_sequence(leaves, batch_first=True),
+        pad_sequence([d["log_mu"] for d in data], batch_first=True),
+        pad_sequence([d["adv"] for d in data], batch_first=True),
+        mask,
+        aggregation=aggregation,
+        **params,
+    )
+    # slime's step normaliser: number of samples (sum of sample means) or of tokens (token sum)
+    scale = float(mask.sum()) if aggregation == "token-mean" else float(len(data))
+    loss = out.loss * scale
+    loss.backward()
+    return loss.detach(), [leaf.grad for leaf in leaves], out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cp1_adapter_equals_core(mode):
+    data = _full_data()
+    args = _args(mode)
+    aggregation = args.policy_loss_aggregation or LOSS_MODES[mode].aggregation
+    leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+    loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
+    loss.backward()
+    ref_loss, ref_grads, ref_out = _core_reference(mode, args, data, aggregation)
+    torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-12, atol=1e-12)
+    for leaf, grad in zip(leaves, ref_grads):
+        torch.testing.assert_close(leaf.grad, grad, rtol=1e-12, atol=1e-12)
+    assert any(float(g.abs().sum()) > 0 for g in ref_grads)
+    # metrics: slime's names, the core's diagnostics weighted by the micro-batch's share
+    assert set(metrics) >= {"loss", "pg_loss", "entropy_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff"}
+    # pg_clipfrac: the core's per-token clip indicator, reduced by slime's reducer
+    clipped = [ref_out.clipped[i, : d["resp"]] for i, d in enumerate(data)]
+    torch.testing.assert_close(metrics["pg_clipfrac"].double(), reducer(torch.cat(clipped).double()), rtol=1e-6, atol=1e-7)
+    assert float(metrics["pg_clipfrac"]) > 0, "the fixture must make some tokens clip"
+    # the core's diagnostics, weighted by the micro-batch's share of the step's normaliser
+    weight = float(sum(d["mask"].sum() for d in data)) if aggregation == "token-mean" else len(data)
+    torch.testing.assert_close(
+        metrics["policy/ratio_mean"].double(),
+        torch.as_tensor(float(ref_out.metrics["ratio_mean"]) * weight, dtype=torch.float64), rtol=1e-6, atol=1e-7,
+    )
+    assert "policy/valid_tokens" not in metrics and "policy/empty_response_frac" in metrics
+    expected_kl = reducer(torch.cat([d["log_mu"] - d["log_pi"] for d in data]))
+    torch.testing.assert_close(metrics["ppo_kl"].double(), expected_kl, rtol=1e-6, atol=1e-7)
+
+
+def test_seq_mean_token_sum_and_kl_entropy_terms():
+    data = _full_data(1)
+    args = _args("epic", "--policy-loss-aggregation", "seq-mean-token-sum",
+                 use_kl_loss=True, kl_loss_coef=1e-3, entropy_coef=0.01)
+    leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+    entropy = [torch.rand(len(lp), dtype=torch.float64) for lp in log_probs]
+    loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, entropy, reducer)
+    ref_loss, _, _ = _core_reference("epic", args, data, "seq-mean-token-sum")
+    # KL(pi || ref) with the k3 estimator from its definition: exp(ref - pi) - 1 - (ref - pi)
+    kl = [torch.exp(d["ref"] - d["log_pi"]) - 1 - (d["ref"] - d["log_pi"]) for d in data]
+    kl_loss = sum((k * d["mask"]).sum() / d["mask"].sum() for k, d in zip(kl, data))
+    entropy_loss = sum((e * d["mask"]).sum() / d["mask"].sum() for e, d in zip(entropy, data))
+    torch.testing.assert_close(metrics["kl_loss"].double(), kl_loss, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(loss.detach(), ref_loss + 1e-3 * kl_loss - 0.01 * entropy_loss, rtol=1e-10, atol=1e-12)
+
+
+def test_kl_estimators_follow_their_definitions():
+    lp = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64)
+    ref = torch.tensor([-1.5, -0.1, -0.5], dtype=torch.float64)
+    d = lp - ref
+    torch.testing.assert_close(approx_kl(lp, ref, "k1").double(), d.float().double())
+    torch.testing.assert_close(approx_kl(lp, ref, "k2").double(), (d**2 / 2).float().double())
+    torch.testing.assert_close(approx_kl(lp, ref, "k3").double(), (torch.exp(-d) - 1 + d).float().double())
+    big = approx_kl(torch.tensor([0.0]), torch.tensor([20.0]), "low_var_kl")
+    assert float(big) == 10.0  # low_var_kl is clamped
+    with pytest.raises(ValueError, match="kl-loss-type"):
+        approx_kl(lp, ref, "k4")
+
+
+def test_missing_or_bad_inputs_are_named():
+    data = _full_data()
+    args = _args("epic")
+    _, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+    with pytest.raises(ValueError, match="--behavior-logprobs recompute"):
+        slime_policy_loss_from_log_probs(args, {**batch, "rollout_log_probs": None}, log_probs, None, reducer)
+    args_re = _args("epic", behavior_logprobs="recompute")
+    with pytest.raises(ValueError, match="use-rollout-logprobs"):
+        slime_policy_loss_from_log_probs(args_re, batch, log_probs, None, reducer)
+    bad = {**batch, "advantages": [a[:-1] for a in batch["advantages"]]}
+    with pytest.raises(ValueError, match=r"batch\['advantages'\]\[0\]"):
+        slime_policy_loss_from_log_probs(args, bad, log_probs, None, reducer)
+    with pytest.raises(ValueError, match="calculate_per_token_loss"):
+        slime_policy_loss_from_log_probs(_args("dapo", calculate_per_token_loss=False), batch, log_probs, None, reducer)
+
+
+def test_recompute_behaviour_uses_slime_log_probs():
+    data = _full_data(2)
+    args = _args("grpo", behavior_logprobs="recompute")
+    leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+    # the recompute becomes mu; the rollout log-probs are then only a diagnostic
+    batch = {**batch, "log_probs": batch["rollout_log_probs"], "rollout_log_probs": [x - 5 for x in batch["rollout_log_probs"]]}
+    loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
+    ref_loss, _, _ = _core_reference("grpo", args, data, "seq-mean-token-mean")
+    torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-12, atol=1e-12)
+    assert float(metrics["train_rollout_logprob_abs_diff"]) == pytest.approx(5 * len(data), rel=1e-6)
+
+
+# KL terms are float32 in slime (and here), so cases with KL are compared at float32 precision.
+CP_CASES = [(mode, False) for mode in MODES] + [("epic", True), ("dapo", True)]
+
+
+def _cp_worker(rank, world, init_file, result_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        results = {}
+        gather = make_all_reduce_gather()
+        for mode, kl in CP_CASES:
+            data = _full_data()
+            args = _args(mode, use_kl_loss=kl, kl_loss_coef=1e-3)
+            leaves, log_probs, batch, reducer = _slime_inputs(data, rank, world, args)
+            loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer, rank, world, gather)
+            loss.backward()
+            results[mode, kl] = (loss.detach(), [leaf.grad.clone() for leaf in leaves], {k: v for k, v in metrics.items()})
+        torch.save(results, f"{result_file}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cp2_over_gloo_equals_cp1_for_every_mode():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_cp_worker, args=(2, os.path.join(tmp, "init"), os.path.join(tmp, "out")), nprocs=2, join=True)
+        ranks = [torch.load(os.path.join(tmp, f"out.{r}")) for r in range(2)]
+    for mode, kl in CP_CASES:
+        data = _full_data()
+        args = _args(mode, use_kl_loss=kl, kl_loss_coef=1e-3)
+        leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+        loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
+        loss.backward()
+        tol = dict(rtol=1e-6, atol=1e-9) if kl else dict(rtol=1e-12, atol=1e-14)
+        r0, r1 = ranks[0][mode, kl], ranks[1][mode, kl]
+        torch.testing.assert_close(r0[0] + r1[0], loss.detach(), **tol, msg=f"{mode} kl={kl}")
+        for i, leaf in enumerate(leaves):
+            torch.testing.assert_close(r0[1][i] + r1[1][i], leaf.grad, **tol, msg=f"{mode} kl={kl} sample {i}")
+            # every token's gradient comes from exactly one rank
+            assert bool(((r0[1][i] == 0) | (r1[1][i] == 0)).all())
+        # metrics add up across the CP group to the CP = 1 value, as slime's all-reduce does
+        for name in ("pg_loss", "ppo_kl", "pg_clipfrac") + (("kl_loss",) if kl else ()):
+            total = r0[2][name] + r1[2][name]
+            torch.testing.assert_close(total.double(), metrics[name].double(), rtol=1e-5, atol=1e-7, msg=f"{mode} {name}")
