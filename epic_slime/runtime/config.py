@@ -71,6 +71,8 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     # --- warm start ---
     "warm_start_steps": (int, 150, _nonneg_int, None, "supervised warm-start steps on correct solutions (0: none)"),
     "warm_start_lr": (float, 3e-3, _positive_float, None, "warm-start learning rate"),
+    "warm_start_answer_noise": (float, 0.8, lambda v: isinstance(v, float) and 0.0 <= v < 1.0, None,
+                                "share of warm-start solutions whose final answer is off by 1..3 (a sloppy base model)"),
     "warm_start_batch_size": (int, 64, _positive_int, None, "warm-start batch size"),
     "warm_start_cache_dir": (str, None, None, None, "cache of warm-start weights keyed by config hash (default: ~/.cache/epic-slime/warm_start)"),
     # --- model ---
@@ -106,6 +108,7 @@ class RuntimeConfig:
     policy_loss_params: dict
     values: dict = field(default_factory=dict)   # every FIELDS name -> validated value
     loss_args: dict = field(default_factory=dict)  # raw loss flag values (for the run record)
+    policy_loss_aggregation: str = "seq-mean-token-mean"
 
     def __getattr__(self, name):
         values = self.__dict__.get("values", {})
@@ -137,7 +140,7 @@ class RuntimeConfig:
 
     def to_dict(self) -> dict:
         return {**self.values, **self.loss_args, "policy_loss": self.policy_loss,
-                "policy_loss_params": self.policy_loss_params}
+                "policy_loss_params": self.policy_loss_params, "policy_loss_aggregation": self.policy_loss_aggregation}
 
     def with_overrides(self, **kv) -> "RuntimeConfig":
         values = dict(self.values)
@@ -145,7 +148,8 @@ class RuntimeConfig:
             if k not in values:
                 raise ConfigError(f"unknown field {k!r}")
             values[k] = v
-        out = RuntimeConfig(self.policy_loss, dict(self.policy_loss_params), values, dict(self.loss_args))
+        out = RuntimeConfig(self.policy_loss, dict(self.policy_loss_params), values, dict(self.loss_args),
+                            self.policy_loss_aggregation)
         _validate(out)
         return out
 
@@ -288,10 +292,11 @@ def parse_config(argv: list[str], prog: str = "epic-slime train") -> RuntimeConf
     values = {k: merged[k] for k in FIELDS}
     loss_args = {k: v for k, v in merged.items() if k not in FIELDS}
     try:
-        mode, params = policy_loss_config_from_args(argparse.Namespace(**loss_args))
+        mode, params, aggregation = policy_loss_config_from_args(argparse.Namespace(**loss_args))
     except (ValueError, KeyError) as e:
         raise ConfigError(f"policy loss: {e}") from None
-    cfg = RuntimeConfig(policy_loss=mode, policy_loss_params=dict(params), values=values, loss_args=loss_args)
+    cfg = RuntimeConfig(policy_loss=mode, policy_loss_params=dict(params), values=values, loss_args=loss_args,
+                        policy_loss_aggregation=aggregation)
     _validate(cfg)
     return cfg
 

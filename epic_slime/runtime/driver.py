@@ -70,9 +70,8 @@ def resolve_checkpoint(path: str) -> Path:
 
 
 class Run:
-    def __init__(self, cfg: RuntimeConfig, hooks: dict | None = None):
+    def __init__(self, cfg: RuntimeConfig):
         self.cfg = cfg
-        self.hooks = hooks or {}
         self.out = Path(cfg.output_dir)
         self.tok = Tokenizer()
         self.task = cfg.task
@@ -205,6 +204,7 @@ class Run:
             self.acc.dropped += len(g)
             self.dropped_group_ids.append(g.group_id)
         self._step_dropped += sum(len(g) for g in sel.dropped)
+        self._step_dropped_ids.extend(g.group_id for g in sel.dropped)
         return sel
 
     def _start_train(self, sel):
@@ -247,7 +247,12 @@ class Run:
             **train_metrics,
         }
         self.step_t = now
+        with open(self.out / "batches.jsonl", "a") as f:   # which prompts each step trained / dropped
+            f.write(json.dumps({"step": self.step, "trained_group_ids": [g.group_id for g in batch],
+                                "dropped_group_ids": self._step_dropped_ids,
+                                "lags": [self.version - 1 - g.version for g in batch]}) + "\n")
         self._step_dropped = 0
+        self._step_dropped_ids = []
         self.acc.check(self._buffered_samples())
         return m
 
@@ -322,13 +327,15 @@ class Run:
 
     # ---------------- metrics ----------------
     def _open_metrics(self, resumed_step: int | None):
-        path = self.out / "metrics.jsonl"
-        if resumed_step is None:
-            path.write_text("")
-        elif path.exists():   # keep lines up to the checkpoint, so the file stays one line per step
-            keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= resumed_step]
-            path.write_text("".join(ln + "\n" for ln in keep))
-        return open(path, "a")
+        for name in ("metrics.jsonl", "batches.jsonl"):
+            path = self.out / name
+            if resumed_step is None:
+                path.write_text("")
+            elif path.exists():   # keep lines up to the checkpoint, so the file stays one line per step
+                keep = [ln for ln in path.read_text().splitlines()
+                        if ln.strip() and json.loads(ln)["step"] <= resumed_step]
+                path.write_text("".join(ln + "\n" for ln in keep))
+        return open(self.out / "metrics.jsonl", "a")
 
     def _write_metrics(self, f, m: dict) -> None:
         for e in self.eval_ready:
@@ -353,7 +360,8 @@ class Run:
         t0 = time.time()
         init_state, provenance = load_or_train_warm_start(
             cfg.model, self.task, steps=cfg.warm_start_steps, lr=cfg.warm_start_lr,
-            batch_size=cfg.warm_start_batch_size, seed=cfg.seed, cache_dir=cfg.warm_start_cache_dir)
+            batch_size=cfg.warm_start_batch_size, seed=cfg.seed, cache_dir=cfg.warm_start_cache_dir,
+            answer_noise=cfg.warm_start_answer_noise)
         warm_s = time.time() - t0
         resume_path = resolve_checkpoint(cfg.load) if cfg.load else None
         if not resume_path and (self.out / "eval_records.jsonl").exists():
@@ -365,7 +373,8 @@ class Run:
             init_ref = ray.put(init_state)
             self.trainer = Trainer.remote(init_ref, dict(
                 model_cfg=cfg.model, policy_loss=cfg.policy_loss,
-                policy_loss_params=cfg.policy_loss_params, update_depth=cfg.update_depth, lr=cfg.lr,
+                policy_loss_params=cfg.policy_loss_params, policy_loss_aggregation=cfg.policy_loss_aggregation,
+                update_depth=cfg.update_depth, lr=cfg.lr,
                 weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad,
                 kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
                 temperature=cfg.rollout_temperature, seed=cfg.seed))
@@ -382,6 +391,7 @@ class Run:
             self._trained_at_start = self.acc.trained
             self.t_start = self.step_t = time.time()
             self._step_dropped = 0
+            self._step_dropped_ids = []
             if not resume_path:
                 self._maybe_submit_eval(force=True)          # the warm-start level
             from tqdm import tqdm
@@ -518,6 +528,6 @@ def _open_wandb(cfg: RuntimeConfig):
                       name=Path(cfg.output_dir).name, config=cfg.to_dict())
 
 
-def run_training(cfg: RuntimeConfig, hooks: dict | None = None) -> dict:
-    return Run(cfg, hooks).run()
+def run_training(cfg: RuntimeConfig) -> dict:
+    return Run(cfg).run()
 

@@ -129,20 +129,30 @@ def train_problem(index: int, seed: int, cfg: TaskConfig) -> Problem:
 
 
 def eval_problems(cfg: TaskConfig) -> list[Problem]:
-    """The held-out split: fixed for a task config (seed-independent), distinct prompts."""
+    """The held-out split: fixed for a task config (seed-independent), distinct prompts, stratified by
+    operand count in the training proportions (as far as a stratum has enough held-out problems)."""
     rng = random.Random("heldout")
-    seen: dict[str, Problem] = {}
-    for _ in range(200_000):
-        if len(seen) >= cfg.eval_num_prompts:
+    counts = list(range(cfg.min_operands, cfg.max_operands + 1))
+    strata: dict[int, dict[str, Problem]] = {n: {} for n in counts}
+    quota = {n: cfg.eval_num_prompts // len(counts) + (1 if i < cfg.eval_num_prompts % len(counts) else 0)
+             for i, n in enumerate(counts)}
+    for _ in range(400_000):
+        if all(len(strata[n]) >= quota[n] for n in counts):
             break
         p = _random_problem(rng, cfg)
-        if is_heldout(p.prompt, cfg):
-            seen.setdefault(p.prompt, p)
-    if len(seen) < cfg.eval_num_prompts:
+        n = len(re.findall(r"\d+", p.prompt))
+        if is_heldout(p.prompt, cfg) and len(strata[n]) < 4 * quota[n]:
+            strata[n].setdefault(p.prompt, p)
+    out: list[Problem] = []
+    for n in counts:   # a small stratum gives what it has; the others fill up the total
+        out.extend(list(strata[n].values())[: quota[n]])
+    spare = [p for n in counts for p in list(strata[n].values())[quota[n]:]]
+    out.extend(spare[: cfg.eval_num_prompts - len(out)])
+    if len(out) < cfg.eval_num_prompts:
         raise ValueError(
-            f"task_eval_num_prompts={cfg.eval_num_prompts} exceeds the {len(seen)} held-out problems this task "
+            f"task_eval_num_prompts={cfg.eval_num_prompts} exceeds the {len(out)} held-out problems this task "
             f"config has; lower it or widen the task (task_max_operand, task_max_operands)")
-    return list(seen.values())
+    return out
 
 
 _ANSWER_RE = re.compile(r"Answer:(-?\d+)$")

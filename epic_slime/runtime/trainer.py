@@ -42,6 +42,7 @@ class PolicyTrainer:
     """Owns the policy, the frozen reference and AdamW. Plain Python; the Ray actor wraps it."""
 
     def __init__(self, *, model_cfg: ModelConfig, init_state: dict, policy_loss: str, policy_loss_params: dict,
+                 policy_loss_aggregation: str | None,
                  update_depth: int, lr: float, weight_decay: float, clip_grad: float, kl_loss_coef: float,
                  temperature: float, seed: int):
         self.tok = Tokenizer()
@@ -55,6 +56,7 @@ class PolicyTrainer:
                 p.requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
         self.policy_loss, self.policy_loss_params = policy_loss, dict(policy_loss_params)
+        self.aggregation = policy_loss_aggregation
         self.update_depth, self.clip_grad, self.kl_loss_coef = update_depth, clip_grad, kl_loss_coef
         self.temperature = temperature
         self.rng = random.Random(f"trainer/{seed}")   # minibatch order
@@ -105,7 +107,8 @@ class PolicyTrainer:
             T = log_probs.shape[1]
             behavior = pad_rows([s["behavior_log_probs"] for s in mb], T)
             adv = torch.tensor([s["advantage"] for s in mb], dtype=torch.float32)
-            out = compute_policy_loss(self.policy_loss, log_probs, behavior, adv, mask, **self.policy_loss_params)
+            out = compute_policy_loss(self.policy_loss, log_probs, behavior, adv, mask, aggregation=self.aggregation,
+                                      **self.policy_loss_params)
             loss = out.loss
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"policy loss {self.policy_loss} is {float(loss)} at version {self.version}, minibatch {d}")
@@ -120,7 +123,7 @@ class PolicyTrainer:
                     ref_lp, _ = response_log_probs(self.ref, prompts, responses, self.temperature, self.tok.pad_id)
                 log_ratio = (ref_lp - log_probs).masked_fill(~mask, 0.0)
                 k3 = torch.expm1(log_ratio) - log_ratio      # low-variance k3 estimator of KL(pi || ref)
-                kl = aggregate_loss(k3, mask, "seq-mean-token-mean")
+                kl = aggregate_loss(k3, mask, self.aggregation or "seq-mean-token-mean")
                 loss = loss + self.kl_loss_coef * kl
                 add("loss/kl_loss", kl)
             with torch.no_grad():
