@@ -42,6 +42,7 @@ def rss_mb() -> float:
 
 
 def _init_ray(num_cpus: int) -> None:
+    """Local Ray only: no dashboard, loopback address, no runtime_env features that need the network."""
     import ray
 
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -261,7 +262,7 @@ class Run:
 
     # ---------------- eval ----------------
     def _maybe_submit_eval(self, force: bool = False) -> None:
-        if self.eval_future is not None:
+        if self.eval_future is not None or (self.eval_ready and not force):
             self.eval_due = self.eval_due or force
             return
         if force or self.eval_due:
@@ -276,9 +277,11 @@ class Run:
         self.eval_future = None
         k = self.cfg.n_samples_per_eval_prompt
         flat = [c for row in correct for c in row]
-        self.eval_ready.append({f"eval/{HELDOUT}/mean@{k}": statistics.fmean(flat),
-                                f"eval/{HELDOUT}/pass@{k}": statistics.fmean(any(r) for r in correct),
-                                "eval/version": version})
+        result = {f"eval/{HELDOUT}/mean@{k}": statistics.fmean(flat),
+                  f"eval/{HELDOUT}/pass@{k}": statistics.fmean(any(r) for r in correct), "eval/version": version}
+        self.eval_ready.append(result)
+        with open(self.out / "eval_metrics.jsonl", "a") as f:   # every evaluation, one line each
+            f.write(json.dumps({"step": self.step, **result}) + "\n")
         with open(self.out / "eval_records.jsonl", "a") as f:
             for pid, row in enumerate(correct):
                 for j, c in enumerate(row):
@@ -327,7 +330,7 @@ class Run:
 
     # ---------------- metrics ----------------
     def _open_metrics(self, resumed_step: int | None):
-        for name in ("metrics.jsonl", "batches.jsonl"):
+        for name in ("metrics.jsonl", "batches.jsonl", "eval_metrics.jsonl", "eval_records.jsonl"):
             path = self.out / name
             if resumed_step is None:
                 path.write_text("")
@@ -338,8 +341,10 @@ class Run:
         return open(self.out / "metrics.jsonl", "a")
 
     def _write_metrics(self, f, m: dict) -> None:
-        for e in self.eval_ready:
-            m.update(e)
+        # the newest evaluation goes on this step's line (eval_metrics.jsonl keeps every one); the
+        # next evaluation is not started before this one is logged, so normally none is skipped
+        if self.eval_ready:
+            m.update(self.eval_ready[-1])
         self.eval_ready = []
         f.write(json.dumps(m) + "\n")
         f.flush()
@@ -347,7 +352,8 @@ class Run:
             self.wandb.log(m, step=m["step"])
 
     # ---------------- main ----------------
-    def run(self) -> dict:
+    def run(self, reuse_ray: bool = False) -> dict:
+        """reuse_ray: use an already initialised local Ray (tests, sweeps) and leave it running."""
         import ray
 
         from .actors import EvalWorker, Trainer
@@ -364,10 +370,11 @@ class Run:
             answer_noise=cfg.warm_start_answer_noise)
         warm_s = time.time() - t0
         resume_path = resolve_checkpoint(cfg.load) if cfg.load else None
-        if not resume_path and (self.out / "eval_records.jsonl").exists():
-            (self.out / "eval_records.jsonl").unlink()
         self.wandb = _open_wandb(cfg)
-        _init_ray(num_cpus=cfg.num_rollout_workers + 2)
+        own_ray = not (reuse_ray and ray.is_initialized())
+        if own_ray:
+            _init_ray(num_cpus=cfg.num_rollout_workers + 2)
+        self.workers, self.trainer, self.eval_worker = [], None, None
         try:
             t1 = time.time()
             init_ref = ray.put(init_state)
@@ -416,7 +423,12 @@ class Run:
                 "buffered": self._buffered_samples(),
             }
         finally:
-            ray.shutdown()
+            if own_ray:
+                ray.shutdown()
+            else:
+                for actor in [*self.workers, self.trainer, self.eval_worker]:
+                    if actor is not None:
+                        ray.kill(actor)
             if self.wandb is not None:
                 self.wandb.finish()
         with open(self.out / "summary.json", "w") as f:
@@ -443,6 +455,8 @@ class Run:
             ray.wait([self.eval_future])
             self._collect_eval()
         self._write_metrics(metrics_file, m)
+        if not last:
+            self._maybe_submit_eval()
         bar.update(1)
         bar.set_postfix(reward=f"{m['rollout/reward_mean']:.2f}", lag=f"{m['staleness/mean']:.1f}")
         if (cfg.save_interval and self.step % cfg.save_interval == 0) or last:
@@ -528,6 +542,11 @@ def _open_wandb(cfg: RuntimeConfig):
                       name=Path(cfg.output_dir).name, config=cfg.to_dict())
 
 
-def run_training(cfg: RuntimeConfig) -> dict:
-    return Run(cfg).run()
+def run_training(cfg: RuntimeConfig, reuse_ray: bool = False) -> dict:
+    return Run(cfg).run(reuse_ray=reuse_ray)
+
+
+def init_local_ray(num_cpus: int = 4) -> None:
+    """Start the local Ray instance runs can share (`run_training(..., reuse_ray=True)`)."""
+    _init_ray(num_cpus)
 

@@ -67,7 +67,7 @@ class PolicyTrainer:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def state(self) -> dict:
-        return {"model": self.get_weights(), "optimizer": self.opt.state_dict(),
+        return {"model": self.get_weights(), "optimizer": copy.deepcopy(self.opt.state_dict()),
                 "ref": None if self.ref is None else {k: v.clone() for k, v in self.ref.state_dict().items()},
                 "rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(), "version": self.version}
 
