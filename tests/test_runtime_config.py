@@ -68,3 +68,18 @@ def test_cli_returns_2_with_a_message(tmp_path, capsys):
     assert "update_depth=5" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train_main(["--max-staleness", "-x"])
+
+
+def test_help_exits_cleanly(capsys):
+    with pytest.raises(SystemExit) as e:
+        train_main(["--help"])
+    assert e.value.code == 0 and "--max-staleness" in capsys.readouterr().out
+
+
+def test_sweep_rejects_per_run_flags_and_bad_values(tmp_path, capsys):
+    from epic_slime.runtime.cli import sweep_main
+
+    assert sweep_main(["--policy-loss", "grpo", "--output-dir", str(tmp_path)]) == 2
+    assert "--policy-loss is set per run" in capsys.readouterr().err
+    assert sweep_main(["--policy-losses", "epic,nope", "--output-dir", str(tmp_path)]) == 2
+    assert "nope" in capsys.readouterr().err

@@ -124,3 +124,20 @@ def test_sync_on_policy_run(root):
     assert all(r["train/logprob_abs_diff_step_start"] < 1e-4 for r in rows)
     assert summary["accounting/dropped"] == 0 and summary["accounting/lag_hist"] == {"0": 2 * cfg.samples_per_step}
     assert json.loads((Path(cfg.output_dir) / "config.json").read_text())["rollout_mode"] == "sync"
+
+
+def test_sweep_writes_a_comparison_table(root):
+    from _runtime_helpers import TINY_FLAGS
+    from epic_slime.runtime.cli import sweep_main
+
+    out = root / "sweep"
+    flags = [f for f in TINY_FLAGS]
+    i = flags.index("--update-depth")
+    del flags[i:i + 2]
+    rc = sweep_main(["--policy-losses", "epic,grpo", "--update-depths", "2", "--seeds", "1", "--output-dir", str(out),
+                     *flags, "--num-rollout", "2", "--eval-interval", "0", "--no-plots",
+                     "--warm-start-cache-dir", str(root / "warm_cache")])
+    assert rc == 0
+    table = (out / "comparison.md").read_text()
+    assert "| epic | 2 | 1 | ok |" in table and "| grpo | 2 | 1 | ok |" in table
+    assert (out / "sweep_reward.png").exists() and (out / "comparison.csv").read_text().count("\n") == 3

@@ -37,11 +37,11 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     # --- run ---
     "seed": (int, 1, _nonneg_int, None, "random seed (model init, data, sampling, minibatch order)"),
     "output_dir": (str, "runs/local-default", None, None, "run directory (metrics.jsonl, plots, checkpoints)"),
-    "num_rollout": (int, 60, _positive_int, None, "number of rollout steps (= trainer weight versions produced)"),
+    "num_rollout": (int, 200, _positive_int, None, "number of rollout steps (= trainer weight versions produced)"),
     # --- rollout ---
     "rollout_mode": (str, "async", None, ("async", "sync"), "async: workers generate while the trainer trains; sync: alternate"),
     "num_rollout_workers": (int, 2, _positive_int, None, "rollout worker actors"),
-    "rollout_batch_size": (int, 16, _positive_int, None, "prompts per rollout step"),
+    "rollout_batch_size": (int, 64, _positive_int, None, "prompts per rollout step"),
     "n_samples_per_prompt": (int, 8, _positive_int, None, "responses per prompt (GRPO group size)"),
     "rollout_temperature": (float, 1.0, _positive_float, None, "sampling temperature (behaviour log-probs use it too)"),
     "rollout_top_p": (float, 1.0, _unit_open_closed, None, "top-p of rollout sampling"),
@@ -54,13 +54,13 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "stale_policy": (str, "drop", None, ("drop", "keep"), "what to do with samples older than --max-staleness (both are counted)"),
     # --- trainer ---
     "update_depth": (int, 8, _positive_int, None, "D: optimizer steps (minibatches) per rollout batch"),
-    "lr": (float, 1e-3, _positive_float, None, "AdamW learning rate"),
+    "lr": (float, 5e-5, _positive_float, None, "AdamW learning rate"),
     "weight_decay": (float, 0.0, _nonneg_float, None, "AdamW weight decay"),
     "clip_grad": (float, 1.0, _positive_float, None, "gradient-norm clipping"),
     "use_kl_loss": (bool, False, None, None, "add a k3 KL-to-reference term"),
     "kl_loss_coef": (float, 0.0, _nonneg_float, None, "coefficient of the KL-to-reference term"),
     # --- eval ---
-    "eval_interval": (int, 10, _nonneg_int, None, "evaluate every N steps (0: only before and after training)"),
+    "eval_interval": (int, 25, _nonneg_int, None, "evaluate every N steps (0: only before and after training)"),
     "n_samples_per_eval_prompt": (int, 8, _positive_int, None, "k of mean@k"),
     "eval_temperature": (float, 1.0, _positive_float, None, "eval sampling temperature"),
     "eval_top_p": (float, 1.0, _unit_open_closed, None, "eval sampling top-p"),
@@ -69,7 +69,7 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "save": (str, None, None, None, "checkpoint directory (default: <output-dir>/checkpoints)"),
     "load": (str, None, None, None, "resume from this checkpoint (a step directory or a checkpoints directory: latest step)"),
     # --- warm start ---
-    "warm_start_steps": (int, 150, _nonneg_int, None, "supervised warm-start steps on correct solutions (0: none)"),
+    "warm_start_steps": (int, 300, _nonneg_int, None, "supervised warm-start steps on correct solutions (0: none)"),
     "warm_start_lr": (float, 3e-3, _positive_float, None, "warm-start learning rate"),
     "warm_start_answer_noise": (float, 0.8, lambda v: isinstance(v, float) and 0.0 <= v < 1.0, None,
                                 "share of warm-start solutions whose final answer is off by 1..3 (a sloppy base model)"),
@@ -165,7 +165,7 @@ def _flag(name: str) -> str:
 def build_parser(prog: str = "epic-slime train") -> argparse.ArgumentParser:
     from epic_slime.losses.flags import add_policy_loss_arguments
 
-    parser = argparse.ArgumentParser(prog=prog, description="The embedded asynchronous EPIC loop on CPU "
+    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False, description="The embedded asynchronous EPIC loop on CPU "
                                      "(Ray actors, tiny Qwen3-MoE, synthetic arithmetic).")
     parser.add_argument("--config", default=None, help="YAML config (keys = flag names with underscores)")
     for name, (typ, default, _check, choices, help_text) in FIELDS.items():
@@ -284,6 +284,7 @@ def parse_config(argv: list[str], prog: str = "epic-slime train") -> RuntimeConf
     from epic_slime.losses.flags import policy_loss_config_from_args
 
     parser = build_parser(prog)
+    parser.parse_args(argv)            # --help, malformed flags: argparse's own messages and exit
     defaults = vars(parser.parse_args([]))
     explicit = _explicit_args(parser, argv)
     from_yaml = load_yaml(explicit["config"], parser) if explicit.get("config") else {}

@@ -105,7 +105,7 @@ def _write_table(out: Path, results: list[dict], k: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="epic-slime sweep", description=__doc__,
+    ap = argparse.ArgumentParser(prog="epic-slime sweep", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy-losses", type=_csv_list(str), default=["epic", "grpo"])
     ap.add_argument("--update-depths", type=_csv_list(int), default=[1, 8])
@@ -117,6 +117,13 @@ def main(argv: list[str]) -> int:
             print(f"epic-slime sweep: error: {bad} is set per run by the sweep; use the plural sweep flag",
                   file=sys.stderr)
             return 2
+    from epic_slime.losses import LOSS_MODES
+
+    unknown = [m for m in args.policy_losses if m not in LOSS_MODES]
+    if unknown:
+        print(f"epic-slime sweep: error: --policy-losses: unknown mode(s) {unknown}; known: {sorted(LOSS_MODES)}",
+              file=sys.stderr)
+        return 2
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     plan = []
@@ -131,22 +138,35 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"epic-slime sweep: error: {e}", file=sys.stderr)
         return 2
-    from .driver import run_training
+    import ray
 
+    from .driver import init_local_ray, run_training
+
+    own_ray = not ray.is_initialized()
+    if own_ray:   # one local Ray for the whole sweep (its start-up costs seconds per run)
+        init_local_ray(num_cpus=max(c.num_rollout_workers for *_, c in plan) + 2)
     results = []
+    try:
+        _run_plan(plan, results, out, run_training)
+    finally:
+        if own_ray:
+            ray.shutdown()
+    k = plan[0][4].n_samples_per_eval_prompt
+    _plots(out, results, k)
+    (out / "sweep.json").write_text(json.dumps(results, indent=1))
+    print(f"sweep: {sum(r['status'] == 'ok' for r in results)}/{len(results)} runs ok; table {out / 'comparison.md'}")
+    return 0 if all(r["status"] == "ok" for r in results) else 1
+
+
+def _run_plan(plan, results, out, run_training) -> None:
     for i, (mode, depth, seed, run_dir, cfg) in enumerate(plan):
         print(f"[sweep {i + 1}/{len(plan)}] {mode} D={depth} seed={seed} -> {run_dir}", flush=True)
         res = {"policy_loss": mode, "update_depth": depth, "seed": seed, "run_dir": str(run_dir)}
         try:
-            run_training(cfg)
+            run_training(cfg, reuse_ray=True)
             res.update(status="ok", **_summarise(run_dir, cfg.n_samples_per_eval_prompt))
         except Exception as e:   # one failed run must not lose the others: record it
             res.update(status="failed", error=f"{type(e).__name__}: {e}")
             traceback.print_exc()
         results.append(res)
-        k = cfg.n_samples_per_eval_prompt
-        _write_table(out, results, k)
-    _plots(out, results, k)
-    (out / "sweep.json").write_text(json.dumps(results, indent=1))
-    print(f"sweep: {sum(r['status'] == 'ok' for r in results)}/{len(results)} runs ok; table {out / 'comparison.md'}")
-    return 0 if all(r["status"] == "ok" for r in results) else 1
+        _write_table(out, results, cfg.n_samples_per_eval_prompt)   # after every run: nothing lost on a crash
