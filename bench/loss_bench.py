@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from epic_slime.losses import LOSS_MODES, compute_policy_loss  # noqa: E402
+from epic_slime.losses.topk import topk_inputs_around  # noqa: E402
 
 
 class _MallInfo2(ctypes.Structure):
@@ -71,10 +72,14 @@ def make_inputs(batch: int, seq: int, dtype: torch.dtype, device: str, seed: int
     return (lp.to(device, dtype), blp.to(device, dtype), adv.to(device, dtype), mask.to(device))
 
 
+_TOPK_INPUTS = {}  # id(inputs) -> Top-K sets for the modes that need them (built once per input)
+
+
 def _run(mode, inputs, compute_metrics=True):
     lp, blp, adv, mask = inputs
     leaf = lp.detach().requires_grad_(True)
-    out = compute_policy_loss(mode, leaf, blp, adv, mask, compute_metrics=compute_metrics)
+    topk = _TOPK_INPUTS[id(inputs)].loss_kwargs() if LOSS_MODES[mode].needs_topk else {}
+    out = compute_policy_loss(mode, leaf, blp, adv, mask, compute_metrics=compute_metrics, **topk)
     out.loss.backward()
     return leaf.grad
 
@@ -120,12 +125,17 @@ def peak_memory(mode, inputs, device) -> int | None:
 def bench_device(device, args, modes):
     dtype = getattr(torch, args.dtype)
     inputs = make_inputs(args.batch, args.seq, dtype, device)
+    # Top-K modes: sets of args.topk ids + the sampled token around the same tokens (not counted in "inputs").
+    _TOPK_INPUTS[id(inputs)] = topk_inputs_around(inputs[0], inputs[1], args.topk,
+                                                  generator=torch.Generator().manual_seed(1))
     input_bytes = sum(t.numel() * t.element_size() for t in inputs)
     # CPU: process time (all threads), which other jobs on the machine barely disturb; CUDA: wall.
     clock_name = args.clock or ("cpu" if device == "cpu" else "wall")
     clock = time.process_time if clock_name == "cpu" else time.perf_counter
     with_metrics = time_modes(modes, inputs, device, args.repeats, True, clock)
     without_metrics = time_modes(modes, inputs, device, args.repeats, False, clock)
+    for mode in modes:  # let the allocator settle first, or the first mode measured looks worse
+        _run(mode, inputs)
     memory = {mode: peak_memory(mode, inputs, device) for mode in modes}
     base_t, base_t_nm, base_m = with_metrics["grpo"], without_metrics["grpo"], memory["grpo"]
     print(f"\n## {device}: B x T = {args.batch} x {args.seq}, {args.dtype}, "
@@ -147,11 +157,16 @@ def main(argv=None):
     parser.add_argument("--seq", type=int, default=16384)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--topk", type=int, default=20, help="top-k ids per token for the Top-K modes")
     parser.add_argument("--modes", nargs="*", default=None, help="default: every registered mode")
     parser.add_argument("--devices", nargs="*", default=None, help="default: cpu, and cuda when present")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: with more, process CPU time also counts "
+                             "OpenMP spin-waiting, which blurs the ratios on a busy machine)")
     parser.add_argument("--clock", choices=["cpu", "wall"], default=None,
                         help="timer (default: process CPU time on cpu, wall time on cuda)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     modes = args.modes or sorted(LOSS_MODES)
     if "grpo" not in modes:
         modes = ["grpo", *modes]

@@ -6,7 +6,7 @@
 #   bash launch/qwen3_30b_epic.sh [options] [-- extra driver flags]
 #
 # Every setting is an environment variable, and most also a flag (flags win):
-#   --method M          METHOD           epic | grpo | dapo | gspo | ctpo | ripo | grpo_r2 | grpo_r3 (configs/methods/M.yaml)
+#   --method M          METHOD           epic | grpo | dapo | gspo | ctpo | ripo | grpo_r2 | grpo_r3, or any other configs/methods/M.yaml
 #   --nodes N           NUM_NODES        nodes in the Ray cluster (default 4)
 #   --gpus-per-node G   GPUS_PER_NODE    (default 8)
 #   --actor-nodes A     ACTOR_NODES      nodes for Megatron training (default NUM_NODES / 2); the rest run SGLang

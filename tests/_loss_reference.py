@@ -50,8 +50,12 @@ def _ppo_rule(r: float, a: float, low: float, high: float, dual_clip=None) -> tu
     return value, coef
 
 
-def token_terms(mode: str, lp, blp, adv, mask, params: dict):
-    """Per-row lists of (S_t, coef_t) on valid tokens, for one batch given as nested lists."""
+def token_terms(mode: str, lp, blp, adv, mask, params: dict, extras: dict | None = None):
+    """Per-row lists of (S_t, coef_t) on valid tokens, for one batch given as nested lists.
+
+    ``extras``: the Top-K inputs of the dppo_topk_* modes as nested lists (see trust_region_token_terms)."""
+    if mode in TRUST_REGION_MODES:
+        return trust_region_token_terms(mode, lp, blp, adv, mask, params, extras)
     rows = []
     for b in range(len(lp)):
         valid = [t for t in range(len(lp[b])) if mask[b][t]]
@@ -115,9 +119,9 @@ def token_terms(mode: str, lp, blp, adv, mask, params: dict):
     return rows
 
 
-def loss_and_grad(mode: str, lp, blp, adv, mask, params: dict, aggregation: str):
+def loss_and_grad(mode: str, lp, blp, adv, mask, params: dict, aggregation: str, extras: dict | None = None):
     """(loss, d loss / d log_probs as nested lists) in float64."""
-    rows = token_terms(mode, lp, blp, adv, mask, params)
+    rows = token_terms(mode, lp, blp, adv, mask, params, extras)
     grad = [[0.0] * len(lp[b]) for b in range(len(lp))]
     non_empty = [i for i, (valid, _) in enumerate(rows) if valid]
     total_tokens = sum(len(valid) for valid, _ in rows)
@@ -135,3 +139,142 @@ def loss_and_grad(mode: str, lp, blp, adv, mask, params: dict, aggregation: str)
             loss -= weight * value
             grad[b][t] = -weight * coef
     return loss, grad
+
+
+# ------------------------------------------------------------------------------------------------
+# The seeds' other trust-region methods (docs/losses.md, second registry wave)
+# ------------------------------------------------------------------------------------------------
+
+TRUST_REGION_MODES = ("cppo", "bandpo", "acpo", "dppo_topk_tv", "dppo_topk_kl")
+
+
+def percentile_linear(values, fraction: float) -> float:
+    """Quantile by linear interpolation between order statistics (numpy's default method)."""
+    ordered = sorted(values)
+    h = fraction * (len(ordered) - 1)
+    below = math.floor(h)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (h - below) * (ordered[above] - ordered[below])
+
+
+def _cppo_row(lp_row, blp_row, adv_row, valid, params):
+    n = len(valid)
+    w_min, delta, budget_delta = params["weight_min"], params["delta"], params["budget_delta"]
+    divergence = [abs(math.exp(lp_row[t]) - math.exp(blp_row[t])) for t in valid]
+    weights = [1.0 if n == 1 else w_min + (1 - w_min) * (n - j) / (n - 1) for j in range(1, n + 1)]
+    budget = min(max(percentile_linear(divergence, 0.9), budget_delta), 2 * budget_delta)
+    spent = weight_sum = 0.0
+    out = []
+    for j, t in enumerate(valid):
+        lam = lp_row[t] - blp_row[t]
+        a, r = adv_row[t], math.exp(lam)
+        threshold = min(delta, delta + budget * weight_sum - spent)
+        z = weights[j] * divergence[j]
+        keep = a * math.expm1(lam) <= 0 or z <= threshold
+        out.append((a * r, a * r) if keep else (0.0, 0.0))
+        spent += z
+        weight_sum += weights[j]
+    return out
+
+
+def _f_generator(name: str):
+    if name == "kl":
+        return lambda u: u - 1 - mp.log(u) if u > 0 else mp.inf
+    if name == "tv":
+        return lambda u: abs(u - 1) / 2
+    return lambda u: (u - 1) ** 2
+
+
+def _bracketed_root(fn, inside, outside):
+    """Root of fn (fn(inside) < 0 < fn(outside)), after widening ``outside`` away from ``inside``."""
+    while fn(outside) <= 0:
+        outside = inside + 2 * (outside - inside)
+    for _ in range(130):  # bisection: slow, but nothing to go wrong (2^-130 of the bracket)
+        middle = (inside + outside) / 2
+        inside, outside = (middle, outside) if fn(middle) <= 0 else (inside, middle)
+    return (inside + outside) / 2
+
+
+def band_bounds(q: float, delta: float, generator: str, ratio_cap: float) -> tuple[float, float]:
+    """BandPO's [lo, hi] from the definition: the r in [0, 1/q] whose two-point distribution
+    {token: r q, rest: 1 - r q} has D_f(. || mu) = q f(r) + (1 - q) f((1 - r q) / (1 - q)) <= delta.
+    Found by bracketed root finding in 40 digits: the lower side in y = log r, the upper side in
+    v = log of the rest bucket's ratio (so that hi -> 1/q resolves), no closed form used."""
+    q, delta = mp.mpf(q), mp.mpf(delta)
+    f = _f_generator(generator)
+    divergence = lambda r, u: q * f(r) + (1 - q) * f(u)  # noqa: E731
+    from_y = lambda y: divergence(mp.exp(y), (1 - mp.exp(y) * q) / (1 - q)) - delta  # noqa: E731
+    from_v = lambda v: divergence((1 - (1 - q) * mp.exp(v)) / q, mp.exp(v)) - delta  # noqa: E731
+    if divergence(mp.mpf(0), 1 / (1 - q)) <= delta:
+        lo = mp.mpf(0)
+    else:
+        lo = mp.exp(_bracketed_root(from_y, mp.mpf(0), mp.mpf(-1)))
+    if divergence(1 / q, mp.mpf(0)) <= delta:
+        hi = 1 / q
+    else:
+        hi = (1 - (1 - q) * mp.exp(_bracketed_root(from_v, mp.mpf(0), mp.mpf(-1)))) / q
+    return float(lo), float(min(hi, mp.mpf(ratio_cap)))
+
+
+def acpo_bin_epsilons(blp, lam_by_token, mask, params) -> list[float]:
+    """eps per bin of q_t (5 equal-width bins on [0, 1]) from the population std of r_t in the bin."""
+    ratios = [[] for _ in range(5)]
+    for b in range(len(blp)):
+        for t in range(len(blp[b])):
+            if mask[b][t]:
+                ratios[min(int(math.exp(blp[b][t]) * 5), 4)].append(math.exp(lam_by_token[b][t]))
+    eps = []
+    for values in ratios:
+        std = 0.0
+        if values:
+            mean = sum(values) / len(values)
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        eps.append(min(max(params["eps_base"] + params["alpha"] * std, params["eps_min"]), params["eps_max"]))
+    return eps
+
+
+def topk_divergence(kind: str, behavior_set, current_set) -> float:
+    """TV or KL(mu || pi) over a token set (lists of log-probs) plus the rest bucket (floored at 1e-12)."""
+    mu = [mp.exp(mp.mpf(x)) for x in behavior_set]
+    pi = [mp.exp(mp.mpf(x)) for x in current_set]
+    mu_rest = max(1 - sum(mu), mp.mpf(1e-12))
+    pi_rest = max(1 - sum(pi), mp.mpf(1e-12))
+    if kind == "tv":
+        return float((sum(abs(a - b) for a, b in zip(mu, pi)) + abs(mu_rest - pi_rest)) / 2)
+    return float(sum(a * mp.log(a / b) for a, b in zip(mu, pi)) + mu_rest * mp.log(mu_rest / pi_rest))
+
+
+def trust_region_token_terms(mode: str, lp, blp, adv, mask, params: dict, extras: dict | None):
+    """cppo / bandpo / acpo / dppo_topk_*: per-row lists of (S_t, coef_t) on valid tokens.
+
+    extras (Top-K modes): {"behavior_topk": [B][T][K], "current_topk": [B][T][K], "topk_mask": [B][T][K]}."""
+    lam = [[lp[b][t] - blp[b][t] for t in range(len(lp[b]))] for b in range(len(lp))]
+    eps = acpo_bin_epsilons(blp, lam, mask, params) if mode == "acpo" else None
+    rows = []
+    for b in range(len(lp)):
+        valid = [t for t in range(len(lp[b])) if mask[b][t]]
+        if mode == "cppo":
+            rows.append((valid, _cppo_row(lp[b], blp[b], adv[b], valid, params) if valid else []))
+            continue
+        out = []
+        for t in valid:
+            a, r, q = adv[b][t], math.exp(lam[b][t]), math.exp(blp[b][t])
+            if mode == "bandpo":
+                lo, hi = band_bounds(q, params["delta"], params["generator"], params["ratio_cap"])
+                out.append(_ppo_rule(r, a, lo, hi))
+            elif mode == "acpo":
+                e = eps[min(int(q * 5), 4)]
+                out.append(_ppo_rule(r, a, 1 - e, 1 + e))
+            else:
+                used = [k for k, keep in enumerate(extras["topk_mask"][b][t]) if keep]
+                divergence = topk_divergence(mode[-2:], [extras["behavior_topk"][b][t][k] for k in used],
+                                             [extras["current_topk"][b][t][k] for k in used])
+                p = math.exp(lp[b][t])
+                if a > 0:
+                    masked = divergence > params["clip_high"] and p > q
+                else:
+                    masked = divergence > params["clip_low"] and p < q
+                weight = 0.0 if masked else a * min(r, params["ratio_cap"])
+                out.append((weight * lp[b][t], weight))
+        rows.append((valid, out))
+    return rows

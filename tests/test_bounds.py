@@ -15,9 +15,11 @@ mp.mp.dps = 50
 
 
 def reference_roots(log_c: float) -> tuple[mp.mpf, mp.mpf]:
-    c = mp.exp(mp.mpf(log_c))
-    arg = -mp.exp(-(1 + c))
-    return mp.re(-(1 + c) - mp.lambertw(arg, 0)), mp.re(-(1 + c) - mp.lambertw(arg, -1))
+    # The W form cancels like the roots themselves: carry ~|log10 c| extra digits for tiny c.
+    with mp.workdps(50 + max(0, int(-log_c / 2.3))):
+        c = mp.exp(mp.mpf(log_c))
+        arg = -mp.exp(-(1 + c))
+        return mp.re(-(1 + c) - mp.lambertw(arg, 0)), mp.re(-(1 + c) - mp.lambertw(arg, -1))
 
 
 def _max_rel_error(log_c: torch.Tensor) -> tuple[float, float]:
@@ -35,6 +37,8 @@ LOG_C = np.concatenate([
     np.linspace(math.log(1e-12), math.log(1e30), 1500),
     np.linspace(math.log(1e-4), math.log(10.0), 600),
     np.log(np.array([0.0625, 0.0625 * (1 + 1e-9), 1.0, 1.5, 0.5, 3e-4])),
+    # Below and above the interpolation grid (x < -28, x > 70), and its edges.
+    np.array([-28.0, -28.0 - 1e-9, -28.5, -35.0, -60.0, -230.0, 70.0, 70.0 + 1e-9, 70.5]),
 ])
 
 
@@ -44,8 +48,9 @@ def test_float64_relative_error_below_1e_12():
 
 
 def test_float32_relative_error_below_1e_6():
-    # The reference is evaluated at the float32 value of log c, which is the input.
-    lo_err, hi_err = _max_rel_error(torch.tensor(LOG_C, dtype=torch.float32))
+    # The reference is evaluated at the float32 value of log c, which is the input. Below
+    # c ~ 1e-74 the roots (~1e-37) leave float32's normal range, so those points are left out.
+    lo_err, hi_err = _max_rel_error(torch.tensor(LOG_C[LOG_C > -170], dtype=torch.float32))
     assert lo_err <= 1e-6 and hi_err <= 1e-6, (lo_err, hi_err)
 
 
@@ -99,3 +104,19 @@ def test_large_input_spanning_chunks_matches_elementwise():
 def test_rejects_non_float_input():
     with pytest.raises(TypeError, match="log_c"):
         exact_kl_log_bounds(torch.tensor([1, 2, 3]))
+
+
+def test_branch_free_path_matches_the_cpu_fast_path(monkeypatch):
+    """Accelerators always evaluate every branch (no host sync); the CPU skips unused ones."""
+    from epic_slime.losses import bounds
+    log_c = torch.tensor(np.concatenate([LOG_C, [math.inf, -math.inf, 800.0]]), dtype=torch.float64)
+    fast = exact_kl_log_bounds(log_c)
+    monkeypatch.setattr(bounds, "_host_checks_are_free", lambda x: False)
+    full = exact_kl_log_bounds(log_c)
+    for a, b in zip(fast, full):
+        assert torch.equal(a, b)
+    above_grid = torch.linspace(-10.0, 60.0, 100, dtype=torch.float64)  # no series, no inf
+    fast_lo, fast_hi = exact_kl_log_bounds(above_grid)
+    monkeypatch.undo()
+    lo, hi = exact_kl_log_bounds(above_grid)
+    assert torch.equal(lo, fast_lo) and torch.equal(hi, fast_hi)

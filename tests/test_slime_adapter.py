@@ -26,7 +26,7 @@ from epic_slime.losses import LOSS_MODES
 # (total_length, response_length): odd sizes, a one-token response, responses that start in
 # the second zigzag chunk and ones that end in the padding.
 SHAPES = [(9, 5), (20, 17), (7, 1), (33, 30), (12, 3)]
-MODES = ["epic", "grpo", "dapo", "gspo", "ctpo", "ripo"]
+MODES = ["epic", "grpo", "dapo", "gspo", "ctpo", "ripo", "cppo", "bandpo", "acpo"]
 
 
 def _args(mode: str, *extra: str, **attrs) -> argparse.Namespace:

@@ -44,7 +44,9 @@ from epic_slime.losses import LOSS_MODES  # noqa: E402
 SHAPES = [(9, 5), (20, 17), (7, 1), (33, 30)]
 VOCAB = 11
 TEMPERATURE = 0.8
-CASES = [("epic", False), ("gspo", False), ("ctpo", False), ("dapo", False), ("epic", True)]
+CASES = [("epic", False), ("gspo", False), ("ctpo", False), ("dapo", False), ("epic", True),
+         ("dppo_topk_tv", False), ("dppo_topk_kl", False)]
+TOPK = 3
 
 
 def _args(mode: str, kl: bool) -> argparse.Namespace:
@@ -90,7 +92,23 @@ def _data(seed: int = 0):
         ref = log_pi + 0.1 * torch.randn(resp, generator=g)
         adv = torch.full((resp,), [1.0, -0.6, 0.3, -1.1][k])
         out.append(dict(total=total, resp=resp, logits=logits, tokens=tokens, mask=mask, log_mu=log_mu, ref=ref, adv=adv))
+    _add_rollout_topk(out, seed)
     return out
+
+
+def _add_rollout_topk(data, seed):
+    """SGLang-style top-k rows consistent with log_mu: k ids other than the sampled token sharing
+    90% of the rest of mu's mass (own generator: the other fields stay as they were)."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    for d in data:
+        sampled = d["tokens"][-d["resp"]:]
+        ids = torch.stack([
+            torch.tensor([v for v in torch.randperm(VOCAB, generator=g).tolist() if v != int(tok)][:TOPK])
+            for tok in sampled
+        ]).to(torch.int32)
+        weights = torch.softmax(torch.randn(d["resp"], TOPK, generator=g), -1)
+        rest = -torch.expm1(d["log_mu"].double())  # 1 - mu of the sampled token
+        d["topk_ids"], d["topk_log_probs"] = ids, torch.log(0.9 * rest[:, None] * weights).float()
 
 
 def _response_log_probs(logits: torch.Tensor, tokens: torch.Tensor, resp: int) -> torch.Tensor:
@@ -127,6 +145,9 @@ def _batch_and_logits(data, leaves, rank, cp):
         "ref_log_probs": [d["ref"][p] for d, p in zip(data, positions)],
         "log_probs": None,
         "rollout_mask_sums": torch.tensor([float(d["mask"].sum()) for d in data]),
+        # full responses, as a slime that forwards them would hand them over (like loss_masks)
+        "rollout_topk_ids": [d["topk_ids"] for d in data],
+        "rollout_topk_log_probs": [d["topk_log_probs"] for d in data],
     }
     return batch, logits
 
@@ -198,6 +219,18 @@ def _core(mode, kl, data):
     leaves = [d["logits"].clone().requires_grad_(True) for d in data]
     log_pi = [_response_log_probs(leaf, d["tokens"], d["resp"]) for leaf, d in zip(leaves, data)]
     mask = pad_sequence([d["mask"].bool() for d in data], batch_first=True)
+    topk = {}
+    if LOSS_MODES[mode].needs_topk:
+        from epic_slime.losses import behavior_topk_set, gather_log_probs
+
+        pad = lambda key: pad_sequence([d[key] for d in data], batch_first=True)  # noqa: E731
+        sampled = pad_sequence([d["tokens"][-d["resp"]:] for d in data], batch_first=True)
+        ids, behavior, topk_mask = behavior_topk_set(pad("topk_ids").long(), pad("topk_log_probs"), sampled, pad("log_mu"))
+        response_logits = pad_sequence(
+            [leaf[d["total"] - d["resp"] - 1 : d["total"] - 1] / TEMPERATURE for leaf, d in zip(leaves, data)],
+            batch_first=True)
+        topk = dict(behavior_topk_log_probs=behavior, current_topk_log_probs=gather_log_probs(response_logits, ids, topk_mask),
+                    topk_mask=topk_mask)
     out = compute_policy_loss(
         mode,
         pad_sequence(log_pi, batch_first=True),
@@ -205,6 +238,7 @@ def _core(mode, kl, data):
         pad_sequence([d["adv"] for d in data], batch_first=True),
         mask,
         aggregation=aggregation,
+        **topk,
         **params,
     )
     per_token = aggregation == "token-mean"
@@ -215,7 +249,7 @@ def _core(mode, kl, data):
             term = ((torch.exp(r) - 1 - r).clamp(-10, 10) * d["mask"]).sum()
             loss = loss + 1e-3 * (term if per_token else term / d["mask"].sum())
     loss.backward()
-    return loss.detach(), [leaf.grad for leaf in leaves]
+    return loss.detach(), [leaf.grad for leaf in leaves], out.metrics
 
 
 def test_zigzag_layout_matches_slime(ranks):
@@ -238,7 +272,7 @@ def test_slime_loss_function_cp1_cp2_and_core_agree(ranks, case):
     mode, kl = case
     cp1_loss, cp1_grads, cp1_metrics, _ = ranks[0]["cp1"][case]
     cp2 = [r["cp2"][case] for r in ranks]
-    ref_loss, ref_grads = _core(mode, kl, _data())
+    ref_loss, ref_grads, ref_metrics = _core(mode, kl, _data())
     torch.testing.assert_close(cp1_loss, ref_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(cp2[0][0] + cp2[1][0], cp1_loss, rtol=1e-5, atol=1e-6)
     assert sum(float(g.abs().sum()) > 0 for g in ref_grads) >= 2, "the fixture must leave gradient in the band"
@@ -250,6 +284,13 @@ def test_slime_loss_function_cp1_cp2_and_core_agree(ranks, case):
         assert name in cp1_metrics
         assert cp2[0][2][name] + cp2[1][2][name] == pytest.approx(cp1_metrics[name], rel=1e-4, abs=1e-6)
     assert ("kl_loss" in cp1_metrics) == kl
+    if LOSS_MODES[mode].needs_topk:
+        # the set divergence is continuous in pi's set log-probs (the loss only sees them through
+        # a mask): the core's value, weighted by the micro-batch's sample count
+        name = "topk_tv_mean" if mode.endswith("tv") else "topk_kl_mean"
+        assert float(ref_metrics[name]) > 0
+        for got in (cp1_metrics[f"policy/{name}"], cp2[0][2][f"policy/{name}"] + cp2[1][2][f"policy/{name}"]):
+            assert got == pytest.approx(float(ref_metrics[name]) * len(SHAPES), rel=1e-5, abs=1e-7)
     assert any(name.startswith("policy/") for name in cp1_metrics)
 
 
@@ -297,3 +338,29 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
     assert out.metrics["rollout/staleness/dropped_groups"] == 2.0  # group(7, 0) and group(2, 1)
     assert out.metrics["rollout/staleness/total_dropped_samples"] == 4.0
     assert [[s.index for s in g] for g in out.samples] == [[16, 17], [18, 19]]
+
+
+def test_generate_records_topk_on_slime_samples():
+    """The generate function's answer handling on slime's own Sample (append_response_tokens,
+    status from finish_reason), and the Top-K rows survive slime's to_dict / from_dict."""
+    from slime.utils.types import Sample
+
+    from epic_slime.slime.generate import apply_response
+
+    answer = {
+        "text": "xy",
+        "meta_info": {
+            "finish_reason": {"type": "length"},
+            "output_token_logprobs": [[-0.2, 5, None], [-1.1, 2, None]],
+            "output_top_logprobs": [[[-0.2, 5, None], [-2.0, 1, None]], [[-0.5, 4, None], [-1.1, 2, None]]],
+        },
+    }
+    sample = Sample(prompt="p", tokens=[9, 8, 7])
+    args = argparse.Namespace(sglang_speculative_algorithm=None)
+    apply_response(args, sample, answer, 2)
+    assert sample.tokens == [9, 8, 7, 5, 2] and sample.response_length == 2 and sample.loss_mask == [1, 1]
+    assert sample.rollout_log_probs == pytest.approx([-0.2, -1.1])
+    assert sample.status == Sample.Status.TRUNCATED
+    assert sample.rollout_topk_ids.tolist() == [[5, 1], [4, 2]]
+    again = Sample.from_dict(sample.to_dict())
+    torch.testing.assert_close(again.rollout_topk_log_probs, torch.tensor([[-0.2, -2.0], [-0.5, -1.1]]))

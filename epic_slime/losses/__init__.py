@@ -20,6 +20,7 @@ from .core import (
     sign_aware_clip,
 )
 from .policy_loss import PolicyLossOutput, compute_policy_loss
+from .topk import TopKInputs, behavior_topk_set, gather_log_probs, topk_inputs_from_logits
 
 DEFAULT_MODE = "epic"
 
@@ -32,13 +33,17 @@ __all__ = [
     "PolicyLossInputError",
     "PolicyLossOutput",
     "TokenTerms",
+    "TopKInputs",
     "aggregate_loss",
+    "behavior_topk_set",
     "compute_policy_loss",
     "exact_kl_log_bounds",
     "exact_kl_lower_root",
     "exact_kl_upper_root",
+    "gather_log_probs",
     "kl_phi",
     "register_loss",
     "resolve_params",
     "sign_aware_clip",
+    "topk_inputs_from_logits",
 ]

@@ -47,6 +47,11 @@ class LossBatch:
     advantages: torch.Tensor
     mask: torch.Tensor  # compute dtype, 0/1
     valid: torch.Tensor  # bool
+    # Optional Top-K inputs (see epic_slime/losses/topk.py): [B, T, K], detached, compute dtype,
+    # -inf where ``topk_mask`` is False; topk_mask is False on ignored columns and invalid tokens.
+    behavior_topk_log_probs: torch.Tensor | None = None
+    current_topk_log_probs: torch.Tensor | None = None
+    topk_mask: torch.Tensor | None = None
     _prefix: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def _cached(self, name, compute):
@@ -145,16 +150,18 @@ class LossSpec:
     aggregation: str
     flag_prefix: str  # CLI flags are --{flag_prefix}-{param}, shared by modes of one family
     doc: str
+    needs_topk: bool = False  # needs the behaviour policy's top-K log-probs (see topk.py)
 
 
 LOSS_MODES: dict[str, LossSpec] = {}
 
 
 def register_loss(name: str, *, checks: Mapping[str, ParamCheck], aggregation: str = "seq-mean-token-mean",
-                  flag_prefix: str | None = None):
+                  flag_prefix: str | None = None, needs_topk: bool = False):
     """Register ``fn(batch, *, param=default, ...)``; its keyword defaults are the mode's defaults.
 
     ``checks`` holds one check per parameter (every keyword parameter must have one).
+    ``needs_topk``: the mode reads the optional Top-K inputs of the batch (see topk.py).
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation {aggregation!r} not in {AGGREGATIONS}")
@@ -168,7 +175,7 @@ def register_loss(name: str, *, checks: Mapping[str, ParamCheck], aggregation: s
             raise ValueError(f"mode {name!r}: checks {sorted(checks)} != parameters {sorted(defaults)}")
         doc = (inspect.getdoc(fn) or "").split("\n")[0]
         prefix = flag_prefix or name.replace("_", "-")
-        LOSS_MODES[name] = LossSpec(name, fn, defaults, dict(checks), aggregation, prefix, doc)
+        LOSS_MODES[name] = LossSpec(name, fn, defaults, dict(checks), aggregation, prefix, doc, needs_topk)
         return fn
 
     return decorate
@@ -288,12 +295,14 @@ def _first_bad(bad: torch.Tensor) -> str:
     return f"at index {index}"
 
 
-def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: bool = True) -> LossBatch:
+def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: bool = True,
+                  behavior_topk_log_probs=None, current_topk_log_probs=None, topk_mask=None) -> LossBatch:
     """Check shapes, dtypes and values; return detached compute-dtype tensors zeroed off the mask.
 
     Raises PolicyLossInputError naming the field for: wrong types or shapes, masks outside {0, 1},
     NaN / inf log-probs or advantages on valid tokens, log-probs > 0. (Values on masked tokens are
     ignored, NaN included.) ``validate=False`` skips the value checks, which need one host sync.
+    The optional Top-K inputs are checked the same way (see `topk.prepare_topk_inputs`).
     """
     for name, value in (("log_probs", log_probs), ("behavior_log_probs", behavior_log_probs),
                         ("advantages", advantages), ("mask", mask)):
@@ -348,10 +357,16 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
 
     m = valid.to(dtype)
     zero = torch.zeros((), dtype=dtype, device=log_probs.device)
-    return LossBatch(
+    batch = LossBatch(
         log_probs=torch.where(valid, log_probs.detach().to(dtype), zero),
         behavior_log_probs=torch.where(valid, behavior_log_probs.detach().to(dtype), zero),
         advantages=torch.where(valid, advantages.detach().to(dtype), zero),
         mask=m,
         valid=valid,
     )
+    if behavior_topk_log_probs is not None or current_topk_log_probs is not None or topk_mask is not None:
+        from .topk import prepare_topk_inputs  # topk imports this module
+        (batch.behavior_topk_log_probs, batch.current_topk_log_probs, batch.topk_mask) = prepare_topk_inputs(
+            behavior_topk_log_probs, current_topk_log_probs, topk_mask, valid, dtype, validate=validate,
+            behavior_log_probs=behavior_log_probs)
+    return batch

@@ -24,17 +24,18 @@ def _frac(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
 def policy_loss_metrics(batch: LossBatch, terms: TokenTerms) -> dict[str, torch.Tensor]:
     valid = batch.valid
     m = batch.mask
-    n = m.sum(dtype=torch.float64)
+    n = batch.valid.sum().to(torch.float64)
     clipped_upper = terms.clipped_upper & valid
     clipped_lower = terms.clipped_lower & valid
     clipped = clipped_upper | clipped_lower
     positive = (batch.advantages > 0) & valid
     negative = (batch.advantages < 0) & valid
-    count = lambda b: b.sum(dtype=torch.float64)  # noqa: E731
+    count = lambda b: b.sum().to(torch.float64)  # noqa: E731  (int64 count: exact and cheap)
+    total = lambda x: x.sum().to(torch.float64)  # noqa: E731  (pairwise float sum)
 
     metrics = {
         "valid_tokens": n,
-        "empty_responses": (batch.response_length == 0).sum(dtype=torch.float64),
+        "empty_responses": count(batch.response_length == 0),
         "clipfrac": _frac(count(clipped), n),
         "clipfrac_upper": _frac(count(clipped_upper), n),
         "clipfrac_lower": _frac(count(clipped_lower), n),
@@ -43,17 +44,13 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms) -> dict[str, torch.
     }
 
     # Clip fraction by relative position (t - 1) / T in 10 bins, and its spread across bins.
-    if valid.numel():
-        length = batch.response_length.clamp(min=1.0).unsqueeze(-1)
-        bins = ((batch.token_count - 1.0) / length * POSITION_BINS).long().clamp_(0, POSITION_BINS - 1)
-        flat_bins = bins.reshape(-1)
-        tokens_per_bin = torch.zeros(POSITION_BINS, dtype=torch.float64, device=m.device).scatter_add_(
-            0, flat_bins, m.reshape(-1).to(torch.float64))
-        clipped_per_bin = torch.zeros_like(tokens_per_bin).scatter_add_(
-            0, flat_bins, clipped.reshape(-1).to(torch.float64))
-    else:
-        tokens_per_bin = torch.zeros(POSITION_BINS, dtype=torch.float64, device=m.device)
-        clipped_per_bin = tokens_per_bin.clone()
+    # One bincount: key = bin + 10 * clipped for valid tokens, 20 for masked ones.
+    length = batch.response_length.clamp(min=1.0).unsqueeze(-1)
+    bins = ((batch.token_count - 1.0) / length * POSITION_BINS).long().clamp_(0, POSITION_BINS - 1)
+    key = torch.where(valid, bins + POSITION_BINS * clipped.long(), 2 * POSITION_BINS)
+    counts = torch.bincount(key.reshape(-1), minlength=2 * POSITION_BINS + 1).to(torch.float64)
+    clipped_per_bin = counts[POSITION_BINS:2 * POSITION_BINS]
+    tokens_per_bin = counts[:POSITION_BINS] + clipped_per_bin
     bin_frac = _frac(clipped_per_bin, tokens_per_bin)
     for i in range(POSITION_BINS):
         metrics[f"clipfrac_position_bin_{i}"] = bin_frac[i]
@@ -69,21 +66,21 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms) -> dict[str, torch.
     finite_lower = (log_lower > _LOG_TINY) & valid
     metrics["finite_lower_frac"] = _frac(count(finite_lower), n)
     abs_prefix = batch.log_prefix_ratio.abs().mul_(m)
-    metrics["abs_L_mean"] = _frac(abs_prefix.sum(dtype=torch.float64), n)
-    metrics["abs_z_mean"] = _frac(abs_prefix.mul_(batch.inv_token_count).sum(dtype=torch.float64), n)
+    metrics["abs_L_mean"] = _frac(total(abs_prefix), n)
+    metrics["abs_z_mean"] = _frac(total(abs_prefix.mul_(batch.inv_token_count)), n)
     # Mean bounds in log space (on the clipped quantity X_t), each over the valid tokens that have
     # that bound; a lower bound whose e^{lo} underflows float32 counts as absent.
     finite_upper = torch.isfinite(log_upper) & valid
     metrics["finite_upper_frac"] = _frac(count(finite_upper), n)
-    metrics["log_bound_lower_mean"] = _frac(torch.where(finite_lower, log_lower, 0.0).sum(dtype=torch.float64),
+    metrics["log_bound_lower_mean"] = _frac(total(torch.where(finite_lower, log_lower, 0.0)),
                                             count(finite_lower))
-    metrics["log_bound_upper_mean"] = _frac(torch.where(finite_upper, log_upper, 0.0).sum(dtype=torch.float64),
+    metrics["log_bound_upper_mean"] = _frac(total(torch.where(finite_upper, log_upper, 0.0)),
                                             count(finite_upper))
 
     # Token-ratio statistics (r_t = pi_t / mu_t) and the train-rollout log-prob gap.
     log_ratio = batch.log_ratio
-    metrics["logprob_abs_diff"] = _frac(log_ratio.abs().sum(dtype=torch.float64), n)
-    metrics["ratio_mean"] = _frac(torch.exp(log_ratio).mul_(m).sum(dtype=torch.float64), n)
+    metrics["logprob_abs_diff"] = _frac(total(log_ratio.abs()), n)
+    metrics["ratio_mean"] = _frac(total(torch.exp(log_ratio).mul_(m)), n)
     masked_log_ratio = torch.where(valid, log_ratio, -math.inf)
     metrics["ratio_max"] = (torch.exp(masked_log_ratio.max().to(torch.float64)) if valid.numel()
                             else torch.zeros((), dtype=torch.float64))

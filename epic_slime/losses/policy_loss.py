@@ -7,6 +7,7 @@ import dataclasses
 import torch
 
 from . import modes as _modes  # noqa: F401  (registers the modes)
+from . import trust_region as _trust_region  # noqa: F401  (registers cppo, bandpo, acpo, dppo_topk_*)
 from .core import LOSS_MODES, aggregate_loss, prepare_batch, resolve_params
 from .metrics import policy_loss_metrics
 
@@ -28,7 +29,10 @@ class PolicyLossOutput:
 
 def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: torch.Tensor,
                         advantages: torch.Tensor, mask: torch.Tensor, *, aggregation: str | None = None,
-                        compute_metrics: bool = True, validate: bool = True, **params) -> PolicyLossOutput:
+                        compute_metrics: bool = True, validate: bool = True,
+                        behavior_topk_log_probs: torch.Tensor | None = None,
+                        current_topk_log_probs: torch.Tensor | None = None,
+                        topk_mask: torch.Tensor | None = None, **params) -> PolicyLossOutput:
     """The policy loss of ``mode`` (a key of LOSS_MODES) on padded [B, T] tensors.
 
     log_probs: current policy log pi_t of the sampled tokens (carries the gradient).
@@ -36,11 +40,21 @@ def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: 
     advantages: [B, T] or [B] (broadcast over tokens). mask: bool or 0/1, True on generated tokens.
     aggregation: "seq-mean-token-mean" | "token-mean" | "seq-mean-token-sum" (default: the mode's).
     params: the mode's keyword parameters (defaults: LOSS_MODES[mode].defaults).
+
+    Top-K inputs (required by the modes with ``LOSS_MODES[mode].needs_topk``, ignored by the others):
+    behavior_topk_log_probs: [B, T, K] log mu of a set of K distinct token ids per position: mu's
+        top-K ids plus the sampled token (it must be in the set; usually K = k + 1 columns, the
+        last being the sampled token, masked out by topk_mask where it duplicates a top-k id).
+    current_topk_log_probs: [B, T, K] log pi of the same ids (may carry grad; used detached).
+    topk_mask: optional [B, T, K] bool, False on columns to ignore (duplicates, absent ids).
+    `epic_slime.losses.topk.topk_inputs_from_logits` builds all three from full logits.
     """
     resolved = resolve_params(mode, params)
     spec = LOSS_MODES[mode]
     aggregation = aggregation or spec.aggregation
-    batch = prepare_batch(log_probs, behavior_log_probs, advantages, mask, validate=validate)
+    batch = prepare_batch(log_probs, behavior_log_probs, advantages, mask, validate=validate,
+                          behavior_topk_log_probs=behavior_topk_log_probs,
+                          current_topk_log_probs=current_topk_log_probs, topk_mask=topk_mask)
     with torch.no_grad():
         terms = spec.fn(batch, **resolved)
         value = terms.value.to(batch.mask.dtype) * batch.mask

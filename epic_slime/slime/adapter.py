@@ -13,6 +13,8 @@ Per micro-batch:
   3. keep ``per_token_loss`` at the local positions and reduce it with slime's reducer.
 The core's per-token loss has gradient only through each token's own log pi (straight-through,
 every mode), so the local slices of all CP ranks add up to the CP = 1 loss and gradient.
+Top-K modes add pi's detached log-probs of each position's set to the same gathered rows; log mu
+of the set is the batch's full-response ``rollout_topk_log_probs`` plus the sampled token's log mu.
 
 Aggregation onto slime's reducer (slime rescales by num_microbatches / step global batch):
   - seq-mean-token-mean: ``sum_of_sample_mean`` as is (per-sample denominators are the
@@ -41,6 +43,15 @@ _COUNT_METRICS = ("valid_tokens",)
 
 
 @dataclasses.dataclass
+class TopKLocalInputs:
+    """The Top-K modes' extra inputs of one micro-batch (see ``epic_slime.slime.topk``)."""
+
+    current_log_probs: list[torch.Tensor]  # per sample [n_local, K]: log pi of the set at the local tokens
+    behavior_topk_log_probs: list[torch.Tensor]  # per sample [T, K - 1]: rollout top-k log mu, full response
+    set_masks: list[torch.Tensor]  # per sample [T, K] bool: the set's mask, full response
+
+
+@dataclasses.dataclass
 class LocalPolicyLoss:
     per_token_loss: list[torch.Tensor]  # per sample, this rank's local tokens (differentiable)
     clipped: list[torch.Tensor]  # per sample, this rank's local tokens: clipped by the mode's rule
@@ -66,8 +77,13 @@ def local_policy_loss(
     loss_masks: Sequence[torch.Tensor],
     positions: Sequence[torch.Tensor],
     gather: Gather | None,
+    topk: TopKLocalInputs | None = None,
 ) -> LocalPolicyLoss:
-    """The core's per-token loss at this rank's local tokens, computed on full responses."""
+    """The core's per-token loss at this rank's local tokens, computed on full responses.
+
+    ``topk`` (Top-K modes): the set log-probs of pi at the local tokens travel in the same
+    detached gather as log pi, log mu and the advantages; log mu of the set is the rollout top-k
+    log-probs plus the gathered log mu of the sampled token."""
     from epic_slime.losses import compute_policy_loss
 
     local_counts = [int(p.numel()) for p in positions]
@@ -83,7 +99,29 @@ def local_policy_loss(
         torch.stack([lp.detach(), mu.to(device, dtype), adv.to(device, dtype)], dim=1)
         for lp, mu, adv in zip(log_probs, behavior_log_probs, advantages)
     ]
+    topk_kwargs = {}
+    if topk is not None:
+        _check_topk_inputs(topk, local_counts, response_lengths)
+        local_rows = [
+            torch.cat([rows, current.detach().to(device, dtype)], dim=1)
+            for rows, current in zip(local_rows, topk.current_log_probs)
+        ]
     full_rows = gather_full_responses(local_rows, positions, response_lengths, gather)
+    if topk is not None:
+        from epic_slime.slime.topk import behavior_set_log_probs
+
+        set_masks = [m.to(device) for m in topk.set_masks]
+        topk_kwargs = dict(
+            behavior_topk_log_probs=pad_sequence(
+                [
+                    behavior_set_log_probs(lps.to(device, dtype), rows[:, 1], m)
+                    for lps, rows, m in zip(topk.behavior_topk_log_probs, full_rows, set_masks)
+                ],
+                batch_first=True,
+            ),
+            current_topk_log_probs=pad_sequence([rows[:, 3:] for rows in full_rows], batch_first=True),
+            topk_mask=pad_sequence(set_masks, batch_first=True),
+        )
     full_log_probs = [
         with_live_local_entries(rows[:, 0], pos.to(device), lp) for rows, pos, lp in zip(full_rows, positions, log_probs)
     ]
@@ -99,6 +137,7 @@ def local_policy_loss(
         padded_advantages,
         padded_mask,
         aggregation=aggregation,
+        **topk_kwargs,
         **params,
     )
     per_token_loss = [
@@ -109,6 +148,27 @@ def local_policy_loss(
         out.clipped[i, :n].index_select(0, pos.to(device)) for i, (n, pos) in enumerate(zip(response_lengths, positions))
     ]
     return LocalPolicyLoss(per_token_loss, clipped, dict(out.metrics), out)
+
+
+def _check_topk_inputs(topk: TopKLocalInputs, local_counts: list[int], response_lengths: list[int]) -> None:
+    n = len(local_counts)
+    fields = (("current_topk_log_probs", topk.current_log_probs), ("rollout_topk_log_probs", topk.behavior_topk_log_probs),
+              ("topk set masks", topk.set_masks))
+    for name, values in fields:
+        if len(values) != n:
+            raise ValueError(f"{name}: {len(values)} samples, expected {n}")
+    for i, (current, lps, mask) in enumerate(zip(topk.current_log_probs, topk.behavior_topk_log_probs, topk.set_masks)):
+        width = int(mask.shape[-1]) if mask.dim() == 2 else -1
+        if mask.dim() != 2 or mask.shape[0] != response_lengths[i]:
+            raise ValueError(f"topk set mask [{i}] has shape {tuple(mask.shape)}, expected ({response_lengths[i]}, K)")
+        if tuple(current.shape) != (local_counts[i], width):
+            raise ValueError(
+                f"current_topk_log_probs[{i}] has shape {tuple(current.shape)}, expected ({local_counts[i]}, {width})"
+            )
+        if tuple(lps.shape) != (response_lengths[i], width - 1):
+            raise ValueError(
+                f"rollout_topk_log_probs[{i}] has shape {tuple(lps.shape)}, expected ({response_lengths[i]}, {width - 1})"
+            )
 
 
 def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str) -> torch.Tensor:
@@ -139,6 +199,12 @@ def _loss_config(args: Any) -> tuple[str, dict[str, Any], str, str]:
     return mode, dict(params), aggregation, behavior
 
 
+def needs_topk(mode: str) -> bool:
+    from epic_slime.losses import LOSS_MODES
+
+    return bool(LOSS_MODES[mode].needs_topk)
+
+
 def behavior_log_probs_from_batch(batch: dict, behavior: str) -> list[torch.Tensor]:
     if behavior == "rollout":
         values = batch.get("rollout_log_probs")
@@ -167,8 +233,16 @@ def slime_policy_loss_from_log_probs(
     cp_rank: int = 0,
     cp_size: int = 1,
     gather: Gather | None = None,
+    current_topk_log_probs: Sequence[torch.Tensor] | None = None,
+    topk_sets: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """slime's custom-loss contract after log-probs: (scalar loss, detached metrics)."""
+    """slime's custom-loss contract after log-probs: (scalar loss, detached metrics).
+
+    Top-K modes also take ``current_topk_log_probs`` (per sample ``[n_local, k + 1]``: log pi of
+    the set ids at this rank's tokens) and ``topk_sets`` (``epic_slime.slime.topk.topk_token_sets``
+    of the batch, computed here when not given); the rollout top-k log-probs come from
+    ``batch['rollout_topk_log_probs']``.
+    """
     mode, params, aggregation, behavior = _loss_config(args)
     per_token_mode = bool(getattr(args, "calculate_per_token_loss", False))
     if (aggregation == TOKEN_MEAN) != per_token_mode:
@@ -183,6 +257,23 @@ def slime_policy_loss_from_log_probs(
         zigzag_response_positions(total, resp, cp_rank, cp_size) for total, resp in zip(total_lengths, response_lengths)
     ]
     behavior_lp = behavior_log_probs_from_batch(batch, behavior)
+    topk = None
+    if needs_topk(mode):
+        from epic_slime.slime.topk import TOPK_LOG_PROBS_KEY, topk_token_sets
+
+        if behavior != "rollout":
+            raise ValueError(f"--policy-loss {mode} needs --behavior-logprobs rollout (the top-k log-probs are SGLang's)")
+        _, set_masks = topk_sets if topk_sets is not None else topk_token_sets(batch, response_lengths)
+        if current_topk_log_probs is None:
+            raise ValueError(
+                f"--policy-loss {mode}: current_topk_log_probs (log pi of the Top-K set ids at the local tokens) "
+                "is missing; epic_slime.slime.loss.policy_loss computes it from the logits"
+            )
+        topk = TopKLocalInputs(
+            list(current_topk_log_probs),
+            [torch.as_tensor(x) for x in batch[TOPK_LOG_PROBS_KEY]],
+            list(set_masks),
+        )
     result = local_policy_loss(
         mode,
         params,
@@ -193,6 +284,7 @@ def slime_policy_loss_from_log_probs(
         loss_masks,
         positions,
         gather if cp_size > 1 else None,
+        topk,
     )
 
     lp = _cat(log_probs, log_probs[0])

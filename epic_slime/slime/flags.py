@@ -23,6 +23,8 @@ BEHAVIOR_LOGPROBS = ("rollout", "recompute")
 LOSS_FUNCTION_PATH = "epic_slime.slime.loss.policy_loss"
 ROLLOUT_FUNCTION_PATH = "epic_slime.slime.rollout.generate_rollout"
 TOKEN_MEAN = "token-mean"
+GENERATE_FUNCTION_PATH = "epic_slime.slime.generate.generate"
+DEFAULT_POLICY_LOSS_TOPK = 20
 
 
 class ProjectFlagError(ValueError):
@@ -38,6 +40,7 @@ class ProjectConfig:
     max_staleness: int | None
     stale_policy: str
     behavior_logprobs: str
+    policy_loss_topk: int | None = None  # k of the Top-K modes (None for the other modes)
 
 
 def add_async_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -77,6 +80,21 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="groups the background generator keeps in flight, and finished groups it lets wait "
         "before pausing (default: --rollout-batch-size, one batch ahead); larger values keep the "
         "engines busier and make samples staler",
+    )
+    group.add_argument(
+        "--policy-loss-topk",
+        type=int,
+        default=DEFAULT_POLICY_LOSS_TOPK,
+        help="k of the DPPO Top-K modes (dppo_topk_tv, dppo_topk_kl): SGLang returns the behaviour "
+        "policy's top-k token ids and log-probs per generated token (top_logprobs_num=k), and the "
+        "loss compares mu and pi on those k ids plus the sampled token and a rest bucket",
+    )
+    group.add_argument(
+        "--slime-forwards-topk",
+        action="store_true",
+        help="assert that the installed slime carries the per-sample batch keys rollout_topk_ids and "
+        "rollout_topk_log_probs from the Sample to the custom loss (slime 624b824a does not: "
+        "a Top-K mode is refused without this flag)",
     )
     return parser
 
@@ -129,10 +147,59 @@ def validate_project_args(args: Any) -> ProjectConfig:
     if in_flight is not None and in_flight < 1:
         raise ProjectFlagError(f"--async-groups-in-flight must be >= 1, got {in_flight}")
     _check_slime_flags(args, aggregation, depth, staleness, behavior)
+    topk = check_topk_flags(args, mode)
     from epic_slime.losses import resolve_params
 
     # the mode's parameters with its defaults filled in: what the loss will actually use
-    return ProjectConfig(mode, resolve_params(mode, params), aggregation, depth, staleness, stale_policy, behavior)
+    return ProjectConfig(
+        mode, resolve_params(mode, params), aggregation, depth, staleness, stale_policy, behavior, topk
+    )
+
+
+def check_topk_flags(args: Any, mode: str) -> int | None:
+    """k for a Top-K mode (None otherwise); the slime flags such a mode relies on are checked.
+
+    Raises ProjectFlagError: k < 1; a generate function other than the project's (only it asks
+    SGLang for the top log-probs); rollout top-p != 1 (SGLang's top log-probs and slime's top-p
+    replay would describe different distributions); slime's all-gather CP layout; and a slime
+    that does not forward the Top-K batch keys (see ``--slime-forwards-topk``).
+    """
+    from epic_slime.losses import LOSS_MODES
+
+    topk = _get(args, "policy_loss_topk", DEFAULT_POLICY_LOSS_TOPK)
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ProjectFlagError(f"--policy-loss-topk must be an int >= 1, got {topk!r} (--policy-loss {mode})")
+    if not LOSS_MODES[mode].needs_topk:
+        return None
+    generate_path = _get(args, "custom_generate_function_path")
+    if generate_path != GENERATE_FUNCTION_PATH:
+        raise ProjectFlagError(
+            f"--policy-loss {mode} needs SGLang's top-{topk} log-probs per generated token: set "
+            f"--custom-generate-function-path {GENERATE_FUNCTION_PATH} (got {generate_path!r})"
+        )
+    top_p = _get(args, "rollout_top_p", 1.0)
+    if top_p is not None and float(top_p) != 1.0:
+        raise ProjectFlagError(
+            f"--policy-loss {mode} needs --rollout-top-p 1.0 (got {top_p}): with top-p sampling slime "
+            "renormalises the trainer's log-probs over the nucleus, which the Top-K set does not follow"
+        )
+    if _get(args, "behavior_logprobs", "rollout") != "rollout":
+        raise ProjectFlagError(
+            f"--policy-loss {mode} needs --behavior-logprobs rollout: the top-k log-probs come from "
+            "SGLang, so the sampled token's log mu must too"
+        )
+    if _get(args, "allgather_cp", False):
+        raise ProjectFlagError(f"--policy-loss {mode} does not support slime's --allgather-cp layout")
+    if not _get(args, "slime_forwards_topk", False):
+        raise ProjectFlagError(
+            f"--policy-loss {mode} needs per-sample Top-K data in the loss batch, and slime 624b824a "
+            "drops it: RolloutManager._split_train_data_by_dp (slime/ray/rollout.py) forwards a fixed "
+            "list of sample keys to the trainer, and the Megatron forward_step "
+            "(slime/backends/megatron_utils/model.py) asks get_batch for a fixed list of keys. With a "
+            "slime that forwards rollout_topk_ids and rollout_topk_log_probs (full response, [T, k] per "
+            "sample, from Sample.rollout_topk_ids / rollout_topk_log_probs) pass --slime-forwards-topk"
+        )
+    return topk
 
 
 def _check_slime_flags(args: Any, aggregation: str, depth: int | None, staleness: int | None, behavior: str) -> None:
@@ -254,6 +321,9 @@ def _dry_run_parser() -> argparse.ArgumentParser:
     slime.add_argument("--colocate", action="store_true")
     slime.add_argument("--use-routing-replay", action="store_true")
     slime.add_argument("--use-rollout-routing-replay", action="store_true")
+    slime.add_argument("--custom-generate-function-path", default=None)
+    slime.add_argument("--rollout-top-p", type=float, default=1.0)
+    slime.add_argument("--allgather-cp", action="store_true")
     return parser
 
 
@@ -286,7 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"epic-slime flags OK: policy_loss={config.policy_loss} params={config.policy_loss_params} "
         f"aggregation={config.aggregation} update_depth={depth} (global batch {samples // depth} of "
         f"{samples} samples) max_staleness={config.max_staleness} stale_policy={config.stale_policy} "
-        f"behavior_logprobs={config.behavior_logprobs}; the driver passes slime "
+        f"behavior_logprobs={config.behavior_logprobs}"
+        f"{f' policy_loss_topk={config.policy_loss_topk}' if config.policy_loss_topk else ''}; the driver passes slime "
         f"{' '.join(added) if added else 'no extra flags'}"
     )
     return 0
