@@ -80,3 +80,31 @@ def test_state_round_trip_gives_identical_next_step():
     m2 = t2.train_step(samples)
     assert m2["loss/pg_loss"] == m1["loss/pg_loss"] and m2["train/grad_norm"] == m1["train/grad_norm"]
     assert all(torch.equal(a, b) for a, b in zip(t1.get_weights().values(), t2.get_weights().values()))
+
+
+def test_topk_mode_gets_the_behaviour_top_k_set_and_trains():
+    torch.set_num_threads(1)
+    state = {k: v.clone() for k, v in build_policy(ModelConfig(), TOK.vocab_size, TOK.pad_id, TOK.bos_id,
+                                                      TOK.eos_id, seed=0).state_dict().items()}
+    engine = PolicyEngine(ModelConfig(), state, 0)
+    reqs = [(i, train_problem(i, 0, TaskConfig())) for i in range(4)]
+    groups = engine.generate(reqs, n_samples=4, temperature=0.8, top_p=1.0, max_new_tokens=12, seed=0, topk=3)
+    samples = [{**s, "advantage": a} for g in groups
+               for s, a in zip(g.samples, group_advantages([float(j % 2) for j in range(len(g))]))]
+    # reference: the 3 largest entries of the trainer's log_softmax(logits / T) at each response position
+    with torch.no_grad():
+        _, mask, all_lp = response_log_probs(engine.model, [s["prompt_ids"] for s in samples],
+                                             [s["response_ids"] for s in samples], 0.8, TOK.pad_id, return_all=True)
+    for i, s in enumerate(samples):
+        n = len(s["response_ids"])
+        assert len(s["topk_ids"]) == n and all(len(row) == 3 for row in s["topk_ids"])
+        ref = torch.topk(all_lp[i, :n], 3, dim=-1)
+        assert torch.allclose(torch.tensor(s["topk_log_probs"]), ref.values, atol=2e-5)
+        assert all(set(a) == set(b) for a, b in zip(s["topk_ids"], ref.indices.tolist()))
+    trainer = PolicyTrainer(model_cfg=ModelConfig(), init_state=state, policy_loss="dppo_topk_tv",
+                            policy_loss_params={}, policy_loss_aggregation=None, update_depth=2, lr=1e-3,
+                            weight_decay=0.0, clip_grad=1.0, kl_loss_coef=0.0, temperature=0.8, seed=0)
+    m = trainer.train_step(samples)
+    assert math.isfinite(m["loss/pg_loss"]) and trainer.version == 1
+    with pytest.raises(ValueError, match="topk_ids"):
+        trainer.train_step([{k: v for k, v in s.items() if k not in ("topk_ids",)} for s in samples])

@@ -57,6 +57,8 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "lr": (float, 5e-5, _positive_float, None, "AdamW learning rate"),
     "weight_decay": (float, 0.0, _nonneg_float, None, "AdamW weight decay"),
     "clip_grad": (float, 1.0, _positive_float, None, "gradient-norm clipping"),
+    "policy_loss_topk": (int, 5, _positive_int, None, "k of the DPPO Top-K modes: workers record the behaviour "
+                         "policy's k most likely tokens per position"),
     "use_kl_loss": (bool, False, None, None, "add a k3 KL-to-reference term"),
     "kl_loss_coef": (float, 0.0, _nonneg_float, None, "coefficient of the KL-to-reference term"),
     # --- eval ---
@@ -273,6 +275,9 @@ def _validate(cfg: RuntimeConfig) -> None:
         cfg.task.validate()
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    from .task import VOCAB
+    if v["policy_loss_topk"] > len(VOCAB):
+        raise ConfigError(f"policy_loss_topk={v['policy_loss_topk']} exceeds the vocabulary size {len(VOCAB)}")
     longest = 1 + 3 * v["task_max_operands"] + v["rollout_max_response_len"]
     if longest > 64:
         raise ConfigError(f"rollout_max_response_len={v['rollout_max_response_len']} with task_max_operands="

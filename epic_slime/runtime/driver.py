@@ -101,8 +101,11 @@ class Run:
 
     def _sampling(self) -> dict:
         c = self.cfg
+        from epic_slime.losses import LOSS_MODES
+
+        topk = c.policy_loss_topk if LOSS_MODES[c.policy_loss].needs_topk else 0
         return dict(n_samples=c.n_samples_per_prompt, temperature=c.rollout_temperature, top_p=c.rollout_top_p,
-                    max_new_tokens=c.rollout_max_response_len, seed=c.seed)
+                    max_new_tokens=c.rollout_max_response_len, seed=c.seed, topk=topk)
 
     def _eval_sampling(self) -> dict:
         c = self.cfg

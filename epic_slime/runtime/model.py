@@ -74,10 +74,11 @@ def _right_padded_sequences(prompts: list[list[int]], responses: list[list[int]]
 
 
 def response_log_probs(model, prompts: list[list[int]], responses: list[list[int]], temperature: float,
-                       pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+                       pad_id: int, return_all: bool = False):
     """log_softmax(logits / temperature) of each response token given its prefix.
 
-    Returns (log_probs [B, T] float32, mask [B, T] bool), T = longest response, zeros on padding.
+    Returns (log_probs [B, T] float32, mask [B, T] bool), T = longest response, zeros on padding;
+    with return_all also the full [B, T, V] log-softmax at those positions (Top-K modes).
     Differentiable when called with gradients enabled."""
     if any(len(r) == 0 for r in responses):
         raise ValueError("response_log_probs: empty response (a sampler always emits >= 1 token)")
@@ -93,9 +94,9 @@ def response_log_probs(model, prompts: list[list[int]], responses: list[list[int
         pos[i, :n] = torch.arange(len(p) - 1, len(p) - 1 + n)
         tok[i, :n] = torch.tensor(r, dtype=torch.long)
         mask[i, :n] = True
-    lp = logp_all.gather(1, pos.unsqueeze(-1).expand(-1, -1, logp_all.shape[-1]))
-    lp = lp.gather(2, tok.unsqueeze(-1)).squeeze(-1)
-    return lp.masked_fill(~mask, 0.0), mask
+    lp_rows = logp_all.gather(1, pos.unsqueeze(-1).expand(-1, -1, logp_all.shape[-1]))
+    lp = lp_rows.gather(2, tok.unsqueeze(-1)).squeeze(-1).masked_fill(~mask, 0.0)
+    return (lp, mask, lp_rows) if return_all else (lp, mask)
 
 
 def _top_p_filter(log_probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -113,11 +114,13 @@ def _top_p_filter(log_probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 @torch.no_grad()
 def sample(model, prompts: list[list[int]], *, temperature: float, top_p: float, max_new_tokens: int,
-           eos_id: int, pad_id: int, generator: torch.Generator) -> list[dict]:
+           eos_id: int, pad_id: int, generator: torch.Generator, topk: int = 0) -> list[dict]:
     """Sample one response per prompt with the model's KV cache (our own loop, not `generate`).
 
     Returns per prompt: response ids (including <eos> when emitted), behavior_log_probs (see module
-    doc), sampling_log_probs (exact top-p distribution), status "completed" | "truncated"."""
+    doc), sampling_log_probs (exact top-p distribution), status "completed" | "truncated"; with
+    topk > 0 also topk_ids / topk_log_probs: the behaviour distribution's k most likely ids per
+    token and their behaviour log-probs (the DPPO Top-K modes' input)."""
     from transformers import DynamicCache
 
     if temperature <= 0:
@@ -133,7 +136,7 @@ def sample(model, prompts: list[list[int]], *, temperature: float, top_p: float,
     cache = DynamicCache(config=model.config)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True).logits[:, -1]
     last_pos = pos[:, -1:]
-    out_tokens, out_blp, out_slp = [], [], []
+    out_tokens, out_blp, out_slp, out_topk_lp, out_topk_ids = [], [], [], [], []
     done = torch.zeros(B, dtype=torch.bool)
     for _ in range(max_new_tokens):
         blp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -143,6 +146,10 @@ def sample(model, prompts: list[list[int]], *, temperature: float, top_p: float,
         out_tokens.append(tok)
         out_blp.append(blp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1))
         out_slp.append(slp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1))
+        if topk > 0:
+            top = torch.topk(blp_all, topk, dim=-1)
+            out_topk_lp.append(top.values)
+            out_topk_ids.append(top.indices)
         out_tokens[-1] = torch.where(done, torch.full_like(tok, -1), tok)   # -1 marks "after eos"
         done = done | (tok == eos_id)
         if bool(done.all()):
@@ -154,11 +161,17 @@ def sample(model, prompts: list[list[int]], *, temperature: float, top_p: float,
     toks = torch.stack(out_tokens, 1)
     blp = torch.stack(out_blp, 1)
     slp = torch.stack(out_slp, 1)
+    if topk > 0:
+        topk_lp, topk_ids = torch.stack(out_topk_lp, 1), torch.stack(out_topk_ids, 1)
     results = []
     for i in range(B):
         n = int((toks[i] >= 0).sum())
         resp = toks[i, :n].tolist()
-        results.append({
+        if topk > 0:
+            extra = {"topk_ids": topk_ids[i, :n].tolist(), "topk_log_probs": topk_lp[i, :n].tolist()}
+        else:
+            extra = {}
+        results.append({**extra,
             "response_ids": resp,
             "behavior_log_probs": blp[i, :n].tolist(),
             "sampling_log_probs": slp[i, :n].tolist(),

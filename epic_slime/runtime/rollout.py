@@ -41,13 +41,13 @@ class PolicyEngine:
         return [self.tok.bos_id] + self.tok.encode(problem.prompt)
 
     def generate(self, requests: list[tuple[int, Problem]], *, n_samples: int, temperature: float, top_p: float,
-                 max_new_tokens: int, seed: int) -> list[Group]:
+                 max_new_tokens: int, seed: int, topk: int = 0) -> list[Group]:
         if not requests:
             return []
         prompts = [self._prompt_ids(p) for _, p in requests for _ in range(n_samples)]
         gen = request_generator(seed, "rollout", requests[0][0])
         results = sample(self.model, prompts, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                         eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, generator=gen)
+                         eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, generator=gen, topk=topk)
         groups = []
         for gi, (group_id, problem) in enumerate(requests):
             samples = []

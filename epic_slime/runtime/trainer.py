@@ -34,6 +34,31 @@ def pad_rows(rows: list[list[float]], width: int, value: float = 0.0) -> torch.T
     return out
 
 
+def topk_loss_inputs(samples: list[dict], responses: list[list[int]], behavior: torch.Tensor,
+                     current_log_probs_all: torch.Tensor) -> dict:
+    """DPPO Top-K inputs: the behaviour top-k set recorded by the worker plus the sampled token,
+    with the trainer's log pi of the same ids (gathered from its full log-softmax)."""
+    from epic_slime.losses.topk import behavior_topk_set
+
+    if any("topk_ids" not in s for s in samples):
+        raise ValueError("a Top-K policy loss needs rollout samples with topk_ids (workers record them when "
+                         "the mode needs them; was the run resumed from samples generated for another mode?)")
+    B, T = behavior.shape
+    k = len(samples[0]["topk_ids"][0])
+    ids = torch.full((B, T, k), -1, dtype=torch.long)
+    lps = torch.zeros((B, T, k), dtype=torch.float32)
+    sampled = torch.zeros((B, T), dtype=torch.long)
+    for i, (s, r) in enumerate(zip(samples, responses)):
+        n = len(r)
+        ids[i, :n] = torch.tensor(s["topk_ids"], dtype=torch.long)
+        lps[i, :n] = torch.tensor(s["topk_log_probs"], dtype=torch.float32)
+        sampled[i, :n] = torch.tensor(r, dtype=torch.long)
+    ids_all, behavior_topk, topk_mask = behavior_topk_set(ids, lps, sampled, behavior)
+    current = current_log_probs_all.gather(-1, ids_all.clamp(min=0))
+    current = torch.where(topk_mask, current, 0.0)
+    return {"behavior_topk_log_probs": behavior_topk, "current_topk_log_probs": current, "topk_mask": topk_mask}
+
+
 def _scalar(v) -> float:
     return float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
 
@@ -83,7 +108,7 @@ class PolicyTrainer:
     # ---- one rollout step ----
     def train_step(self, samples: list[dict]) -> dict:
         """samples: dicts with prompt_ids, response_ids, behavior_log_probs, advantage. Returns metrics."""
-        from epic_slime.losses import aggregate_loss, compute_policy_loss
+        from epic_slime.losses import LOSS_MODES, aggregate_loss, compute_policy_loss
 
         n = len(samples)
         if n % self.update_depth:
@@ -103,12 +128,15 @@ class PolicyTrainer:
             mb = [samples[i] for i in order[d * mb_size:(d + 1) * mb_size]]
             prompts = [s["prompt_ids"] for s in mb]
             responses = [s["response_ids"] for s in mb]
-            log_probs, mask = response_log_probs(self.model, prompts, responses, self.temperature, self.tok.pad_id)
+            needs_topk = LOSS_MODES[self.policy_loss].needs_topk
+            log_probs, mask, *all_lp = response_log_probs(self.model, prompts, responses, self.temperature,
+                                                          self.tok.pad_id, return_all=needs_topk)
             T = log_probs.shape[1]
             behavior = pad_rows([s["behavior_log_probs"] for s in mb], T)
             adv = torch.tensor([s["advantage"] for s in mb], dtype=torch.float32)
+            topk_kwargs = topk_loss_inputs(mb, responses, behavior, all_lp[0]) if needs_topk else {}
             out = compute_policy_loss(self.policy_loss, log_probs, behavior, adv, mask, aggregation=self.aggregation,
-                                      **self.policy_loss_params)
+                                      **topk_kwargs, **self.policy_loss_params)
             loss = out.loss
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"policy loss {self.policy_loss} is {float(loss)} at version {self.version}, minibatch {d}")
