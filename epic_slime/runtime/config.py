@@ -1,0 +1,312 @@
+"""Configuration of the embedded runtime: defaults < YAML (`--config`) < command-line flags.
+
+Flag names are the slime driver's where the meaning is the same (`--update-depth`,
+`--max-staleness`, `--rollout-batch-size`, `--policy-loss` and the per-mode loss flags from
+`epic_slime.losses.flags`, ...). YAML keys are the flag names with underscores. Unknown YAML keys,
+wrong types and out-of-range values are errors that name the field and the value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .model import ModelConfig
+from .task import TaskConfig
+
+
+class ConfigError(ValueError):
+    """Bad configuration value; the message names the field and the value."""
+
+
+def _positive_int(v): return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+def _nonneg_int(v): return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+def _positive_float(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and v == v and v != float("inf")
+def _nonneg_float(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and v == v and v != float("inf")
+def _unit_open_closed(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1
+
+
+# name -> (type, default, check or None, choices or None, help). Order = order in --help.
+FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
+    # --- run ---
+    "seed": (int, 1, _nonneg_int, None, "random seed (model init, data, sampling, minibatch order)"),
+    "output_dir": (str, "runs/local-default", None, None, "run directory (metrics.jsonl, plots, checkpoints)"),
+    "num_rollout": (int, 200, _positive_int, None, "number of rollout steps (= trainer weight versions produced)"),
+    # --- rollout ---
+    "rollout_mode": (str, "async", None, ("async", "sync"), "async: workers generate while the trainer trains; sync: alternate"),
+    "num_rollout_workers": (int, 2, _positive_int, None, "rollout worker actors"),
+    "rollout_batch_size": (int, 64, _positive_int, None, "prompts per rollout step"),
+    "n_samples_per_prompt": (int, 8, _positive_int, None, "responses per prompt (GRPO group size)"),
+    "rollout_temperature": (float, 1.0, _positive_float, None, "sampling temperature (behaviour log-probs use it too)"),
+    "rollout_top_p": (float, 1.0, _unit_open_closed, None, "top-p of rollout sampling"),
+    "rollout_max_response_len": (int, 24, _positive_int, None, "max generated tokens per response"),
+    "rollout_dtype": (str, "float32", None, ("float32", "bfloat16"), "worker precision; bfloat16 reproduces train-inference mismatch"),
+    "update_weights_interval": (int, 1, _positive_int, None, "workers receive new weights every this many versions"),
+    "rollout_buffer_batches": (int, 2, _positive_int, None, "generated-but-untrained samples are capped at this many rollout batches (back-pressure)"),
+    # --- staleness ---
+    "max_staleness": (int, 2, _nonneg_int, None, "K: a sample more than K weight versions old is dropped (or kept with --stale-policy keep)"),
+    "stale_policy": (str, "drop", None, ("drop", "keep"), "what to do with samples older than --max-staleness (both are counted)"),
+    # --- trainer ---
+    "update_depth": (int, 8, _positive_int, None, "D: optimizer steps (minibatches) per rollout batch"),
+    "lr": (float, 5e-5, _positive_float, None, "AdamW learning rate"),
+    "weight_decay": (float, 0.0, _nonneg_float, None, "AdamW weight decay"),
+    "clip_grad": (float, 1.0, _positive_float, None, "gradient-norm clipping"),
+    "policy_loss_topk": (int, 5, _positive_int, None, "k of the DPPO Top-K modes: workers record the behaviour "
+                         "policy's k most likely tokens per position"),
+    "use_kl_loss": (bool, False, None, None, "add a k3 KL-to-reference term"),
+    "kl_loss_coef": (float, 0.0, _nonneg_float, None, "coefficient of the KL-to-reference term"),
+    # --- eval ---
+    "eval_interval": (int, 25, _nonneg_int, None, "evaluate every N steps (0: only before and after training)"),
+    "n_samples_per_eval_prompt": (int, 8, _positive_int, None, "k of mean@k"),
+    "eval_temperature": (float, 1.0, _positive_float, None, "eval sampling temperature"),
+    "eval_top_p": (float, 1.0, _unit_open_closed, None, "eval sampling top-p"),
+    # --- checkpoints ---
+    "save_interval": (int, 0, _nonneg_int, None, "checkpoint every N steps (0: only at the end)"),
+    "save": (str, None, None, None, "checkpoint directory (default: <output-dir>/checkpoints)"),
+    "load": (str, None, None, None, "resume from this checkpoint (a step directory or a checkpoints directory: latest step)"),
+    # --- warm start ---
+    "warm_start_steps": (int, 300, _nonneg_int, None, "supervised warm-start steps on correct solutions (0: none)"),
+    "warm_start_lr": (float, 3e-3, _positive_float, None, "warm-start learning rate"),
+    "warm_start_answer_noise": (float, 0.8, lambda v: isinstance(v, float) and 0.0 <= v < 1.0, None,
+                                "share of warm-start solutions whose final answer is off by 1..3 (a sloppy base model)"),
+    "warm_start_batch_size": (int, 64, _positive_int, None, "warm-start batch size"),
+    "warm_start_cache_dir": (str, None, None, None, "cache of warm-start weights keyed by config hash (default: ~/.cache/epic-slime/warm_start)"),
+    # --- model ---
+    "model_hidden_size": (int, 64, _positive_int, None, "tiny Qwen3-MoE hidden size"),
+    "model_num_layers": (int, 2, _positive_int, None, "decoder layers"),
+    "model_num_heads": (int, 4, _positive_int, None, "attention heads"),
+    "model_num_kv_heads": (int, 2, _positive_int, None, "key/value heads"),
+    "model_num_experts": (int, 4, _positive_int, None, "experts per MoE layer"),
+    "model_top_k": (int, 2, _positive_int, None, "experts per token"),
+    "model_moe_intermediate_size": (int, 64, _positive_int, None, "expert MLP width"),
+    # --- task ---
+    "task_min_operands": (int, 2, _positive_int, None, "fewest operands per problem"),
+    "task_max_operands": (int, 3, _positive_int, None, "most operands per problem"),
+    "task_max_operand": (int, 9, _positive_int, None, "operands are drawn from 0..this"),
+    "task_ops": (str, "+-", None, None, "operators to draw from (subset of '+-*')"),
+    "task_eval_num_prompts": (int, 64, _positive_int, None, "held-out prompts evaluated"),
+    # --- logging ---
+    "use_wandb": (bool, False, None, None, "log to Weights & Biases (needs `pip install wandb`; never needs a key in offline mode)"),
+    "wandb_mode": (str, "offline", None, ("offline", "disabled", "online"), "W&B mode"),
+    "wandb_project": (str, "epic-slime-local", None, None, "W&B project"),
+    "progress": (bool, True, None, None, "show a progress bar"),
+    "plots": (bool, True, None, None, "write PNG plots at the end"),
+    # --- fault injection (tests / demos) ---
+    "debug_kill_rollout_worker_at_step": (int, None, _positive_int, None, "kill rollout worker 0 when this step starts (fault-recovery demo)"),
+}
+
+LOSS_KEYS_PREFIX = "policy_loss"
+
+
+@dataclass
+class RuntimeConfig:
+    policy_loss: str
+    policy_loss_params: dict
+    values: dict = field(default_factory=dict)   # every FIELDS name -> validated value
+    loss_args: dict = field(default_factory=dict)  # raw loss flag values (for the run record)
+    policy_loss_aggregation: str = "seq-mean-token-mean"
+
+    def __getattr__(self, name):
+        values = self.__dict__.get("values", {})
+        if name in values:
+            return values[name]
+        raise AttributeError(name)
+
+    @property
+    def model(self) -> ModelConfig:
+        return ModelConfig(hidden_size=self.model_hidden_size, num_layers=self.model_num_layers,
+                           num_heads=self.model_num_heads, num_kv_heads=self.model_num_kv_heads,
+                           num_experts=self.model_num_experts, top_k=self.model_top_k,
+                           moe_intermediate_size=self.model_moe_intermediate_size,
+                           max_positions=64)
+
+    @property
+    def task(self) -> TaskConfig:
+        return TaskConfig(min_operands=self.task_min_operands, max_operands=self.task_max_operands,
+                          max_operand=self.task_max_operand, ops=self.task_ops,
+                          eval_num_prompts=self.task_eval_num_prompts)
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.save) if self.save else Path(self.output_dir) / "checkpoints"
+
+    def to_dict(self) -> dict:
+        return {**self.values, **self.loss_args, "policy_loss": self.policy_loss,
+                "policy_loss_params": self.policy_loss_params, "policy_loss_aggregation": self.policy_loss_aggregation}
+
+    def with_overrides(self, **kv) -> "RuntimeConfig":
+        values = dict(self.values)
+        for k, v in kv.items():
+            if k not in values:
+                raise ConfigError(f"unknown field {k!r}")
+            values[k] = v
+        out = RuntimeConfig(self.policy_loss, dict(self.policy_loss_params), values, dict(self.loss_args),
+                            self.policy_loss_aggregation)
+        _validate(out)
+        return out
+
+    def hash_of(self, keys: list[str]) -> str:
+        blob = json.dumps({k: self.values[k] for k in sorted(keys)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def build_parser(prog: str = "epic-slime train") -> argparse.ArgumentParser:
+    from epic_slime.losses.flags import add_policy_loss_arguments
+
+    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False, description="The embedded asynchronous EPIC loop on CPU "
+                                     "(Ray actors, tiny Qwen3-MoE, synthetic arithmetic).")
+    parser.add_argument("--config", default=None, help="YAML config (keys = flag names with underscores)")
+    for name, (typ, default, _check, choices, help_text) in FIELDS.items():
+        if typ is bool:
+            parser.add_argument(_flag(name), dest=name, default=default, action=argparse.BooleanOptionalAction,
+                                help=help_text)
+        else:
+            parser.add_argument(_flag(name), dest=name, type=typ, default=default, choices=choices,
+                                help=f"{help_text} (default: {default})")
+    add_policy_loss_arguments(parser)
+    return parser
+
+
+def _explicit_args(parser: argparse.ArgumentParser, argv: list[str]) -> dict:
+    """Only the options the user actually typed (defaults suppressed)."""
+    saved = [(a, a.default) for a in parser._actions]
+    try:
+        for a in parser._actions:
+            a.default = argparse.SUPPRESS
+        return vars(parser.parse_args(argv))
+    finally:
+        for a, d in saved:
+            a.default = d
+
+
+def _coerce_yaml_value(action: argparse.Action, key: str, value: Any, path: str) -> Any:
+    """YAML scalar -> the flag's type. PyYAML reads `1e-3` as a string, so numbers may come as text."""
+    if value is None:
+        return None
+    is_bool_flag = isinstance(action, (argparse.BooleanOptionalAction, argparse._StoreTrueAction,
+                                       argparse._StoreFalseAction))
+    if is_bool_flag:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: {key} must be true or false, got {value!r}")
+        return value
+    typ = action.type
+    if isinstance(value, bool) and typ is not bool:
+        raise ConfigError(f"{path}: {key} must be a {getattr(typ, '__name__', 'value')}, got {value!r}")
+    if typ is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        elif not isinstance(value, int):
+            raise ConfigError(f"{path}: {key} must be an integer, got {value!r}")
+    elif typ is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: {key} must be a string, got {value!r}")
+    elif typ is not None:
+        try:
+            value = typ(value) if not isinstance(value, str) else typ(value.strip())
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
+            raise ConfigError(f"{path}: {key}: cannot read {value!r} ({e})") from None
+    if action.choices is not None and value not in action.choices:
+        raise ConfigError(f"{path}: {key} must be one of {sorted(action.choices)}, got {value!r}")
+    return value
+
+
+def load_yaml(path: str | Path, parser: argparse.ArgumentParser) -> dict:
+    path = str(path)
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config {path}: not valid YAML ({e})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: top level must be a mapping of option: value, got {type(data).__name__}")
+    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
+    out = {}
+    for key, value in data.items():
+        if key not in actions:
+            raise ConfigError(f"--config {path}: unknown key {key!r} (keys are flag names with underscores; "
+                              f"see `epic-slime train --help`)")
+        out[key] = _coerce_yaml_value(actions[key], key, value, path)
+    return out
+
+
+def _validate(cfg: RuntimeConfig) -> None:
+    v = cfg.values
+    for name, (typ, _d, check, choices, _h) in FIELDS.items():
+        val = v[name]
+        if val is None:
+            if name in ("save", "load", "warm_start_cache_dir", "debug_kill_rollout_worker_at_step"):
+                continue
+            raise ConfigError(f"{name} must be set (got null)")
+        if typ is bool and not isinstance(val, bool):
+            raise ConfigError(f"{name} must be true or false, got {val!r}")
+        if check is not None and not check(val):
+            raise ConfigError(f"{name}: invalid value {val!r} ({FIELDS[name][4]})")
+        if choices is not None and val not in choices:
+            raise ConfigError(f"{name} must be one of {list(choices)}, got {val!r}")
+    if cfg.samples_per_step % v["update_depth"]:
+        raise ConfigError(f"update_depth={v['update_depth']} must divide rollout_batch_size * n_samples_per_prompt "
+                          f"= {cfg.samples_per_step} (equal minibatches)")
+    if v["use_kl_loss"] and v["kl_loss_coef"] == 0:
+        raise ConfigError("use_kl_loss is set but kl_loss_coef is 0: set --kl-loss-coef (paper: 1e-3)")
+    if v["kl_loss_coef"] > 0 and not v["use_kl_loss"]:
+        raise ConfigError(f"kl_loss_coef={v['kl_loss_coef']} has no effect without --use-kl-loss")
+    if not v["task_min_operands"] <= v["task_max_operands"]:
+        raise ConfigError(f"task_min_operands ({v['task_min_operands']}) > task_max_operands ({v['task_max_operands']})")
+    try:
+        cfg.model.validate()
+        cfg.task.validate()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    from .task import VOCAB
+    if v["policy_loss_topk"] > len(VOCAB):
+        raise ConfigError(f"policy_loss_topk={v['policy_loss_topk']} exceeds the vocabulary size {len(VOCAB)}")
+    longest = 1 + 3 * v["task_max_operands"] + v["rollout_max_response_len"]
+    if longest > 64:
+        raise ConfigError(f"rollout_max_response_len={v['rollout_max_response_len']} with task_max_operands="
+                          f"{v['task_max_operands']} exceeds the model's 64 positions")
+
+
+def parse_config(argv: list[str], prog: str = "epic-slime train") -> RuntimeConfig:
+    """argv -> validated RuntimeConfig (argparse exits on malformed flags; ConfigError on bad values)."""
+    from epic_slime.losses.flags import policy_loss_config_from_args
+
+    parser = build_parser(prog)
+    parser.parse_args(argv)            # --help, malformed flags: argparse's own messages and exit
+    defaults = vars(parser.parse_args([]))
+    explicit = _explicit_args(parser, argv)
+    from_yaml = load_yaml(explicit["config"], parser) if explicit.get("config") else {}
+    merged = {**defaults, **from_yaml, **explicit}
+    merged.pop("config", None)
+    values = {k: merged[k] for k in FIELDS}
+    loss_args = {k: v for k, v in merged.items() if k not in FIELDS}
+    try:
+        mode, params, aggregation = policy_loss_config_from_args(argparse.Namespace(**loss_args))
+    except (ValueError, KeyError) as e:
+        raise ConfigError(f"policy loss: {e}") from None
+    cfg = RuntimeConfig(policy_loss=mode, policy_loss_params=dict(params), values=values, loss_args=loss_args,
+                        policy_loss_aggregation=aggregation)
+    _validate(cfg)
+    return cfg
+
+
+def config_fields() -> list[str]:
+    return list(FIELDS)
+

@@ -1,0 +1,173 @@
+"""The trainer: GRPO advantages -> D minibatch updates with a policy loss from the core registry.
+
+Data flow: groups (samples with behaviour log-probs) -> padded tensors -> log pi (recomputed with
+gradients) -> compute_policy_loss(mode, log_pi, behavior_log_probs, advantages, mask) [+ k3 KL to a
+frozen reference] -> AdamW step with gradient clipping. One call = one rollout step = one new
+weight version."""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+
+import torch
+
+from .model import ModelConfig, build_policy, response_log_probs
+from .task import Tokenizer
+
+
+def group_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
+    """GRPO: (r - mean) / (std + eps) within a group (population std). All-equal groups get 0."""
+    n = len(rewards)
+    if n == 0:
+        return []
+    mean = sum(rewards) / n
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def pad_rows(rows: list[list[float]], width: int, value: float = 0.0) -> torch.Tensor:
+    out = torch.full((len(rows), width), value, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
+    return out
+
+
+def topk_loss_inputs(samples: list[dict], responses: list[list[int]], behavior: torch.Tensor,
+                     current_log_probs_all: torch.Tensor) -> dict:
+    """DPPO Top-K inputs: the behaviour top-k set recorded by the worker plus the sampled token,
+    with the trainer's log pi of the same ids (gathered from its full log-softmax)."""
+    from epic_slime.losses.topk import behavior_topk_set
+
+    if any("topk_ids" not in s for s in samples):
+        raise ValueError("a Top-K policy loss needs rollout samples with topk_ids (workers record them when "
+                         "the mode needs them; was the run resumed from samples generated for another mode?)")
+    B, T = behavior.shape
+    k = len(samples[0]["topk_ids"][0])
+    ids = torch.full((B, T, k), -1, dtype=torch.long)
+    lps = torch.zeros((B, T, k), dtype=torch.float32)
+    sampled = torch.zeros((B, T), dtype=torch.long)
+    for i, (s, r) in enumerate(zip(samples, responses)):
+        n = len(r)
+        ids[i, :n] = torch.tensor(s["topk_ids"], dtype=torch.long)
+        lps[i, :n] = torch.tensor(s["topk_log_probs"], dtype=torch.float32)
+        sampled[i, :n] = torch.tensor(r, dtype=torch.long)
+    ids_all, behavior_topk, topk_mask = behavior_topk_set(ids, lps, sampled, behavior)
+    current = current_log_probs_all.gather(-1, ids_all.clamp(min=0))
+    current = torch.where(topk_mask, current, 0.0)
+    return {"behavior_topk_log_probs": behavior_topk, "current_topk_log_probs": current, "topk_mask": topk_mask}
+
+
+def _scalar(v) -> float:
+    return float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+
+
+class PolicyTrainer:
+    """Owns the policy, the frozen reference and AdamW. Plain Python; the Ray actor wraps it."""
+
+    def __init__(self, *, model_cfg: ModelConfig, init_state: dict, policy_loss: str, policy_loss_params: dict,
+                 policy_loss_aggregation: str | None,
+                 update_depth: int, lr: float, weight_decay: float, clip_grad: float, kl_loss_coef: float,
+                 temperature: float, seed: int):
+        self.tok = Tokenizer()
+        self.model = build_policy(model_cfg, self.tok.vocab_size, self.tok.pad_id, self.tok.bos_id, self.tok.eos_id, seed)
+        self.model.load_state_dict(init_state)
+        self.model.train()
+        self.ref = None
+        if kl_loss_coef > 0:
+            self.ref = copy.deepcopy(self.model).eval()
+            for p in self.ref.parameters():
+                p.requires_grad_(False)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.policy_loss, self.policy_loss_params = policy_loss, dict(policy_loss_params)
+        self.aggregation = policy_loss_aggregation
+        self.update_depth, self.clip_grad, self.kl_loss_coef = update_depth, clip_grad, kl_loss_coef
+        self.temperature = temperature
+        self.rng = random.Random(f"trainer/{seed}")   # minibatch order
+        self.version = 0
+
+    # ---- weights and state ----
+    def get_weights(self) -> dict:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def state(self) -> dict:
+        return {"model": self.get_weights(), "optimizer": copy.deepcopy(self.opt.state_dict()),
+                "ref": None if self.ref is None else {k: v.clone() for k, v in self.ref.state_dict().items()},
+                "rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(), "version": self.version}
+
+    def load_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        if self.ref is not None and state.get("ref") is not None:
+            self.ref.load_state_dict(state["ref"])
+        self.rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        self.version = int(state["version"])
+
+    # ---- one rollout step ----
+    def train_step(self, samples: list[dict]) -> dict:
+        """samples: dicts with prompt_ids, response_ids, behavior_log_probs, advantage. Returns metrics."""
+        from epic_slime.losses import LOSS_MODES, aggregate_loss, compute_policy_loss
+
+        n = len(samples)
+        if n % self.update_depth:
+            raise ValueError(f"batch of {n} samples does not split into update_depth={self.update_depth} minibatches")
+        order = list(range(n))
+        self.rng.shuffle(order)
+        mb_size = n // self.update_depth
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+
+        def add(name, value):
+            sums[name] = sums.get(name, 0.0) + _scalar(value)
+            counts[name] = counts.get(name, 0) + 1
+
+        first_gap = None
+        for d in range(self.update_depth):
+            mb = [samples[i] for i in order[d * mb_size:(d + 1) * mb_size]]
+            prompts = [s["prompt_ids"] for s in mb]
+            responses = [s["response_ids"] for s in mb]
+            needs_topk = LOSS_MODES[self.policy_loss].needs_topk
+            log_probs, mask, *all_lp = response_log_probs(self.model, prompts, responses, self.temperature,
+                                                          self.tok.pad_id, return_all=needs_topk)
+            T = log_probs.shape[1]
+            behavior = pad_rows([s["behavior_log_probs"] for s in mb], T)
+            adv = torch.tensor([s["advantage"] for s in mb], dtype=torch.float32)
+            topk_kwargs = topk_loss_inputs(mb, responses, behavior, all_lp[0]) if needs_topk else {}
+            out = compute_policy_loss(self.policy_loss, log_probs, behavior, adv, mask, aggregation=self.aggregation,
+                                      **topk_kwargs, **self.policy_loss_params)
+            loss = out.loss
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"policy loss {self.policy_loss} is {float(loss)} at version {self.version}, minibatch {d}")
+            add("loss/pg_loss", loss)
+            for k, v in out.metrics.items():
+                try:
+                    add(f"loss/{k}", v)
+                except (TypeError, ValueError, RuntimeError):
+                    pass   # non-scalar diagnostics (e.g. per-bin vectors) are not averaged here
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_lp, _ = response_log_probs(self.ref, prompts, responses, self.temperature, self.tok.pad_id)
+                log_ratio = (ref_lp - log_probs).masked_fill(~mask, 0.0)
+                k3 = torch.expm1(log_ratio) - log_ratio      # low-variance k3 estimator of KL(pi || ref)
+                kl = aggregate_loss(k3, mask, self.aggregation or "seq-mean-token-mean")
+                loss = loss + self.kl_loss_coef * kl
+                add("loss/kl_loss", kl)
+            with torch.no_grad():
+                gap = ((log_probs - behavior).abs() * mask).sum() / mask.sum()
+            if first_gap is None:
+                first_gap = float(gap)   # before any update of this step: the train-rollout mismatch
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
+            if not torch.isfinite(grad_norm):
+                raise FloatingPointError(f"gradient norm is {float(grad_norm)} at version {self.version}, minibatch {d}")
+            add("train/grad_norm", grad_norm)
+            add("loss/total", loss)
+            self.opt.step()
+        self.version += 1
+        metrics = {k: sums[k] / counts[k] for k in sums}
+        metrics["train/logprob_abs_diff_step_start"] = first_gap
+        metrics["train/version"] = self.version
+        return metrics

@@ -1,0 +1,95 @@
+"""Supervised warm start: a short fine-tune on correct solutions, cached on disk by config hash.
+
+It stands in for a pretrained base model: a policy with non-zero but low reward that RL can
+improve. The imitated solutions have correct steps but, with probability `answer_noise`, a final
+answer off by 1..3, so the base policy knows the procedure yet usually botches the last line
+(like a base LLM that rambles past the right result); RL has a signal it can find in minutes. The cache is only a speed-up: a missing or unreadable cache entry is recomputed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from pathlib import Path
+
+import torch
+
+from .model import ModelConfig, build_policy, response_log_probs
+from .task import ANSWER, TaskConfig, Tokenizer, train_problem
+
+WARM_START_VERSION = 1   # bump when the recipe changes so old cache entries are not reused
+
+
+def warm_start_key(model_cfg: ModelConfig, task_cfg: TaskConfig, steps: int, lr: float, batch_size: int, seed: int,
+                   answer_noise: float) -> str:
+    blob = json.dumps({"model": model_cfg.__dict__, "task": task_cfg.__dict__, "steps": steps, "lr": lr,
+                       "batch_size": batch_size, "seed": seed, "answer_noise": answer_noise,
+                       "recipe": WARM_START_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "epic-slime" / "warm_start"
+
+
+def warm_start_target(problem, rng: random.Random, answer_noise: float) -> str:
+    """The solution text the warm start imitates: with probability `answer_noise` the steps are right
+    but the final `Answer:` is off by 1..3 (a sloppy base model: knows how, often does not finish right)."""
+    if rng.random() >= answer_noise:
+        return problem.solution
+    wrong = problem.answer + rng.choice((-3, -2, -1, 1, 2, 3))
+    head = problem.solution[: problem.solution.rindex(ANSWER)]
+    return f"{head}{ANSWER}{wrong}"
+
+
+def supervised_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, steps: int, lr: float, batch_size: int,
+                          seed: int, answer_noise: float = 0.0) -> dict:
+    tok = Tokenizer()
+    model = build_policy(model_cfg, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng = random.Random(f"warm/{seed}")
+    for step in range(steps):
+        # problems from a separate stream of indices (negative), so RL data is not memorised verbatim
+        probs = [train_problem(-1 - rng.randrange(1 << 30), seed, task_cfg) for _ in range(batch_size)]
+        prompts = [[tok.bos_id] + tok.encode(p.prompt) for p in probs]
+        targets = [tok.encode(warm_start_target(p, rng, answer_noise)) + [tok.eos_id] for p in probs]
+        lp, mask = response_log_probs(model, prompts, targets, 1.0, tok.pad_id)
+        loss = -((lp * mask).sum(1) / mask.sum(1)).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        # linear decay so a short run ends in a stable place
+        for g in opt.param_groups:
+            g["lr"] = lr * (1 - step / max(1, steps))
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def load_or_train_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, steps: int, lr: float,
+                             batch_size: int, seed: int, cache_dir: str | Path | None,
+                             answer_noise: float = 0.0) -> tuple[dict, str]:
+    """(state_dict, provenance) where provenance is "cache:<path>", "trained:<path>" or "fresh-init"."""
+    if steps == 0:
+        tok = Tokenizer()
+        model = build_policy(model_cfg, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed)
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}, "fresh-init"
+    key = warm_start_key(model_cfg, task_cfg, steps, lr, batch_size, seed, answer_noise)
+    path = Path(cache_dir or default_cache_dir()) / f"{key}.pt"
+    if path.exists():
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True), f"cache:{path}"
+        except Exception as e:   # unreadable entry: recompute (counted in the provenance string)
+            print(f"warm start: cache entry {path} unreadable ({e}); recomputing")
+    state = supervised_warm_start(model_cfg, task_cfg, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
+                                  answer_noise=answer_noise)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        print(f"warm start: could not write cache {path} ({e}); continuing without cache")
+    return state, f"trained:{path}"

@@ -1,0 +1,73 @@
+"""Synthetic task, tokenizer and exact verifier (no Ray, no model)."""
+
+import re
+
+import pytest
+
+from epic_slime.runtime.task import (ANSWER, TaskConfig, Tokenizer, answer_reward, eval_problems, is_heldout,
+                                     make_problem, parse_answer, train_problem)
+
+
+def _left_to_right(prompt: str) -> int:
+    nums = [int(x) for x in re.findall(r"\d+", prompt)]
+    ops = re.findall(r"[+\-*]", prompt)
+    acc = nums[0]
+    for op, b in zip(ops, nums[1:]):
+        acc = acc + b if op == "+" else acc - b if op == "-" else acc * b
+    return acc
+
+
+def test_tokenizer_round_trip_and_answer_token():
+    tok = Tokenizer()
+    text = "3+5=8;8-12=-4;Answer:-4"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert ids.count(tok.answer_id) == 1
+    assert tok.decode(ids + [tok.eos_id, tok.token_to_id["7"]]) == text   # stops at <eos>
+    with pytest.raises(ValueError, match="'x'"):
+        tok.encode("3x5")
+
+
+@pytest.mark.parametrize("ops", ["+-", "+-*"])
+def test_problems_are_correct_and_deterministic(ops):
+    cfg = TaskConfig(ops=ops, max_operands=4)
+    for i in range(300):
+        p = train_problem(i, seed=3, cfg=cfg)
+        assert p == train_problem(i, seed=3, cfg=cfg)
+        assert p.answer == _left_to_right(p.prompt)
+        assert p.solution.endswith(f"{ANSWER}{p.answer}")
+        assert p.prompt.endswith("=") and 2 <= len(re.findall(r"\d+", p.prompt)) <= 4
+        # every step line is a true equation
+        for a, op, b, c in re.findall(r"(-?\d+)([+\-*])(\d+)=(-?\d+);", p.solution):
+            assert eval(f"{a}{op}{b}") == int(c)
+    assert any(train_problem(i, 3, cfg) != train_problem(i, 4, cfg) for i in range(10))   # seeds differ
+
+
+def test_heldout_split_is_disjoint_from_training():
+    cfg = TaskConfig()
+    held = eval_problems(cfg)
+    assert len(held) == cfg.eval_num_prompts == len({p.prompt for p in held})
+    assert all(is_heldout(p.prompt, cfg) for p in held)
+    train_prompts = {train_problem(i, 1, cfg).prompt for i in range(3000)}
+    assert not train_prompts & {p.prompt for p in held}
+    assert eval_problems(cfg) == held                       # seed-independent, fixed
+
+
+def test_too_many_eval_prompts_is_a_clear_error():
+    with pytest.raises(ValueError, match="task_eval_num_prompts"):
+        eval_problems(TaskConfig(max_operands=2, max_operand=3, eval_num_prompts=500))
+
+
+def test_exact_verifier():
+    tok = Tokenizer()
+    enc = lambda s: tok.encode(s) + [tok.eos_id]   # noqa: E731
+    assert answer_reward(enc("3+5=8;Answer:8"), 8, tok) == 1.0
+    assert answer_reward(enc("3+5=8;Answer:-8"), -8, tok) == 1.0
+    assert answer_reward(enc("3+5=8;Answer:9"), 8, tok) == 0.0
+    assert answer_reward(enc("3+5=8;Answer:8;"), 8, tok) == 0.0        # answer must end the response
+    assert answer_reward(enc("Answer:7Answer:8"), 8, tok) == 1.0       # the final answer counts
+    assert answer_reward(tok.encode("3+5=8;Answer:8"), 8, tok) == 0.0  # truncated: no <eos>
+    assert answer_reward(enc("88"), 8, tok) == 0.0
+    assert parse_answer("Answer:") is None and parse_answer("Answer:12") == 12
+    p = make_problem([7, 9, 5], ["+", "-"])
+    assert answer_reward(enc(p.solution), p.answer, tok) == 1.0 and p.answer == 11

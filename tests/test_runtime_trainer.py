@@ -1,0 +1,110 @@
+"""Trainer: GRPO advantages, D minibatch updates with the core loss, KL term, versions (no Ray)."""
+
+import math
+
+import pytest
+import torch
+
+from epic_slime.runtime.model import ModelConfig, build_policy, response_log_probs
+from epic_slime.runtime.rollout import PolicyEngine
+from epic_slime.runtime.task import TaskConfig, Tokenizer, train_problem
+from epic_slime.runtime.trainer import PolicyTrainer, group_advantages
+
+TOK = Tokenizer()
+
+
+def test_group_advantages_reference():
+    r = [1.0, 0.0, 0.0, 1.0, 1.0]
+    mean = 0.6
+    std = math.sqrt(sum((x - mean) ** 2 for x in r) / 5)
+    assert group_advantages(r) == pytest.approx([(x - mean) / (std + 1e-6) for x in r])
+    assert group_advantages([1.0, 1.0, 1.0]) == [0.0, 0.0, 0.0]
+    assert group_advantages([]) == []
+
+
+def _setup(**kw):
+    torch.set_num_threads(1)
+    state = {k: v.clone() for k, v in build_policy(ModelConfig(), TOK.vocab_size, TOK.pad_id, TOK.bos_id,
+                                                      TOK.eos_id, seed=0).state_dict().items()}
+    engine = PolicyEngine(ModelConfig(), state, 0)
+    reqs = [(i, train_problem(i, 0, TaskConfig())) for i in range(4)]
+    groups = engine.generate(reqs, n_samples=4, temperature=1.0, top_p=1.0, max_new_tokens=12, seed=0)
+    samples = []
+    for g in groups:
+        # synthetic rewards so that every group has a non-zero advantage
+        for j, (s, a) in enumerate(zip(g.samples, group_advantages([float(j % 2) for j in range(len(g))]))):
+            samples.append({**s, "advantage": a})
+    args = dict(model_cfg=ModelConfig(), init_state=state, policy_loss="epic", policy_loss_params={},
+                policy_loss_aggregation=None, update_depth=2, lr=1e-3, weight_decay=0.0, clip_grad=1.0,
+                kl_loss_coef=0.0, temperature=1.0, seed=0)
+    args.update(kw)
+    return PolicyTrainer(**args), samples, state
+
+
+def test_train_step_updates_weights_and_version_and_reports_metrics():
+    trainer, samples, state = _setup(kl_loss_coef=1e-3)
+    m = trainer.train_step(samples)
+    assert trainer.version == 1 and m["train/version"] == 1
+    assert m["train/logprob_abs_diff_step_start"] < 1e-5          # same weights sampled and train
+    assert 0.0 <= m["loss/clipfrac"] <= 1.0 and "loss/kl_loss" in m
+    new = trainer.get_weights()
+    assert any(not torch.equal(new[k], state[k]) for k in state)
+    # the update moved log-probs of positive-advantage samples up relative to negative ones
+    pos = [s for s in samples if s["advantage"] > 0]
+    neg = [s for s in samples if s["advantage"] < 0]
+    def mean_seq_lp(weights, batch):
+        model = build_policy(ModelConfig(), TOK.vocab_size, TOK.pad_id, TOK.bos_id, TOK.eos_id, 0)
+        model.load_state_dict(weights)
+        with torch.no_grad():
+            lp, mask = response_log_probs(model.eval(), [s["prompt_ids"] for s in batch],
+                                          [s["response_ids"] for s in batch], 1.0, TOK.pad_id)
+        return float(((lp * mask).sum(1) / mask.sum(1)).mean())
+    d_pos = mean_seq_lp(new, pos) - mean_seq_lp(state, pos)
+    d_neg = mean_seq_lp(new, neg) - mean_seq_lp(state, neg)
+    assert d_pos > d_neg
+
+
+def test_batch_must_split_into_update_depth():
+    trainer, samples, _ = _setup(update_depth=3)
+    with pytest.raises(ValueError, match="update_depth=3"):
+        trainer.train_step(samples[:16])
+
+
+def test_state_round_trip_gives_identical_next_step():
+    t1, samples, _ = _setup()
+    t1.train_step(samples)
+    saved = t1.state()
+    m1 = t1.train_step(samples)
+    t2, _, _ = _setup(seed=5)        # a different minibatch RNG until the state is loaded
+    t2.load_state(saved)
+    m2 = t2.train_step(samples)
+    assert m2["loss/pg_loss"] == m1["loss/pg_loss"] and m2["train/grad_norm"] == m1["train/grad_norm"]
+    assert all(torch.equal(a, b) for a, b in zip(t1.get_weights().values(), t2.get_weights().values()))
+
+
+def test_topk_mode_gets_the_behaviour_top_k_set_and_trains():
+    torch.set_num_threads(1)
+    state = {k: v.clone() for k, v in build_policy(ModelConfig(), TOK.vocab_size, TOK.pad_id, TOK.bos_id,
+                                                      TOK.eos_id, seed=0).state_dict().items()}
+    engine = PolicyEngine(ModelConfig(), state, 0)
+    reqs = [(i, train_problem(i, 0, TaskConfig())) for i in range(4)]
+    groups = engine.generate(reqs, n_samples=4, temperature=0.8, top_p=1.0, max_new_tokens=12, seed=0, topk=3)
+    samples = [{**s, "advantage": a} for g in groups
+               for s, a in zip(g.samples, group_advantages([float(j % 2) for j in range(len(g))]))]
+    # reference: the 3 largest entries of the trainer's log_softmax(logits / T) at each response position
+    with torch.no_grad():
+        _, mask, all_lp = response_log_probs(engine.model, [s["prompt_ids"] for s in samples],
+                                             [s["response_ids"] for s in samples], 0.8, TOK.pad_id, return_all=True)
+    for i, s in enumerate(samples):
+        n = len(s["response_ids"])
+        assert len(s["topk_ids"]) == n and all(len(row) == 3 for row in s["topk_ids"])
+        ref = torch.topk(all_lp[i, :n], 3, dim=-1)
+        assert torch.allclose(torch.tensor(s["topk_log_probs"]), ref.values, atol=2e-5)
+        assert all(set(a) == set(b) for a, b in zip(s["topk_ids"], ref.indices.tolist()))
+    trainer = PolicyTrainer(model_cfg=ModelConfig(), init_state=state, policy_loss="dppo_topk_tv",
+                            policy_loss_params={}, policy_loss_aggregation=None, update_depth=2, lr=1e-3,
+                            weight_decay=0.0, clip_grad=1.0, kl_loss_coef=0.0, temperature=0.8, seed=0)
+    m = trainer.train_step(samples)
+    assert math.isfinite(m["loss/pg_loss"]) and trainer.version == 1
+    with pytest.raises(ValueError, match="topk_ids"):
+        trainer.train_step([{k: v for k, v in s.items() if k not in ("topk_ids",)} for s in samples])
