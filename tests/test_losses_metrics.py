@@ -116,3 +116,19 @@ def test_flags_reject_mismatched_family_and_bad_values():
         _parse(["--policy-loss", "grpo", "--grpo-clip-low", "1.5"])
     with pytest.raises(SystemExit):
         _parse(["--policy-loss", "nope"])
+
+
+def test_kl_penalty_estimators_against_direct_formulas():
+    from epic_slime.losses.kl import kl_penalty
+
+    g = torch.Generator().manual_seed(4)
+    lp = -torch.rand(50, generator=g, dtype=torch.float64) * 3
+    ref = -torch.rand(50, generator=g, dtype=torch.float64) * 3
+    d = (lp - ref).numpy()
+    np.testing.assert_allclose(kl_penalty(lp, ref, "k1").numpy(), d)
+    np.testing.assert_allclose(kl_penalty(lp, ref, "k2").numpy(), d ** 2 / 2)
+    np.testing.assert_allclose(kl_penalty(lp, ref, "k3").numpy(), np.exp(-d) - 1 + d, rtol=1e-12)
+    assert float(kl_penalty(torch.tensor([0.0]), torch.tensor([20.0]), "low_var_kl")) == 10.0
+    assert kl_penalty(lp.float(), ref.float(), "k3").dtype == torch.float32
+    with pytest.raises(ValueError, match="k4"):
+        kl_penalty(lp, ref, "k4")

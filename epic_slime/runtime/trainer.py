@@ -109,6 +109,7 @@ class PolicyTrainer:
     def train_step(self, samples: list[dict]) -> dict:
         """samples: dicts with prompt_ids, response_ids, behavior_log_probs, advantage. Returns metrics."""
         from epic_slime.losses import LOSS_MODES, aggregate_loss, compute_policy_loss
+        from epic_slime.losses.kl import kl_penalty
 
         n = len(samples)
         if n % self.update_depth:
@@ -149,8 +150,8 @@ class PolicyTrainer:
             if self.ref is not None:
                 with torch.no_grad():
                     ref_lp, _ = response_log_probs(self.ref, prompts, responses, self.temperature, self.tok.pad_id)
-                log_ratio = (ref_lp - log_probs).masked_fill(~mask, 0.0)
-                k3 = torch.expm1(log_ratio) - log_ratio      # low-variance k3 estimator of KL(pi || ref)
+                # Padding is zeroed before the estimator, so no inf/NaN can reach the gradient.
+                k3 = kl_penalty(log_probs.masked_fill(~mask, 0.0), ref_lp.masked_fill(~mask, 0.0), "k3")
                 kl = aggregate_loss(k3, mask, self.aggregation or "seq-mean-token-mean")
                 loss = loss + self.kl_loss_coef * kl
                 add("loss/kl_loss", kl)

@@ -172,17 +172,12 @@ def _check_topk_inputs(topk: TopKLocalInputs, local_counts: list[int], response_
 
 
 def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str) -> torch.Tensor:
-    """Per-token KL estimators of KL(pi || ref) (Schulman's k1 / k2 / k3; low_var_kl = k3 clamped to [-10, 10])."""
-    log_ratio = log_probs.float() - ref_log_probs.float()
-    if kl_type == "k1":
-        return log_ratio
-    if kl_type == "k2":
-        return log_ratio.square() / 2
-    if kl_type in ("k3", "low_var_kl"):
-        reverse = -log_ratio  # log ref - log pi: k3 = e^reverse - 1 - reverse >= 0
-        kl = reverse.exp() - 1 - reverse
-        return kl.clamp(-10, 10) if kl_type == "low_var_kl" else kl
-    raise ValueError(f"--kl-loss-type {kl_type!r} is not one of k1, k2, k3, low_var_kl")
+    """slime's ``--kl-loss-type`` estimators of KL(pi || ref): the core's `kl_penalty`."""
+    from epic_slime.losses.kl import KL_KINDS, kl_penalty
+
+    if kl_type not in KL_KINDS:
+        raise ValueError(f"--kl-loss-type {kl_type!r} is not one of k1, k2, k3, low_var_kl")
+    return kl_penalty(log_probs, ref_log_probs, kl_type)
 
 
 def _cat(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
