@@ -202,9 +202,10 @@ def _interpolate(x: torch.Tensor, which: str) -> torch.Tensor:
     index = pos.floor().nan_to_num_(0.0).clamp_(0, _GRID_INTERVALS - 1)
     u = pos.sub_(index)
     coefficients = table.index_select(0, index.long())  # [n, 4]
-    y = coefficients[:, 3].clone()
-    for k in (2, 1, 0):
-        y.mul_(u).add_(coefficients[:, k])
+    y = coefficients[:, 3] * u
+    for k in (2, 1):
+        y.add_(coefficients[:, k]).mul_(u)
+    y.add_(coefficients[:, 0])
     # Beyond the grid: y+ = x, y- = -(1 + c); both corrections are exactly 0 on the grid.
     beyond = torch.clamp(x - _GRID_X1, min=0.0)
     if which == "upper":
