@@ -24,6 +24,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from epic_slime.evaluation.records import EvalRecord, write_records
 from .config import RuntimeConfig
 from .staleness import Accounting, Group, select_batch
 from .task import Tokenizer, eval_problems, train_problem
@@ -285,12 +286,11 @@ class Run:
         self.eval_ready.append(result)
         with open(self.out / "eval_metrics.jsonl", "a") as f:   # every evaluation, one line each
             f.write(json.dumps({"step": self.step, **result}) + "\n")
-        with open(self.out / "eval_records.jsonl", "a") as f:
-            for pid, row in enumerate(correct):
-                for j, c in enumerate(row):
-                    f.write(json.dumps({"run": self.out.name, "method": self.cfg.policy_loss, "seed": self.cfg.seed,
-                                        "step": version, "benchmark": HELDOUT, "prompt_id": pid, "sample_idx": j,
-                                        "correct": bool(c)}) + "\n")
+        # The evaluation package's record format, so `epic-slime report` reads local runs as-is.
+        write_records(str(self.out / "eval_records.jsonl"), [
+            EvalRecord(run=self.out.name, method=self.cfg.policy_loss, seed=self.cfg.seed, step=version,
+                       benchmark=HELDOUT, prompt_id=str(pid), sample_idx=j, correct=bool(c))
+            for pid, row in enumerate(correct) for j, c in enumerate(row)])
         self._maybe_submit_eval()
 
     # ---------------- checkpoints ----------------
