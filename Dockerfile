@@ -18,10 +18,11 @@ COPY pyproject.toml README.md ./
 COPY epic_slime ./epic_slime
 COPY launch ./launch
 COPY configs ./configs
+COPY eval ./eval
 # --no-deps for torch / ray / transformers: the image's CUDA builds must stay; the project's
 # light dependencies are installed explicitly.
 RUN pip install --no-cache-dir --no-deps -e . \
-    && pip install --no-cache-dir "pyyaml>=6" "tqdm>=4.60" "math-verify[antlr4_13_2]>=0.7" \
+    && pip install --no-cache-dir "pyyaml>=6" "tqdm>=4.60" "math-verify[antlr4_13_2]>=0.7" "matplotlib>=3.7" "pyarrow>=14" \
     && python -c "import epic_slime.slime.flags, epic_slime.slime.loss, epic_slime.slime.train"
 
 ENV PYTHONUNBUFFERED=1
