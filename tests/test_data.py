@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
+
 import time
 import urllib.error
 

@@ -125,11 +125,11 @@ class PolicyTrainer:
             counts[name] = counts.get(name, 0) + 1
 
         first_gap = None
+        needs_topk = LOSS_MODES[self.policy_loss].needs_topk
         for d in range(self.update_depth):
             mb = [samples[i] for i in order[d * mb_size:(d + 1) * mb_size]]
             prompts = [s["prompt_ids"] for s in mb]
             responses = [s["response_ids"] for s in mb]
-            needs_topk = LOSS_MODES[self.policy_loss].needs_topk
             log_probs, mask, *all_lp = response_log_probs(self.model, prompts, responses, self.temperature,
                                                           self.tok.pad_id, return_all=needs_topk)
             T = log_probs.shape[1]
@@ -155,10 +155,8 @@ class PolicyTrainer:
                 kl = aggregate_loss(k3, mask, self.aggregation or "seq-mean-token-mean")
                 loss = loss + self.kl_loss_coef * kl
                 add("loss/kl_loss", kl)
-            with torch.no_grad():
-                gap = ((log_probs - behavior).abs() * mask).sum() / mask.sum()
-            if first_gap is None:
-                first_gap = float(gap)   # before any update of this step: the train-rollout mismatch
+            if first_gap is None:  # before any update of this step: the train-rollout mismatch
+                first_gap = float(out.metrics["logprob_abs_diff"])
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
