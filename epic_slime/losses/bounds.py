@@ -2,22 +2,26 @@
 
 EPIC bounds the log geometric prefix ratio z_t by y-(c) / t and y+(c) / t, where y-(c) <= 0 <= y+(c)
 solve e^y - 1 - y = c. Closed form: y = -(1 + c) - W_k(-e^{-(1+c)}) (k = -1 for y+, k = 0 for y-),
-but that form cancels catastrophically for small c and overflows for large c, so we solve it
-piecewise, always in float64, with a fixed amount of work per element (no data-dependent loop,
-no host synchronisation):
+but that form cancels catastrophically for small c and overflows for large c. Two layers:
 
-* small c (c <= 1/1024): the inverse series y(s) = sum_k a_k s^k with s = +-sqrt(2c), which
-  converges for |s| < sqrt(4 pi) (the branch points of y(s) sit where e^y = 1, y = 2 pi i k).
-  9 terms at |s| <= 0.045 leave a truncation error below 1e-16 relative.
-* larger c, upper root: Halley's method on F(y) = y - log c - log1p((1 + y) e^{-log c}) = 0, which is
-  e^y = 1 + c + y written so that c never has to be formed (finite for every finite log c).
-* larger c, lower root: Halley's method on e^y - 1 - y - c = 0 started from the asymptote
-  y- ~ -(1 + c) + e^{-(1 + c)} (c > 1) or from the 4-term series (c <= 1).
+1. An exact float64 solver (used once per device to build a table), piecewise with a fixed amount
+   of work per element:
+   * small c (c <= 1/1024): the inverse series y(s) = sum_k a_k s^k with s = +-sqrt(2c), which
+     converges for |s| < sqrt(4 pi) (the branch points of y(s) sit where e^y = 1, y = 2 pi i k).
+     9 terms at |s| <= 0.045 leave a truncation error below 1e-16 relative.
+   * larger c, upper root: Halley's method on F(y) = y - log c - log1p((1 + y) e^{-log c}) = 0,
+     which is e^y = 1 + c + y written so that c never has to be formed.
+   * larger c, lower root: Halley's method on e^y - 1 - y - c = 0 started from the asymptote
+     y- ~ -(1 + c) + e^{-(1 + c)} (c > 1) or from the 4-term series (c <= 1).
+   Two Halley steps suffice everywhere.
+2. The public functions: cubic Hermite interpolation of those roots on a 1/512 grid in log c,
+   with the closed forms beyond the grid and the series below it (see `_interpolate`); accuracy is
+   checked against mpmath in tests/test_bounds.py. No data-dependent loop, and no host
+   synchronisation on accelerators.
 
-Two Halley steps suffice everywhere (checked against mpmath in tests/test_bounds.py). Where the
-lower root is not representable (c > ~1.8e308 in float64, ~3.4e38 in float32) it is returned as
-the most negative finite number of the output dtype: e^{y-} is 0 there anyway, i.e. "no lower
-bound". log c = +inf gives (-inf, +inf); log c = -inf (c = 0) gives (0, 0); NaN propagates.
+Where the lower root is not representable (c > ~1.8e308 in float64, ~3.4e38 in float32) it is
+returned as the most negative finite number of the output dtype: e^{y-} is 0 there anyway, i.e.
+"no lower bound". log c = +inf gives (-inf, +inf); log c = -inf (c = 0) gives (0, 0); NaN propagates.
 """
 
 from __future__ import annotations
