@@ -41,6 +41,7 @@ class ProjectConfig:
     stale_policy: str
     behavior_logprobs: str
     policy_loss_topk: int | None = None  # k of the Top-K modes (None for the other modes)
+    schedule: str = "asynchronous"  # SYNCHRONOUS when --max-staleness 0 (see check_schedule_flags)
 
 
 def add_async_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -58,7 +59,8 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         type=int,
         default=None,
         help="largest allowed staleness K (weight updates between the policy that generated a "
-        "group and the policy that starts training on it); default: no bound",
+        "group and the policy that starts training on it); 0 runs the synchronous schedule "
+        "(generate, train, push, as slime's train.py; --colocate allowed); default: no bound",
     )
     group.add_argument(
         "--stale-policy",
@@ -147,12 +149,13 @@ def validate_project_args(args: Any) -> ProjectConfig:
     if in_flight is not None and in_flight < 1:
         raise ProjectFlagError(f"--async-groups-in-flight must be >= 1, got {in_flight}")
     _check_slime_flags(args, aggregation, depth, staleness, behavior)
+    schedule = check_schedule_flags(args, staleness)
     topk = check_topk_flags(args, mode)
     from epic_slime.losses import resolve_params
 
     # the mode's parameters with its defaults filled in: what the loss will actually use
     return ProjectConfig(
-        mode, resolve_params(mode, params), aggregation, depth, staleness, stale_policy, behavior, topk
+        mode, resolve_params(mode, params), aggregation, depth, staleness, stale_policy, behavior, topk, schedule
     )
 
 
@@ -202,6 +205,57 @@ def check_topk_flags(args: Any, mode: str) -> int | None:
     return topk
 
 
+SYNCHRONOUS, ASYNCHRONOUS = "synchronous", "asynchronous"
+# slime's GPU memory flags: what the driver does around generation and training to share GPUs
+MEMORY_FLAGS = (
+    ("--offload", "offload"),
+    ("--offload-train", "offload_train"),
+    ("--offload-rollout", "offload_rollout"),
+    ("--release-train", "release_train"),
+)
+
+
+def check_schedule_flags(args: Any, staleness: int | None) -> str:
+    """The driver's schedule, SYNCHRONOUS or ASYNCHRONOUS, and the flags each one supports.
+
+    ``--max-staleness 0`` runs the synchronous schedule (slime's train.py order: generate rollout r
+    with the current weights, train it, push, then generate r + 1), the only one in which SGLang
+    and Megatron may share GPUs: ``--colocate`` and slime's offload / onload / release flags are
+    accepted there and rejected otherwise, since the asynchronous driver generates while it trains
+    and never offloads. ``--partial-rollout`` (aborted responses continued under newer weights) and
+    ``--async-groups-in-flight`` (the background worker's depth) make no sense without overlap.
+    """
+    colocate = bool(_get(args, "colocate", False))
+    memory_flags = [flag for flag, name in MEMORY_FLAGS if _get(args, name, False)]
+    if staleness == 0:
+        in_flight = _get(args, "async_groups_in_flight")
+        if in_flight is not None:
+            raise ProjectFlagError(
+                f"--async-groups-in-flight {in_flight} sets the background generator's depth, but "
+                "--max-staleness 0 runs the synchronous schedule, which has no background generator: drop it"
+            )
+        if _get(args, "partial_rollout", False):
+            raise ProjectFlagError(
+                "--partial-rollout continues aborted responses under the next weights, so with "
+                "--max-staleness 0 those groups would be 1 update stale: drop --partial-rollout"
+            )
+        return SYNCHRONOUS
+    bound = "unset (unbounded)" if staleness is None else str(staleness)
+    if colocate:
+        raise ProjectFlagError(
+            f"--colocate needs the synchronous schedule (--max-staleness 0); with --max-staleness {bound} "
+            "the driver generates rollout r + 1 while rollout r trains, so SGLang and Megatron would "
+            "need the same GPUs at the same time"
+        )
+    if memory_flags:
+        raise ProjectFlagError(
+            f"{', '.join(memory_flags)} only work with the synchronous schedule (--max-staleness 0); "
+            f"with --max-staleness {bound} the driver generates while it trains and never offloads, "
+            "onloads or recreates the train actors"
+        )
+    return ASYNCHRONOUS
+
+
 def _check_slime_flags(args: Any, aggregation: str, depth: int | None, staleness: int | None, behavior: str) -> None:
     loss_type = _get(args, "loss_type")
     if loss_type is not None and loss_type != "custom_loss":
@@ -213,14 +267,6 @@ def _check_slime_flags(args: Any, aggregation: str, depth: int | None, staleness
     if loss_type == "custom_loss" and loss_path != LOSS_FUNCTION_PATH:
         raise ProjectFlagError(f"--custom-loss-function-path is {loss_path!r}; expected {LOSS_FUNCTION_PATH}")
 
-    if staleness == 0:
-        # slime's RolloutManager runs one call at a time: the weight push after training rollout r
-        # waits until rollout r + 1 is collected, so every batch after the first was generated by
-        # the previous policy. K = 0 would drop every group and never finish a batch.
-        raise ProjectFlagError(
-            "--max-staleness 0 cannot be met by the asynchronous driver: rollout r + 1 is generated "
-            "while rollout r trains, so every batch after the first is at least 1 update stale; use >= 1"
-        )
     rollout_path = _get(args, "rollout_function_path")
     if staleness is not None and rollout_path not in (None, ROLLOUT_FUNCTION_PATH):
         raise ProjectFlagError(
@@ -271,8 +317,6 @@ def _check_slime_flags(args: Any, aggregation: str, depth: int | None, staleness
         raise ProjectFlagError(
             f"--update-weights-interval {interval}: staleness accounting assumes one weight update per rollout (1)"
         )
-    if _get(args, "colocate", False):
-        raise ProjectFlagError("--colocate cannot be used: the driver generates while it trains")
 
 
 def translate_argv(argv: Sequence[str]) -> list[str]:
@@ -319,6 +363,11 @@ def _dry_run_parser() -> argparse.ArgumentParser:
     slime.add_argument("--calculate-per-token-loss", action="store_true")
     slime.add_argument("--update-weights-interval", type=int, default=1)
     slime.add_argument("--colocate", action="store_true")
+    slime.add_argument("--offload", action="store_true")
+    slime.add_argument("--offload-train", action=argparse.BooleanOptionalAction, default=None)
+    slime.add_argument("--offload-rollout", action=argparse.BooleanOptionalAction, default=None)
+    slime.add_argument("--release-train", action="store_true")
+    slime.add_argument("--partial-rollout", action="store_true")
     slime.add_argument("--use-routing-replay", action="store_true")
     slime.add_argument("--use-rollout-routing-replay", action="store_true")
     slime.add_argument("--custom-generate-function-path", default=None)
@@ -355,7 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"epic-slime flags OK: policy_loss={config.policy_loss} params={config.policy_loss_params} "
         f"aggregation={config.aggregation} update_depth={depth} (global batch {samples // depth} of "
-        f"{samples} samples) max_staleness={config.max_staleness} stale_policy={config.stale_policy} "
+        f"{samples} samples) max_staleness={config.max_staleness} schedule={config.schedule} "
+        f"stale_policy={config.stale_policy} "
         f"behavior_logprobs={config.behavior_logprobs}"
         f"{f' policy_loss_topk={config.policy_loss_topk}' if config.policy_loss_topk else ''}; the driver passes slime "
         f"{' '.join(added) if added else 'no extra flags'}"

@@ -15,6 +15,12 @@ engines, so the push after rollout ``r`` happens once rollout ``r + 1`` is colle
 slime's train_async.py): batches after the first are at least one update stale. Requests in
 flight during a push pause and continue on the new weights (their samples carry both versions).
 How stale a group may be when it is trained is bounded by ``--max-staleness`` (>= 1).
+
+``--max-staleness 0`` runs the synchronous schedule instead (``sync_training_loop``, the order of
+slime's train.py and the paper's protocol): generate rollout ``r`` with the current weights, train
+it, push, then generate ``r + 1``; every trained group is on-policy at the start of its batch.
+Only this schedule lets SGLang and Megatron share GPUs (``--colocate``, ``--offload*``,
+``--release-train``): it offloads the engines around training and onloads them for the push.
 """
 
 from __future__ import annotations
@@ -81,6 +87,90 @@ def async_training_loop(
     return trace
 
 
+def push_initial_weights(args: Any, rollout_manager: Any, actor_model: Any, get: Callable[[Any], Any]) -> list[tuple[str, int]]:
+    """Weight version 1, the policy of the first batch; returns the trace (rollout id ``start - 1``).
+
+    With offloaded engines the weights are onloaded before the push and the KV cache after it
+    (with --release-train slime's disk reload onloads the weights itself), as in slime's train.py.
+    """
+    before = args.start_rollout_id - 1
+    offload_rollout = bool(getattr(args, "offload_rollout", False))
+    trace: list[tuple[str, int]] = []
+    if offload_rollout and not getattr(args, "release_train", False):
+        get(rollout_manager.onload_weights.remote())
+        trace.append(("onload_weights", before))
+    actor_model.update_weights()
+    trace.append(("update_weights", before))
+    if getattr(args, "check_weight_update_equal", False):
+        get(rollout_manager.check_weights.remote(action="compare"))
+        trace.append(("check_weights", before))
+    if offload_rollout:
+        get(rollout_manager.onload_kv.remote())
+        trace.append(("onload_kv", before))
+    return trace
+
+
+def sync_training_loop(
+    args: Any,
+    rollout_manager: Any,
+    actor_model: Any,
+    num_rollout_per_epoch: int | None,
+    get: Callable[[Any], Any],
+) -> list[tuple[str, int]]:
+    """The synchronous schedule (K = 0); returns the (event, rollout_id) trace, like async_training_loop.
+
+    Per rollout r: generate r (the engines hold the weights trained on r - 1), offload the engines
+    if they share GPUs, (re)create released train actors, train D steps, save when due (every
+    rollout with --release-train, whose next actors reload from the checkpoint), free the train
+    actors' cached memory when colocated without --offload-train (offload-train actors sleep by
+    themselves after training), onload the engines' weights, push, onload their KV cache, evaluate.
+    """
+    trace: list[tuple[str, int]] = []
+    start, end = args.start_rollout_id, args.num_rollout
+    offload_rollout = bool(getattr(args, "offload_rollout", False))
+    release_train = bool(getattr(args, "release_train", False))
+    free_train_memory = bool(getattr(args, "colocate", False)) and not getattr(args, "offload_train", False)
+    for rollout_id in range(start, end):
+        if args.eval_interval is not None and rollout_id == 0 and not getattr(args, "skip_eval_before_train", False):
+            get(rollout_manager.eval.remote(0))
+            trace.append(("eval", 0))
+        data_ref = get(rollout_manager.generate.remote(rollout_id))
+        trace.append(("generate", rollout_id))
+        if offload_rollout:
+            get(rollout_manager.offload.remote())
+            trace.append(("offload_rollout", rollout_id))
+        if release_train:
+            actor_model.create()
+            trace.append(("create_train", rollout_id))
+        get(actor_model.async_train(rollout_id, data_ref))
+        trace.append(("train", rollout_id))
+        if release_train or _periodic(rollout_id, args.save_interval, num_rollout_per_epoch, end - 1):
+            actor_model.save_model(rollout_id, force_sync=release_train or rollout_id == end - 1)
+            if args.rollout_global_dataset:
+                get(rollout_manager.save.remote(rollout_id))
+            trace.append(("save", rollout_id))
+        if free_train_memory:
+            actor_model.clear_memory()
+            trace.append(("clear_memory", rollout_id))
+        if offload_rollout and not release_train:
+            get(rollout_manager.onload_weights.remote())
+            trace.append(("onload_weights", rollout_id))
+        actor_model.update_weights()
+        trace.append(("update_weights", rollout_id))
+        if offload_rollout:
+            get(rollout_manager.onload_kv.remote())
+            trace.append(("onload_kv", rollout_id))
+        if _periodic(rollout_id, args.eval_interval, num_rollout_per_epoch):
+            get(rollout_manager.eval.remote(rollout_id))
+            trace.append(("eval", rollout_id))
+    return trace
+
+
+def training_loop_for(args: Any) -> Callable[..., list[tuple[str, int]]]:
+    """--max-staleness 0: the synchronous schedule; anything else: the overlap schedule."""
+    return sync_training_loop if getattr(args, "max_staleness", None) == 0 else async_training_loop
+
+
 def run(args: Any) -> None:
     import ray
     from slime.observability.logging_utils import configure_logger, finish_tracking, init_tracking
@@ -93,10 +183,8 @@ def run(args: Any) -> None:
     init_tracking(args)
     rollout_manager, num_rollout_per_epoch = create_rollout_manager(args, pgs["rollout"])
     actor_model, _ = create_training_models(args, pgs, rollout_manager)
-    actor_model.update_weights()  # weight version 1: the policy that generates the first batch
-    if args.check_weight_update_equal:
-        ray.get(rollout_manager.check_weights.remote(action="compare"))
-    async_training_loop(args, rollout_manager, actor_model, num_rollout_per_epoch, ray.get)
+    push_initial_weights(args, rollout_manager, actor_model, ray.get)
+    training_loop_for(args)(args, rollout_manager, actor_model, num_rollout_per_epoch, ray.get)
     ray.get(rollout_manager.dispose.remote())
     finish_tracking(args)
 
