@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
-# Paper Table 1 row "grpo_r2" (configs/methods/grpo_r2.yaml) on the default 4 x 8 GPU cluster; every
-# setting of launch/qwen3_30b_epic.sh can still be overridden (environment or flags).
-exec bash "$(dirname -- "${BASH_SOURCE[0]}")/../qwen3_30b_epic.sh" --method grpo_r2 "$@"
+# Paper Table 1 row "grpo_r2" (configs/methods/grpo_r2.yaml) on the default 4 x 8 GPU cluster, with the
+# paper's protocol by default: synchronous (MAX_STALENESS=0), update depth 8, configs/paper/table2.yaml.
+# ASYNC=1 (or --max-staleness K) runs the asynchronous variant; every setting of
+# launch/qwen3_30b_epic.sh can still be overridden (environment or flags). See _paper_protocol.sh.
+exec bash "$(dirname -- "${BASH_SOURCE[0]}")/_paper_protocol.sh" grpo_r2 "$@"
