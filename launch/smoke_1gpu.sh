@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# One-GPU smoke run of the slime path: Qwen2.5-0.5B-Instruct with EPIC on the prepared math data,
+# SGLang and Megatron colocated on one GPU with the synchronous schedule (--max-staleness 0:
+# generate, offload SGLang, train, onload, push), a few rollouts of 8 prompts x 8 samples, one
+# evaluation (mean@2 on AIME 24/25, AMC 23, HMMT 25) after the last rollout.
+#
+#   bash launch/smoke_1gpu.sh [--dry-run] [-- extra driver flags]
+#
+# Settings (environment variables):
+#   METHOD          epic (any configs/methods/M.yaml)
+#   HF_CHECKPOINT   /root/models/Qwen2.5-0.5B-Instruct (HF weights; tokenizer and SGLang)
+#   REF_LOAD        ${HF_CHECKPOINT}_torch_dist (Megatron torch_dist copy, see the README's "One GPU")
+#   DATA_DIR        /root/data (`epic-slime prepare-data --out` folder)
+#   SAVE_DIR        /root/checkpoints/<run name> (also --load: a rerun resumes)
+#   EVAL_RECORDS    SAVE_DIR/eval_records.jsonl
+#   NUM_ROLLOUT     4            UPDATE_DEPTH   2 (optimizer steps per 64-sample batch)
+#   SEED            1234 (Megatron's --seed and slime's --rollout-seed)
+#   DRY_RUN=1       print the command and validate the project flags; no Ray, no GPU
+# Ray: starts a local head unless one is running (dashboard and job API on 127.0.0.1 only).
+set -euo pipefail
+
+REPO_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+
+METHOD="${METHOD:-epic}"
+HF_CHECKPOINT="${HF_CHECKPOINT:-/root/models/Qwen2.5-0.5B-Instruct}"
+REF_LOAD="${REF_LOAD:-${HF_CHECKPOINT}_torch_dist}"
+DATA_DIR="${DATA_DIR:-/root/data}"
+NUM_ROLLOUT="${NUM_ROLLOUT:-4}"
+UPDATE_DEPTH="${UPDATE_DEPTH:-2}"
+SEED="${SEED:-1234}"
+WANDB_PROJECT="${WANDB_PROJECT:-epic-slime}"
+DRY_RUN="${DRY_RUN:-0}"
+RAY_DASHBOARD_PORT="${RAY_DASHBOARD_PORT:-8265}"
+MEGATRON_PATH="${MEGATRON_PATH:-/root/Megatron-LM}"
+EXTRA_ARGS=()
+
+die() { echo "smoke_1gpu.sh: error: $*" >&2; exit 2; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --) shift; EXTRA_ARGS+=("$@"); break ;;
+    *) die "unknown option $1 (settings are environment variables; driver flags go after --)" ;;
+  esac
+done
+
+for pair in "NUM_ROLLOUT:${NUM_ROLLOUT}" "UPDATE_DEPTH:${UPDATE_DEPTH}" "SEED:${SEED}"; do
+  [[ "${pair#*:}" =~ ^[0-9]+$ ]] || die "${pair%%:*} must be a non-negative integer, got '${pair#*:}'"
+done
+[[ "${NUM_ROLLOUT}" -ge 1 ]] || die "NUM_ROLLOUT must be >= 1, got ${NUM_ROLLOUT}"
+METHOD_CONFIG="${REPO_DIR}/configs/methods/${METHOD}.yaml"
+[[ -f "${METHOD_CONFIG}" ]] || die "unknown method '${METHOD}' (no ${METHOD_CONFIG})"
+
+RUN_NAME="smoke-qwen2.5-0.5b-${METHOD}-d${UPDATE_DEPTH}-s${SEED}"
+SAVE_DIR="${SAVE_DIR:-/root/checkpoints/${RUN_NAME}}"
+EVAL_RECORDS="${EVAL_RECORDS:-${SAVE_DIR}/eval_records.jsonl}"
+RUN_CONFIG="${SAVE_DIR}/epic_run.yaml"
+run_config_yaml() {
+  echo "epic_run_name: \"${RUN_NAME}\""
+  echo "epic_method: \"${METHOD}\""
+  echo "epic_eval_records_path: \"${EVAL_RECORDS}\""
+}
+
+# The paper's shared settings, the small model, the method, then the smoke scale (later files win).
+CONFIG_ARGS=()
+while IFS= read -r -d '' arg; do CONFIG_ARGS+=("${arg}"); done < <(
+  cd "${REPO_DIR}" && "${PYTHON}" -m epic_slime.slime.config_flags -0 \
+    configs/paper/table2.yaml configs/models/qwen2.5_0.5b.yaml "${METHOD_CONFIG}" configs/smoke/one_gpu.yaml
+)
+[[ ${#CONFIG_ARGS[@]} -gt 0 ]] || die "reading the YAML configs failed"
+
+WANDB_ARGS=()
+if [[ -n "${WANDB_API_KEY:-}" ]]; then
+  WANDB_ARGS=(--use-wandb --wandb-project "${WANDB_PROJECT}" --wandb-group "${RUN_NAME}")
+fi
+
+DRIVER_ARGS=(
+  --actor-num-nodes 1
+  --actor-num-gpus-per-node 1
+  --rollout-num-gpus 1
+  --num-gpus-per-node 1
+  --hf-checkpoint "${HF_CHECKPOINT}"
+  --ref-load "${REF_LOAD}"
+  --load "${SAVE_DIR}"
+  --save "${SAVE_DIR}"
+  --prompt-data "${DATA_DIR}/train/dapo_math_17k.jsonl"
+  --eval-prompt-data aime_2024 "${DATA_DIR}/eval/aime_2024.jsonl" aime_2025 "${DATA_DIR}/eval/aime_2025.jsonl"
+                     amc_2023 "${DATA_DIR}/eval/amc_2023.jsonl" hmmt_feb_2025 "${DATA_DIR}/eval/hmmt_feb_2025.jsonl"
+  --custom-config-path "${RUN_CONFIG}"
+  --num-rollout "${NUM_ROLLOUT}"
+  --eval-interval "${NUM_ROLLOUT}"
+  --seed "${SEED}"
+  --rollout-seed "${SEED}"
+  "${CONFIG_ARGS[@]}"
+  --update-depth "${UPDATE_DEPTH}"
+  --max-staleness 0
+  "${WANDB_ARGS[@]}"
+  "${EXTRA_ARGS[@]}"
+)
+
+runtime_env_yaml() {  # $1 = "redact" to print, anything else to submit
+  echo "env_vars:"
+  echo "  PYTHONPATH: \"${MEGATRON_PATH}:${REPO_DIR}\""
+  echo "  CUDA_DEVICE_MAX_CONNECTIONS: \"1\""
+  echo "  PYTHONUNBUFFERED: \"1\""
+  if [[ -n "${WANDB_API_KEY:-}" ]]; then
+    if [[ "$1" == "redact" ]]; then echo "  WANDB_API_KEY: <redacted>"; else echo "  WANDB_API_KEY: \"${WANDB_API_KEY}\""; fi
+  fi
+}
+
+SUBMIT=(ray job submit --address "http://127.0.0.1:${RAY_DASHBOARD_PORT}" --runtime-env RUNTIME_ENV_YAML
+        -- python3 -m epic_slime.slime.train "${DRIVER_ARGS[@]}")
+
+if [[ "${DRY_RUN}" == "1" ]]; then
+  echo "# runtime env (RUNTIME_ENV_YAML):"
+  runtime_env_yaml redact | sed 's/^/#   /'
+  echo "# ${RUN_CONFIG} (written at submission):"
+  run_config_yaml | sed 's/^/#   /'
+  printf '%q ' "${SUBMIT[@]}"; echo
+  cd "${REPO_DIR}"
+  exec "${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}"
+fi
+
+"${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}" >/dev/null
+if ! ray status >/dev/null 2>&1; then
+  ray start --head --node-ip-address 127.0.0.1 --num-gpus 1 --disable-usage-stats \
+    --dashboard-host 127.0.0.1 --dashboard-port "${RAY_DASHBOARD_PORT}"
+fi
+gpus=$(ray status 2>/dev/null | awk '/GPU/ {split($1, a, "/"); print int(a[2]); exit}')
+[[ "${gpus:-0}" -ge 1 ]] || die "the Ray cluster has no GPU"
+mkdir -p "${SAVE_DIR}"
+run_config_yaml > "${RUN_CONFIG}"
+umask 077
+RUNTIME_ENV_FILE="$(mktemp --suffix=.yaml)"
+trap 'rm -f "${RUNTIME_ENV_FILE}"' EXIT
+runtime_env_yaml submit > "${RUNTIME_ENV_FILE}"
+SUBMIT[6]="${RUNTIME_ENV_FILE}"  # the placeholder after --runtime-env
+cd "${REPO_DIR}"
+"${SUBMIT[@]}"
