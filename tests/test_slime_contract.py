@@ -326,18 +326,20 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
     monkeypatch.setattr(rollout, "_worker", worker)
     monkeypatch.setattr(rollout, "_first_rollout_id", None)
     monkeypatch.setattr(rollout, "_totals", {k: 0 for k in rollout._totals})
-    args = argparse.Namespace(rollout_global_dataset=True, rollout_batch_size=2, max_staleness=0, stale_policy="drop")
+    # K = 1: the background worker's path (K = 0 is the synchronous schedule, tests/test_slime_sync.py)
+    args = argparse.Namespace(rollout_global_dataset=True, rollout_batch_size=2, max_staleness=1, stale_policy="drop")
     out = rollout.generate_rollout(args, 3, data_source=None)
     assert isinstance(out, RolloutFnTrainOutput)
     assert [[s.index for s in g] for g in out.samples] == [[2, 3], [10, 11]]  # sorted like slime's
     assert out.metrics["rollout/staleness/mean"] == 0.0 and out.metrics["rollout/staleness/trainer_version"] == 1.0
     assert out.samples[0][0].metadata["epic_group_staleness"] == 0
-    # next rollout: the policy is version 2, the group from version 0 is stale by 2 > K = 0
+    # next rollout: the policy is version 2, the group from version 0 is stale by 2 > K = 1
     worker.queue += [group(9, 2), group(8, 2)]
     out = rollout.generate_rollout(args, 4, data_source=None)
-    assert out.metrics["rollout/staleness/dropped_groups"] == 2.0  # group(7, 0) and group(2, 1)
-    assert out.metrics["rollout/staleness/total_dropped_samples"] == 4.0
-    assert [[s.index for s in g] for g in out.samples] == [[16, 17], [18, 19]]
+    assert out.metrics["rollout/staleness/dropped_groups"] == 1.0  # group(7, 0)
+    assert out.metrics["rollout/staleness/total_dropped_samples"] == 2.0
+    assert out.metrics["rollout/staleness/max"] == 1.0  # group(2, 1)
+    assert [[s.index for s in g] for g in out.samples] == [[4, 5], [18, 19]]
 
 
 def test_generate_records_topk_on_slime_samples():
