@@ -298,6 +298,50 @@ def test_synchronous_rollout_is_slimes_own_batch_generation_on_slimes_types(monk
     assert out.samples[0][0].metadata["epic_group_staleness"] == 0
 
 
+def _methods_used_by_the_driver() -> tuple[set, set]:
+    manager_used, actor_used = set(), set()
+
+    class Manager:
+        def __getattr__(self, name):
+            manager_used.add(name)
+            return _Call(lambda *args, **kwargs: None)
+
+    class Actor:
+        def __getattr__(self, name):
+            actor_used.add(name)
+            return lambda *args, **kwargs: None
+
+    every_branch = [
+        _args(colocate=True, offload_train=True, offload_rollout=True, check_weight_update_equal=True),
+        _args(colocate=True, offload_train=False, offload_rollout=True, release_train=True),
+        _args(max_staleness=2),
+    ]
+    for args in every_branch:
+        push_initial_weights(args, Manager(), Actor(), get=lambda ref: ref)
+        training_loop_for(args)(args, Manager(), Actor(), None, get=lambda ref: ref)
+    return manager_used, actor_used
+
+
+def test_the_driver_calls_only_methods_that_slimes_rollout_manager_and_train_group_have():
+    """Method names at slime 624b824a: RayTrainGroup imported, RolloutManager read from its source
+    (importing slime.ray.rollout needs SGLang)."""
+    import ast
+    import importlib.util
+
+    _slime_rollout_modules()
+    from slime.ray.actor_group import RayTrainGroup
+
+    source = Path(importlib.util.find_spec("slime.ray.rollout").origin).read_text()
+    manager_class = next(node for node in ast.walk(ast.parse(source))
+                         if isinstance(node, ast.ClassDef) and node.name == "RolloutManager")
+    manager_methods = {node.name for node in manager_class.body if isinstance(node, ast.FunctionDef)}
+    manager_used, actor_used = _methods_used_by_the_driver()
+    assert {"generate", "eval", "save", "offload", "onload_weights", "onload_kv", "check_weights"} <= manager_used
+    assert {"async_train", "save_model", "update_weights", "create", "clear_memory"} <= actor_used
+    assert manager_used <= manager_methods, manager_used - manager_methods
+    assert all(callable(getattr(RayTrainGroup, name, None)) for name in actor_used), actor_used
+
+
 # ---- flags -----------------------------------------------------------------------------------
 
 
@@ -325,7 +369,8 @@ def test_other_bounds_are_the_asynchronous_schedule(extra):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--colocate"], r"--colocate needs the synchronous schedule \(--max-staleness 0\); with --max-staleness unset"),
+        (["--colocate"],
+         r"--colocate needs the synchronous schedule \(--max-staleness 0\); with --max-staleness unset"),
         (["--max-staleness", "2", "--colocate"], "with --max-staleness 2 the driver generates rollout r . 1 while"),
         (["--max-staleness", "1", "--offload"], "--offload only work with the synchronous schedule"),
         (["--max-staleness", "1", "--offload-train"], "--offload-train only work with the synchronous"),
@@ -397,7 +442,10 @@ def test_table1_rows_have_an_asynchronous_variant(args, env, bound):
 
 @pytest.mark.parametrize(
     "env, message",
-    [({"ASYNC": "yes"}, "ASYNC must be 0"), ({"ASYNC": "1", "MAX_STALENESS": "0"}, "MAX_STALENESS=0 is the synchronous")],
+    [
+        ({"ASYNC": "yes"}, "ASYNC must be 0"),
+        ({"ASYNC": "1", "MAX_STALENESS": "0"}, "MAX_STALENESS=0 is the synchronous"),
+    ],
 )
 def test_table1_bad_schedule_settings_fail_with_a_reason(env, message):
     result = _dry_run("launch/table1/epic.sh", **env)

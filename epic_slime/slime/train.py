@@ -87,7 +87,9 @@ def async_training_loop(
     return trace
 
 
-def push_initial_weights(args: Any, rollout_manager: Any, actor_model: Any, get: Callable[[Any], Any]) -> list[tuple[str, int]]:
+def push_initial_weights(
+    args: Any, rollout_manager: Any, actor_model: Any, get: Callable[[Any], Any]
+) -> list[tuple[str, int]]:
     """Weight version 1, the policy of the first batch; returns the trace (rollout id ``start - 1``).
 
     With offloaded engines the weights are onloaded before the push and the KV cache after it
