@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from epic_slime.metric_names import STALENESS_PREFIX
 from epic_slime.slime.staleness import StalenessGate, collect_admitted_groups, trainer_version_for_rollout
 
 logger = logging.getLogger("epic_slime.slime.rollout")
@@ -81,9 +82,9 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
     groups.sort(key=_group_sort_key)
     for key in _totals:
         _totals[key] += getattr(gate, key)
-    metrics = gate.metrics(prefix="rollout/staleness/")
-    metrics |= {f"rollout/staleness/total_{k}": float(v) for k, v in _totals.items()}
-    metrics["rollout/staleness/trainer_version"] = float(trainer_version)
-    metrics["rollout/staleness/queue_left"] = float(worker.queue_size())
+    metrics = gate.metrics(prefix=STALENESS_PREFIX)
+    metrics |= {f"{STALENESS_PREFIX}total_{k}": float(v) for k, v in _totals.items()}
+    metrics[f"{STALENESS_PREFIX}trainer_version"] = float(trainer_version)
+    metrics[f"{STALENESS_PREFIX}queue_left"] = float(worker.queue_size())
     logger.info("rollout %d: %s", rollout_id, {k: v for k, v in metrics.items() if "groups_at" not in k})
     return RolloutFnTrainOutput(samples=groups, metrics=metrics)
