@@ -35,7 +35,7 @@ def _throughput(rows: list[dict]) -> dict:
     trained = last["accounting/trained"] - first["accounting/trained"]
     generated = last["accounting/generated"] - first["accounting/generated"]
     return {"seconds": seconds, "trained_per_s": trained / seconds, "generated_per_s": generated / seconds,
-            "staleness_mean": sum(r["staleness/mean"] for r in rows[1:]) / max(1, len(rows) - 1),
+            "staleness_mean": sum(r["rollout/staleness/mean"] for r in rows[1:]) / max(1, len(rows) - 1),
             "dropped": last["accounting/dropped"]}
 
 

@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "sweep": ("epic_slime.runtime.cli", "sweep_main", "loss modes x update depths x seeds on the embedded runtime"),
     "prepare-data": ("epic_slime.data.prepare", "main", "download / convert DAPO-Math-17k and the eval sets"),
     "report": ("epic_slime.evaluation.report", "main", "Table 1 report and plots from eval records"),
+    "evaluate": ("epic_slime.evaluation.evaluate", "main", "a checkpoint's samples on the eval sets (SGLang or transformers)"),
 }
 
 

@@ -10,7 +10,11 @@ import sys
 import pytest
 
 from _eval_helpers import REPO_ROOT, require_shared_math
+from _sglang_standin import make_sglang_module
+from epic_slime.data.convert import convert_rows
+from epic_slime.data.files import write_jsonl
 from epic_slime.evaluation import read_records, slime_eval_arguments
+from epic_slime.evaluation.evaluate import main as evaluate_main
 from epic_slime.evaluation.score import main as score_main
 
 
@@ -54,6 +58,7 @@ def _tiny_checkpoint(folder):
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<pad>",
                                                 eos_token="<eos>")
+    fast.chat_template = "{% for m in messages %}<user> {{ m['content'] }} {% endfor %}<assistant>"
     config = transformers.Qwen3Config(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                                       max_position_embeddings=512, eos_token_id=2, pad_token_id=1)
@@ -74,7 +79,8 @@ def test_three_commands_prepare_evaluate_report(tmp_path):
         env_python + ["-m", "epic_slime", "prepare-data", "--out", str(data), "--from-local", shared, "--only", "eval"],
         env_python + ["eval/evaluate.py", "--model", str(model_dir), "--data", str(data), "--out", str(records),
                       "--run", "tiny-s1", "--method", "tiny", "--seed", "1", "--step", "0", "--max-prompts", "2",
-                      "--samples-per-prompt", "2", "--max-new-tokens", "4", "--device", "cpu"],
+                      "--samples-per-prompt", "2", "--max-new-tokens", "4", "--engine", "transformers",
+                      "--device", "cpu"],
         env_python + ["-m", "epic_slime", "report", "--records", str(records), "--out", str(report), "--no-plots"],
     ]
     for command in commands:
@@ -85,3 +91,94 @@ def test_three_commands_prepare_evaluate_report(tmp_path):
     assert {r.sample_idx for r in got} == {0, 1}
     table = (report / "table1.md").read_text()
     assert "| tiny |" in table
+
+
+BENCH = ("aime_2024", "aime_2025", "amc_2023", "hmmt_feb_2025")
+
+
+def _eval_data(folder, prompts=2):
+    """Prepared-data layout: DIR/eval/<benchmark>.jsonl, answers 10 * b + p."""
+    answers = {}
+    for b, benchmark in enumerate(BENCH):
+        rows = [{"problem": f"Problem {benchmark} number {p}.", "answer": str(10 * b + p)} for p in range(prompts)]
+        records, _ = convert_rows(rows, benchmark, "test")
+        write_jsonl(str(folder / "eval" / f"{benchmark}.jsonl"), records)
+        answers.update({row["problem"]: row["answer"] for row in rows})
+    return answers
+
+
+def _answer_every_other(answers):
+    """Stand-in replies: the right answer on even requests, a wrong one on odd ones."""
+    def respond(prompt, index):
+        (label,) = [a for problem, a in answers.items() if problem in prompt]
+        return f"Let me think.\nAnswer: {label if index % 2 == 0 else 'no'}"
+    return respond
+
+
+def test_evaluate_drives_sglang_engine_through_its_interface(tmp_path, monkeypatch):
+    """--engine sglang on CPU: sglang.Engine is a stand-in with 0.5.15.post1's interface."""
+    pytest.importorskip("transformers")
+    model = tmp_path / "model"
+    _tiny_checkpoint(model)
+    answers = _eval_data(tmp_path / "data")
+    fake = make_sglang_module(_answer_every_other(answers))
+    monkeypatch.setitem(sys.modules, "sglang", fake)
+    out = tmp_path / "records.jsonl"
+    argv = ["--model", str(model), "--data", str(tmp_path / "data"), "--out", str(out), "--run", "ckpt-s3",
+            "--method", "epic", "--seed", "3", "--step", "120", "--engine", "sglang", "--tp-size", "2"]
+    assert evaluate_main(argv) == 0
+    (engine,) = fake.engines
+    assert engine.server_args == {"model_path": str(model), "tp_size": 2, "random_seed": 3}
+    assert engine.shut_down
+    (call,) = engine.calls  # 8 prompts x 8 samples fit one chunk
+    # the paper's sampling by default
+    assert call["sampling_params"] == [{"temperature": 1.0, "top_p": 0.7, "max_new_tokens": 8192}] * 64
+    # the chat template applied (independently: the template's own rendering), each prompt k = 8 times
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    expected = []
+    for benchmark in BENCH:
+        for line in (tmp_path / "data" / "eval" / f"{benchmark}.jsonl").read_text().splitlines():
+            content = json.loads(line)["prompt"][0]["content"]
+            expected += [f"<user> {content} <assistant>"] * 8
+    assert call["prompt"] == expected
+    records = read_records(str(out))
+    assert len(records) == 4 * 2 * 8
+    assert {(r.run, r.method, r.seed, r.step) for r in records} == {("ckpt-s3", "epic", 3, 120)}
+    assert all(r.correct == (r.sample_idx % 2 == 0) for r in records)  # even requests answered right
+    assert [r.sample_idx for r in records[:8]] == list(range(8))
+    # the authors' re-evaluation protocol: 32 samples, top-p 1.0 on request
+    out32 = tmp_path / "reeval.jsonl"
+    assert evaluate_main(argv[:5] + [str(out32)] + argv[6:] + ["--reeval-protocol", "--top-p", "1.0",
+                                                               "--max-prompts", "1"]) == 0
+    engine = fake.engines[-1]
+    assert {tuple(sorted(p.items())) for c in engine.calls for p in c["sampling_params"]} == {
+        (("max_new_tokens", 8192), ("temperature", 1.0), ("top_p", 1.0))}
+    assert len(read_records(str(out32))) == 4 * 32
+
+
+def test_evaluate_shuts_sglang_down_on_failure_and_checks_its_output(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    model = tmp_path / "model"
+    _tiny_checkpoint(model)
+    _eval_data(tmp_path / "data", prompts=1)
+    argv = ["--model", str(model), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "r.jsonl"),
+            "--run", "r", "--method", "m", "--seed", "1", "--step", "0", "--engine", "sglang"]
+
+    def broken(prompt, index):
+        raise RuntimeError("CUDA error: out of memory")
+
+    fake = make_sglang_module(broken)
+    monkeypatch.setitem(sys.modules, "sglang", fake)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        evaluate_main(argv)
+    assert fake.engines[0].shut_down  # GPU processes released even when generation fails
+
+    fake = make_sglang_module(lambda prompt, index: 42)  # not text
+    monkeypatch.setitem(sys.modules, "sglang", fake)
+    assert evaluate_main(argv) == 1
+    assert "output without a 'text' string" in capsys.readouterr().err and fake.engines[0].shut_down
+    assert not (tmp_path / "r.jsonl").exists()
+    assert evaluate_main(argv + ["--top-p", "0"]) == 2
+    assert "--top-p must be in (0, 1]" in capsys.readouterr().err

@@ -49,7 +49,7 @@ def test_report_table_numbers(tmp_path):
     write_records(str(records_path), _synthetic_records())
     out = tmp_path / "report"
     assert cli_main(["report", "--records", str(records_path), "--out", str(out), "--samples-per-prompt", "2",
-                     "--pass-at-k", "2"]) == 0
+                     "--pass-at-k", "2", "--bootstrap", "0"]) == 0
     text = (out / "table1.md").read_text()
     lines = text.splitlines()
     header = "| Method | AIME 24 | AIME 25 | AMC 23 | HMMT 25 | Average |"
@@ -83,3 +83,67 @@ def test_report_flags_protocol_mismatch_and_bad_input(tmp_path, capsys):
     records_path.write_text(records_path.read_text() + '{"run": "x"}\n')
     assert cli_main(["report", "--records", str(records_path), "--out", str(out)]) == 1
     assert "missing field(s)" in capsys.readouterr().err
+
+
+def _thirty_two_sample_records(prompts=4):
+    """Per benchmark, prompt p: samples 0..15 have p + 1 correct (the first ones), samples 16..31 are
+    all correct for AIME and all wrong for AMC / HMMT; so the first 16 and all 32 give other numbers."""
+    records = []
+    for seed in (1, 2):
+        for b in BENCH:
+            for p in range(prompts):
+                for s in range(32):
+                    correct = s < p + 1 if s < 16 else b.startswith("aime")
+                    records.append(EvalRecord(f"epic-s{seed}", "epic", seed, 50, b, f"{b}/p{p}", s, correct))
+    return records
+
+
+def _table_row(out, method="epic"):
+    return next(line for line in (out / "table1.md").read_text().splitlines() if line.startswith(f"| {method} |"))
+
+
+def test_report_k_uses_the_first_k_samples(tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    write_records(str(path), _thirty_two_sample_records())
+    # mean@16: prompt p has (p + 1) / 16 -> mean over p = 0..3 of (p + 1) / 16 = 10 / 64 = 15.625%
+    assert cli_main(["report", "--records", str(path), "--out", str(tmp_path / "k16"), "--k", "16",
+                     "--no-plots", "--bootstrap", "0"]) == 0
+    assert _table_row(tmp_path / "k16") == "| epic | 15.6 ± 0.0 | 15.6 ± 0.0 | 15.6 ± 0.0 | 15.6 ± 0.0 | 15.6 ± 0.0 |"
+    text = (tmp_path / "k16" / "table1.md").read_text()
+    assert "Samples per prompt: 16 (protocol: 16)" in text and "WARNING" not in text
+    # all 32: AIME (p + 1 + 16) / 32 -> (10 + 64) / 128 = 57.8125%; AMC / HMMT (p + 1) / 32 -> 7.8125%
+    # the authors' protocol: AIME over 32, AMC and HMMT over the first 16 -> average (57.8125 * 2 + 15.625 * 2) / 4
+    assert cli_main(["report", "--records", str(path), "--out", str(tmp_path / "re"), "--reeval-protocol",
+                     "--no-plots", "--bootstrap", "0"]) == 0
+    assert _table_row(tmp_path / "re") == "| epic | 57.8 ± 0.0 | 57.8 ± 0.0 | 15.6 ± 0.0 | 15.6 ± 0.0 | 36.7 ± 0.0 |"
+    # --benchmark-k on top of --k
+    assert cli_main(["report", "--records", str(path), "--out", str(tmp_path / "mix"), "--k", "32",
+                     "--benchmark-k", "amc_2023=16", "--no-plots", "--bootstrap", "0"]) == 0
+    assert _table_row(tmp_path / "mix") == "| epic | 57.8 ± 0.0 | 57.8 ± 0.0 | 15.6 ± 0.0 | 7.8 ± 0.0 | 34.8 ± 0.0 |"
+    # a prompt with fewer than k samples is an error naming it
+    short = [r for r in _thirty_two_sample_records() if not (r.prompt_id == "amc_2023/p2" and r.sample_idx >= 12
+                                                             and r.seed == 2)]
+    write_records(str(path), short, append=False)
+    capsys.readouterr()
+    assert cli_main(["report", "--records", str(path), "--out", str(tmp_path / "bad"), "--k", "16", "--no-plots"]) == 1
+    err = capsys.readouterr().err
+    assert "'epic-s2'" in err and "'amc_2023/p2'" in err and "12 samples, fewer than k=16" in err
+    assert cli_main(["report", "--records", str(path), "--out", str(tmp_path / "bad"), "--benchmark-k", "amc=0"]) == 1
+    assert "--benchmark-k: expected NAME=K" in capsys.readouterr().err
+
+
+def test_report_prints_bootstrap_intervals_next_to_each_cell(tmp_path):
+    path = tmp_path / "r.jsonl"
+    write_records(str(path), _thirty_two_sample_records(prompts=8))
+    out = tmp_path / "ci"
+    assert cli_main(["report", "--records", str(path), "--out", str(out), "--k", "16", "--no-plots",
+                     "--bootstrap", "500"]) == 0
+    row = _table_row(out)
+    cells = [c.strip() for c in row.strip("|").split("|")][1:]
+    intervals = json.loads((out / "intervals.json").read_text())["epic"]
+    for column, cell in zip([*BENCH, "average"], cells):
+        low, high = intervals[column]
+        # prompt p has (p + 1) / 16 correct: mean 4.5 / 16 = 28.125%; the prompts differ, so the interval is wide
+        assert cell == f"28.1 ± 0.0 [{100 * low:.1f}, {100 * high:.1f}]"
+        # (about +-0.1 for one benchmark, half that for the average of four independent prompt draws)
+        assert low < 0.28125 < high and high - low > (0.05 if column == "average" else 0.1)

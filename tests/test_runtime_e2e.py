@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 
 from epic_slime.runtime import driver  # noqa: E402
 
-REQUIRED = ("step", "rollout/reward_mean", "staleness/mean", "staleness/max", "loss/clipfrac")
+REQUIRED = ("step", "rollout/raw_reward", "rollout/staleness/mean", "rollout/staleness/max", "train/policy/clipfrac")
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +68,13 @@ def test_no_trained_sample_exceeds_k_and_accounting_adds_up(async_run):
     rows = read_jsonl(out / "metrics.jsonl")
     batches = read_jsonl(out / "batches.jsonl")
     for r, b in zip(rows, batches):
-        assert r["staleness/max"] <= cfg.max_staleness == 0
+        assert r["rollout/staleness/max"] <= cfg.max_staleness == 0
         assert max(b["lags"]) <= 0 and len(b["trained_group_ids"]) == cfg.rollout_batch_size
         assert r["accounting/generated"] == r["accounting/trained"] + r["accounting/dropped"] + r["accounting/buffered"]
         assert r["accounting/trained"] == r["step"] * cfg.samples_per_step
         # K = 0: the first minibatch of a step sees exactly the weights that sampled it
         assert r["train/logprob_abs_diff_step_start"] < 1e-4
-    assert rows[-1]["staleness/dropped_total"] > 0                  # asynchrony produced stale samples ...
+    assert rows[-1]["rollout/staleness/dropped_total"] > 0                  # asynchrony produced stale samples ...
     assert summary["accounting/dropped"] == rows[-1]["accounting/dropped"]
     trained = [g for b in batches for g in b["trained_group_ids"]]
     dropped = [g for b in batches for g in b["dropped_group_ids"]]
@@ -98,7 +98,7 @@ def test_resume_continues_exactly(root):
     rows_a = read_jsonl(Path(a.output_dir) / "metrics.jsonl")
     rows_b = read_jsonl(Path(b.output_dir) / "metrics.jsonl")
     assert [r["step"] for r in rows_b] == [3]
-    for key in ("loss/pg_loss", "train/grad_norm", "rollout/reward_mean", "loss/clipfrac"):
+    for key in ("train/pg_loss", "train/grad_norm", "rollout/raw_reward", "train/policy/clipfrac"):
         assert rows_b[0][key] == pytest.approx(rows_a[2][key], rel=1e-6, abs=1e-9), key
     batches_a = read_jsonl(Path(a.output_dir) / "batches.jsonl")
     batches_b = read_jsonl(Path(b.output_dir) / "batches.jsonl")
@@ -120,7 +120,7 @@ def test_sync_on_policy_run(root):
                       "--update-depth", "1", "--eval-interval", "0", "--no-plots", name="sync")
     summary = run_training(cfg)
     rows = read_jsonl(Path(cfg.output_dir) / "metrics.jsonl")
-    assert [r["staleness/max"] for r in rows] == [0, 0]
+    assert [r["rollout/staleness/max"] for r in rows] == [0, 0]
     assert all(r["train/logprob_abs_diff_step_start"] < 1e-4 for r in rows)
     assert summary["accounting/dropped"] == 0 and summary["accounting/lag_hist"] == {"0": 2 * cfg.samples_per_step}
     assert json.loads((Path(cfg.output_dir) / "config.json").read_text())["rollout_mode"] == "sync"

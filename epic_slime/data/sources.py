@@ -13,6 +13,7 @@ class DatasetSpec:
     local_files: tuple[str, ...]   # accepted file names for --from-local, in order of preference
     expected_prompts: int | None   # unique prompts after de-duplication (None: not checked)
     display: str                   # column title in Table 1
+    revision: str = "main"         # Hub revision (branch, tag or commit); `--revision NAME=REV` overrides it
 
 
 TRAIN = DatasetSpec(

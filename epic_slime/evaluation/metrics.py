@@ -11,6 +11,8 @@ Definitions
 - best checkpoint of a run: the step with the highest average (ties: the earliest step).
 - Table 1 cell: mean and sample standard deviation (ddof=1) over seeds of the selected
   checkpoints' scores.
+- mean@k with a given k (``group_records(records, k=...)``): only the first k samples (lowest
+  ``sample_idx``) of each prompt count; a prompt with fewer than k samples is an error naming it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class BenchmarkScore:
     min_samples: int  # samples per prompt (min and max differ only for incomplete evaluations)
     max_samples: int
     prompt_counts: tuple[tuple[int, int], ...] = ()  # per prompt: (samples n, correct c)
+    prompt_ids: tuple[str, ...] = ()                 # aligned with prompt_counts (the bootstrap pairs prompts)
 
     def pass_at(self, k: int) -> float:
         """Unbiased pass@k averaged over prompts (needs k <= samples of every prompt)."""
@@ -76,10 +79,26 @@ class RunInfo:
     scores: dict[int, dict[str, BenchmarkScore]] = field(default_factory=dict)
 
 
-def group_records(records: Iterable[EvalRecord]) -> dict[str, RunInfo]:
+def k_for(k: int | dict[str, int] | None, benchmark: str) -> int | None:
+    """The k of ``benchmark``: one k for all, a per-benchmark mapping (absent: every sample), or None."""
+    return k.get(benchmark) if isinstance(k, dict) else k
+
+
+def first_k(samples: dict[int, bool], k: int | None, where: str) -> list[bool]:
+    """Outcomes of the first ``k`` samples (lowest sample_idx); all of them when k is None."""
+    ordered = [samples[i] for i in sorted(samples)]
+    if k is None:
+        return ordered
+    if len(ordered) < k:
+        raise RecordError(f"{where} has {len(ordered)} samples, fewer than k={k} (mean@{k} needs k per prompt)")
+    return ordered[:k]
+
+
+def group_records(records: Iterable[EvalRecord], k: int | dict[str, int] | None = None) -> dict[str, RunInfo]:
     """Validate and group records by run and checkpoint. Errors name the offending records.
 
     Checks: one method and one seed per run; no duplicate (run, step, benchmark, prompt, sample).
+    ``k``: score mean@k from each prompt's first k samples (an int, or benchmark -> k).
     """
     outcomes: dict[str, dict[int, dict[str, dict[str, dict[int, bool]]]]] = {}
     runs: dict[str, RunInfo] = {}
@@ -100,11 +119,13 @@ def group_records(records: Iterable[EvalRecord]) -> dict[str, RunInfo]:
         for step, by_benchmark in by_step.items():
             runs[run].scores[step] = {}
             for benchmark, by_prompt in by_benchmark.items():
-                lists = {pid: list(s.values()) for pid, s in by_prompt.items()}
+                kb = k_for(k, benchmark)
+                lists = {pid: first_k(s, kb, f"run {run!r} step {step} benchmark {benchmark!r} prompt {pid!r}")
+                         for pid, s in by_prompt.items()}
                 sizes = [len(v) for v in lists.values()]
                 counts = tuple((len(v), sum(v)) for v in lists.values())
                 runs[run].scores[step][benchmark] = BenchmarkScore(
-                    mean_at_k(lists), len(lists), min(sizes), max(sizes), counts)
+                    mean_at_k(lists), len(lists), min(sizes), max(sizes), counts, tuple(lists))
     check_seeds(runs)
     return runs
 

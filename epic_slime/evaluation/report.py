@@ -2,6 +2,10 @@
 
     epic-slime report --records runs/*.jsonl --out report/
 
+``--k K`` scores mean@K from each prompt's first K samples (``--benchmark-k NAME=K`` per benchmark,
+``--reeval-protocol`` for the authors' 32-sample re-evaluation: AIME k = 32, AMC / HMMT k = 16); each
+Table 1 cell carries a bootstrap 95% interval over prompts and seeds (``--bootstrap N`` replicates).
+
 Writes ``table1.md`` (Table 1, per-run selections, notes), ``scores.csv`` (every run, step
 and benchmark), ``selection.json`` and ``average.png`` + one ``<benchmark>.png`` per benchmark.
 """
@@ -15,28 +19,61 @@ import os
 import sys
 from typing import Sequence
 
-from epic_slime.evaluation.config import BENCHMARKS, PAPER_PROTOCOL
+from epic_slime.evaluation.bootstrap import Interval, method_intervals
+from epic_slime.evaluation.config import BENCHMARKS, PAPER_PROTOCOL, REEVAL_K
 from epic_slime.evaluation.metrics import (
     MethodRow, RunInfo, checkpoint_average, group_records, method_table,
 )
 from epic_slime.evaluation.records import RecordError, read_record_paths
 
 
-def format_cell(cell: tuple[float, float | None] | None) -> str:
-    """Percent with one decimal: '43.2 ± 1.1' (no ± with a single seed), 'n/a' when absent."""
+def format_cell(cell: tuple[float, float | None] | None, interval: Interval | None = None) -> str:
+    """Percent with one decimal: '43.2 ± 1.1' (no ± with a single seed), 'n/a' when absent;
+    with an interval: '43.2 ± 1.1 [40.0, 46.3]'."""
     if cell is None:
         return "n/a"
     mean, std = cell
-    return f"{100 * mean:.1f}" if std is None else f"{100 * mean:.1f} ± {100 * std:.1f}"
+    text = f"{100 * mean:.1f}" if std is None else f"{100 * mean:.1f} ± {100 * std:.1f}"
+    if interval is not None:
+        text += f" [{100 * interval.low:.1f}, {100 * interval.high:.1f}]"
+    return text
 
 
-def table1_markdown(rows: Sequence[MethodRow], benchmarks: Sequence[str], titles: dict[str, str]) -> str:
+def table1_markdown(rows: Sequence[MethodRow], benchmarks: Sequence[str], titles: dict[str, str],
+                    intervals: dict[str, dict[str, Interval]] | None = None) -> str:
     header = ["Method"] + [titles.get(b, b) for b in benchmarks] + ["Average"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + [":---:"] * (len(header) - 1)) + "|"]
     for row in rows:
-        cells = [format_cell(row.cells.get(b)) for b in benchmarks] + [format_cell(row.cells.get("average"))]
+        ci = (intervals or {}).get(row.method, {})
+        cells = [format_cell(row.cells.get(c), ci.get(c)) for c in [*benchmarks, "average"]]
         lines.append("| " + " | ".join([row.method] + cells) + " |")
     return "\n".join(lines)
+
+
+def parse_benchmark_k(values: Sequence[str] | None) -> dict[str, int]:
+    """``["amc_2023=16", ...]`` -> {benchmark: k}; errors name the bad value."""
+    out: dict[str, int] = {}
+    for value in values or []:
+        name, sep, number = value.partition("=")
+        try:
+            k = int(number)
+        except ValueError:
+            k = 0
+        if not sep or not name or k < 1:
+            raise ValueError(f"--benchmark-k: expected NAME=K with K >= 1, got {value!r}")
+        out[name] = k
+    return out
+
+
+def resolve_k(args) -> int | dict[str, int] | None:
+    """One k for all (--k), per-benchmark k (--reeval-protocol, then --benchmark-k on top), or None (all samples)."""
+    per_benchmark = dict(REEVAL_K) if args.reeval_protocol else {}
+    per_benchmark.update(parse_benchmark_k(args.benchmark_k))
+    if not per_benchmark:
+        return args.k
+    if args.k is not None:
+        return {b: per_benchmark.get(b, args.k) for b in args.benchmarks}
+    return per_benchmark
 
 
 def runs_markdown(rows: Sequence[MethodRow], runs: dict[str, RunInfo], benchmarks: Sequence[str],
@@ -58,16 +95,26 @@ def runs_markdown(rows: Sequence[MethodRow], runs: dict[str, RunInfo], benchmark
     return "\n".join(lines)
 
 
-def notes(rows: Sequence[MethodRow], runs: dict[str, RunInfo], benchmarks: Sequence[str], k_expected: int) -> list[str]:
+def notes(rows: Sequence[MethodRow], runs: dict[str, RunInfo], benchmarks: Sequence[str], k_expected: int,
+          k: int | dict[str, int] | None = None) -> list[str]:
     out = []
+    if k is not None:
+        chosen = {b: (k.get(b) if isinstance(k, dict) else k) for b in benchmarks}
+        out.append("mean@k from the first k samples of each prompt: "
+                   + ", ".join(f"{b} k={v if v is not None else 'all'}" for b, v in chosen.items()))
+        if isinstance(k, int) or len({v for v in chosen.values()}) == 1 and None not in chosen.values():
+            k_expected = next(iter(chosen.values()))
+        else:
+            k_expected = None
     prompts = {b: sorted({s[b].num_prompts for i in runs.values() for s in i.scores.values() if b in s})
                for b in benchmarks}
     samples = sorted({(s[b].min_samples, s[b].max_samples) for i in runs.values()
                       for s in i.scores.values() for b in benchmarks if b in s})
     out.append("Prompts per benchmark: " + ", ".join(f"{b} {'/'.join(map(str, p)) or 'none'}" for b, p in prompts.items()))
     sample_sizes = sorted({n for pair in samples for n in pair})
-    out.append(f"Samples per prompt: {'/'.join(map(str, sample_sizes)) or 'none'} (protocol: {k_expected})")
-    if sample_sizes and sample_sizes != [k_expected]:
+    out.append(f"Samples per prompt: {'/'.join(map(str, sample_sizes)) or 'none'}"
+               + (f" (protocol: {k_expected})" if k_expected is not None else ""))
+    if k_expected is not None and sample_sizes and sample_sizes != [k_expected]:
         out.append(f"WARNING: samples per prompt differ from the protocol's {k_expected}: "
                    f"these are mean@{'/'.join(map(str, sample_sizes))} numbers")
     for b, p in prompts.items():
@@ -107,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", nargs="+", default=None, help="methods (rows) to show, in order (default: all, sorted)")
     parser.add_argument("--samples-per-prompt", type=int, default=PAPER_PROTOCOL.samples_per_prompt,
                         help="expected k of mean@k; a mismatch is flagged in the notes (default 8)")
+    parser.add_argument("--k", type=int, default=None,
+                        help="mean@k from the first k samples of each prompt (a prompt with fewer is an error)")
+    parser.add_argument("--benchmark-k", action="append", metavar="NAME=K", default=None,
+                        help="k of one benchmark (repeatable); benchmarks without one use --k, else all samples")
+    parser.add_argument("--reeval-protocol", action="store_true",
+                        help="the authors' 32-sample re-evaluation: " + ", ".join(f"{b} k={k}" for b, k in REEVAL_K.items()))
+    parser.add_argument("--bootstrap", type=int, default=2000, metavar="N",
+                        help="bootstrap replicates for the 95%% interval of each Table 1 cell (0: no intervals)")
+    parser.add_argument("--bootstrap-seed", type=int, default=0)
     parser.add_argument("--pass-at-k", type=int, default=None, help="also list unbiased pass@k per run")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     return parser
@@ -115,22 +171,29 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        k = resolve_k(args)
+        if isinstance(k, int) and k < 1:
+            raise ValueError(f"--k must be >= 1, got {k}")
         records = read_record_paths(args.records)
         if not records:
             raise RecordError(f"no eval records in {', '.join(args.records)}")
-        runs = group_records(records)
+        runs = group_records(records, k=k)
         rows = method_table(runs, args.benchmarks, args.methods)
+        intervals = {row.method: method_intervals(row, runs, args.benchmarks, args.bootstrap, args.bootstrap_seed)
+                     for row in rows}
     except (RecordError, ValueError) as error:
         print(f"report: {error}", file=sys.stderr)
         return 1
     titles = dict(BENCHMARKS)
     os.makedirs(args.out, exist_ok=True)
-    table = table1_markdown(rows, args.benchmarks, titles)
+    table = table1_markdown(rows, args.benchmarks, titles, intervals)
+    interval_note = (f" [bootstrap 95% interval over prompts and seeds, {args.bootstrap} replicates]"
+                     if args.bootstrap > 0 else "")
     document = [
         "# Table 1",
         "",
         f"mean@k (%) at each run's checkpoint with the best equal-weight average of "
-        f"{len(args.benchmarks)} benchmarks; mean ± standard deviation (ddof=1) over seeds.",
+        f"{len(args.benchmarks)} benchmarks; mean ± standard deviation (ddof=1) over seeds{interval_note}.",
         "",
         table,
         "",
@@ -140,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "## Notes",
         "",
-        *[f"- {line}" for line in notes(rows, runs, args.benchmarks, args.samples_per_prompt)],
+        *[f"- {line}" for line in notes(rows, runs, args.benchmarks, args.samples_per_prompt, k)],
         "",
     ]
     with open(os.path.join(args.out, "table1.md"), "w") as handle:
@@ -148,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     write_scores_csv(os.path.join(args.out, "scores.csv"), runs, args.benchmarks)
     selection = {row.method: {run: {"seed": runs[run].seed, "step": row.selected_steps[run]} for run in row.runs}
                  for row in rows}
+    if args.bootstrap > 0:
+        with open(os.path.join(args.out, "intervals.json"), "w") as handle:
+            json.dump({m: {c: [i.low, i.high] for c, i in ci.items()} for m, ci in intervals.items()}, handle, indent=2)
     with open(os.path.join(args.out, "selection.json"), "w") as handle:
         json.dump(selection, handle, indent=2)
     if not args.no_plots:

@@ -95,6 +95,8 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "use_wandb": (bool, False, None, None, "log to Weights & Biases (needs `pip install wandb`; never needs a key in offline mode)"),
     "wandb_mode": (str, "offline", None, ("offline", "disabled", "online"), "W&B mode"),
     "wandb_project": (str, "epic-slime-local", None, None, "W&B project"),
+    "use_tensorboard": (bool, False, None, None, "log to TensorBoard (needs `pip install tensorboard`)"),
+    "tensorboard_dir": (str, "", None, None, "TensorBoard folder (default: <output_dir>/tensorboard)"),
     "progress": (bool, True, None, None, "show a progress bar"),
     "plots": (bool, True, None, None, "write PNG plots at the end"),
     # --- fault injection (tests / demos) ---

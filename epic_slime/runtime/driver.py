@@ -25,9 +25,11 @@ from collections import deque
 from pathlib import Path
 
 from epic_slime.evaluation.records import EvalRecord, write_records
+from epic_slime.metric_names import runtime_to_shared
 from .config import RuntimeConfig
 from .staleness import Accounting, Group, select_batch
 from .task import Tokenizer, eval_problems, train_problem
+from .tensorboard_log import log_scalars, open_tensorboard
 
 HELDOUT = "heldout"
 MAX_WORKER_RESTARTS = 20
@@ -349,10 +351,13 @@ class Run:
         if self.eval_ready:
             m.update(self.eval_ready[-1])
         self.eval_ready = []
-        f.write(json.dumps(m) + "\n")
+        line = runtime_to_shared(m)  # the names the slime path logs (epic_slime.metric_names)
+        f.write(json.dumps(line) + "\n")
         f.flush()
         if self.wandb is not None:
-            self.wandb.log(m, step=m["step"])
+            self.wandb.log(line, step=m["step"])
+        if self.tensorboard is not None:
+            log_scalars(self.tensorboard, line, m["step"])
 
     # ---------------- main ----------------
     def run(self, reuse_ray: bool = False) -> dict:
@@ -374,6 +379,7 @@ class Run:
         warm_s = time.time() - t0
         resume_path = resolve_checkpoint(cfg.load) if cfg.load else None
         self.wandb = _open_wandb(cfg)
+        self.tensorboard = open_tensorboard(cfg.use_tensorboard, cfg.tensorboard_dir, cfg.output_dir)
         own_ray = not (reuse_ray and ray.is_initialized())
         if own_ray:
             _init_ray(num_cpus=cfg.num_rollout_workers + 2)
@@ -434,6 +440,8 @@ class Run:
                         ray.kill(actor)
             if self.wandb is not None:
                 self.wandb.finish()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
         with open(self.out / "summary.json", "w") as f:
             json.dump(summary, f, indent=1)
         if cfg.plots:

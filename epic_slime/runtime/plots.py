@@ -6,6 +6,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from epic_slime import metric_names as names
+
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
@@ -35,8 +37,8 @@ def write_plots(run_dir: str | Path, lag_hist: Counter | dict | None = None) -> 
         written.append(p)
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(*_series(rows, "rollout/reward_mean"), label="train reward")
-    ax.set_xlabel("step"); ax.set_ylabel("reward"); ax.set_title("rollout/reward_mean"); ax.grid(alpha=0.3)
+    ax.plot(*_series(rows, names.REWARD_MEAN), label="train reward")
+    ax.set_xlabel("step"); ax.set_ylabel("reward"); ax.set_title(names.REWARD_MEAN); ax.grid(alpha=0.3)
     save(fig, "reward.png")
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -49,8 +51,8 @@ def write_plots(run_dir: str | Path, lag_hist: Counter | dict | None = None) -> 
     save(fig, "eval.png")
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(*_series(rows, "loss/clipfrac"), label="clipfrac")
-    ax.set_xlabel("step"); ax.set_ylabel("fraction"); ax.set_title("loss/clipfrac"); ax.grid(alpha=0.3)
+    ax.plot(*_series(rows, names.CLIPFRAC), label="clipfrac")
+    ax.set_xlabel("step"); ax.set_ylabel("fraction"); ax.set_title(names.CLIPFRAC); ax.grid(alpha=0.3)
     save(fig, "clipfrac.png")
 
     hist = Counter({int(k): v for k, v in (lag_hist or {}).items()})

@@ -19,6 +19,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from epic_slime import metric_names as names
+
 from .config import ConfigError, parse_config
 
 
@@ -38,12 +40,12 @@ def _summarise(run_dir: Path, k: int) -> dict:
     tail = rows[-max(1, len(rows) // 5):]
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
-        "reward_first": rows[0]["rollout/reward_mean"],
-        "reward_last20pct": statistics.fmean(r["rollout/reward_mean"] for r in tail),
+        "reward_first": rows[0][names.REWARD_MEAN],
+        "reward_last20pct": statistics.fmean(r[names.REWARD_MEAN] for r in tail),
         f"eval_mean@{k}_start": evals[0][1] if evals else None,
         f"eval_mean@{k}_end": evals[-1][1] if evals else None,
-        "clipfrac_mean": statistics.fmean(r["loss/clipfrac"] for r in rows),
-        "staleness_mean": statistics.fmean(r["staleness/mean"] for r in rows),
+        "clipfrac_mean": statistics.fmean(r[names.CLIPFRAC] for r in rows),
+        "staleness_mean": statistics.fmean(r[names.STALENESS_MEAN] for r in rows),
         "dropped": summary["accounting/dropped"],
         "loop_s": summary["loop_s"],
     }
@@ -60,9 +62,9 @@ def _plots(out: Path, results: list[dict], k: int) -> None:
         if res["status"] != "ok":
             continue
         rows = [json.loads(ln) for ln in (Path(res["run_dir"]) / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-        ax.plot([r["step"] for r in rows], [r["rollout/reward_mean"] for r in rows], lw=1,
+        ax.plot([r["step"] for r in rows], [r[names.REWARD_MEAN] for r in rows], lw=1,
                 label=f"{res['policy_loss']} D={res['update_depth']} s={res['seed']}")
-    ax.set_xlabel("step"); ax.set_ylabel("rollout/reward_mean"); ax.legend(fontsize=6); ax.grid(alpha=0.3)
+    ax.set_xlabel("step"); ax.set_ylabel(names.REWARD_MEAN); ax.legend(fontsize=6); ax.grid(alpha=0.3)
     fig.tight_layout(); fig.savefig(out / "sweep_reward.png", dpi=90); plt.close(fig)
 
     groups: dict[tuple, list[float]] = {}

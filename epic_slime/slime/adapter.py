@@ -34,11 +34,13 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from epic_slime.metric_names import POLICY_PREFIX, SLIME_LOG_PREFIX
 from epic_slime.slime.cp import Gather, gather_full_responses, with_live_local_entries, zigzag_response_positions
 from epic_slime.slime.flags import BEHAVIOR_LOGPROBS, TOKEN_MEAN
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
-METRIC_PREFIX = "policy/"  # slime logs a loss metric "x" as "train/x": these are "train/policy/..."
+# slime logs a loss metric "x" as "train/x": "policy/x" becomes the shared name train/policy/x
+METRIC_PREFIX = POLICY_PREFIX.removeprefix(SLIME_LOG_PREFIX)
 _COUNT_METRICS = ("valid_tokens",)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from epic_slime.metric_names import STALENESS_PREFIX
 from epic_slime.slime.staleness import (
     StalenessGate,
     annotate_group,
@@ -97,10 +98,10 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
     groups.sort(key=_group_sort_key)
     for key in _totals:
         _totals[key] += getattr(gate, key)
-    metrics = gate.metrics(prefix="rollout/staleness/")
-    metrics |= {f"rollout/staleness/total_{k}": float(v) for k, v in _totals.items()}
-    metrics["rollout/staleness/trainer_version"] = float(trainer_version)
-    metrics["rollout/staleness/queue_left"] = float(worker.queue_size())
+    metrics = gate.metrics(prefix=STALENESS_PREFIX)
+    metrics |= {f"{STALENESS_PREFIX}total_{k}": float(v) for k, v in _totals.items()}
+    metrics[f"{STALENESS_PREFIX}trainer_version"] = float(trainer_version)
+    metrics[f"{STALENESS_PREFIX}queue_left"] = float(worker.queue_size())
     logger.info("rollout %d: %s", rollout_id, {k: v for k, v in metrics.items() if "groups_at" not in k})
     return RolloutFnTrainOutput(samples=groups, metrics=metrics)
 
@@ -142,7 +143,7 @@ def generate_on_policy_rollout(args, rollout_id: int, data_source):
     for index, staleness in zip(admitted, stalenesses, strict=True):
         annotate_group(groups[index], versions[index], trainer_version, staleness)
     metrics = dict(output.metrics or {})
-    metrics |= gate.metrics(prefix="rollout/staleness/")
-    metrics["rollout/staleness/trainer_version"] = float(trainer_version)
+    metrics |= gate.metrics(prefix=STALENESS_PREFIX)
+    metrics[f"{STALENESS_PREFIX}trainer_version"] = float(trainer_version)
     logger.info("rollout %d (synchronous): %d groups on policy version %d", rollout_id, len(groups), trainer_version)
     return type(output)(samples=groups, metrics=metrics)

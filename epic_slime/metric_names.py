@@ -1,0 +1,78 @@
+"""One list of metric names for the embedded runtime and the slime path, so that a laptop run and a
+cluster run show the same names in metrics.jsonl, W&B and TensorBoard.
+
+The names are slime's: slime logs every metric its loss function returns as ``train/<name>``, its
+rollout data as ``rollout/<name>``, and cannot be renamed from outside. The slime path therefore
+logs these names as they are (``epic_slime.slime.adapter`` builds ``train/policy/<core name>`` from
+``POLICY_PREFIX``; ``epic_slime.slime.rollout`` uses ``STALENESS_PREFIX``); the runtime keeps its
+internal keys and renames them once, in its logging function (``runtime_to_shared``).
+
+This table is the documentation (the README's "Metric names" table is checked against it).
+"""
+
+from __future__ import annotations
+
+SLIME_LOG_PREFIX = "train/"             # what slime puts in front of every loss-function metric
+POLICY_PREFIX = "train/policy/"         # + a core diagnostic name: train/policy/clipfrac, ...
+STALENESS_PREFIX = "rollout/staleness/"  # + mean, max, ...
+
+TRAIN_LOSS = "train/loss"
+PG_LOSS = "train/pg_loss"
+KL_LOSS = "train/kl_loss"
+GRAD_NORM = "train/grad_norm"
+CLIPFRAC = POLICY_PREFIX + "clipfrac"
+REWARD_MEAN = "rollout/raw_reward"
+RESPONSE_LENGTH_MEAN = "rollout/response_lengths"
+TRUNCATED_FRAC = "rollout/truncated"
+STALENESS_MEAN = STALENESS_PREFIX + "mean"
+STALENESS_MAX = STALENESS_PREFIX + "max"
+
+# name (or prefix, ending in "/") -> meaning; logged by both paths
+SHARED_METRICS: dict[str, str] = {
+    TRAIN_LOSS: "loss that is back-propagated (policy loss + KL term)",
+    PG_LOSS: "policy loss of the chosen mode",
+    KL_LOSS: "KL loss to the reference model (when --use-kl-loss)",
+    GRAD_NORM: "gradient norm before clipping",
+    POLICY_PREFIX: "the loss core's diagnostics: clipfrac, clipfrac_upper, ratio_mean, abs_z_mean, ...",
+    REWARD_MEAN: "mean reward of the rollout batch",
+    RESPONSE_LENGTH_MEAN: "mean response length, tokens",
+    TRUNCATED_FRAC: "fraction of responses cut at the maximum length",
+    STALENESS_PREFIX: "staleness of the trained groups (mean, max, ...) and drop counters",
+}
+
+# runtime key -> shared name; plus prefix renames below (everything else keeps its name)
+_RUNTIME_RENAMES: dict[str, str] = {
+    "loss/pg_loss": PG_LOSS,
+    "loss/kl_loss": KL_LOSS,
+    "loss/total": TRAIN_LOSS,
+    "rollout/reward_mean": REWARD_MEAN,
+    "rollout/response_len_mean": RESPONSE_LENGTH_MEAN,
+    "rollout/truncated_frac": TRUNCATED_FRAC,
+}
+_RUNTIME_PREFIXES: tuple[tuple[str, str], ...] = (("loss/", POLICY_PREFIX), ("staleness/", STALENESS_PREFIX))
+
+
+def policy_metric(core_name: str) -> str:
+    """The logged name of a loss-core diagnostic (``clipfrac`` -> ``train/policy/clipfrac``)."""
+    return POLICY_PREFIX + core_name
+
+
+def runtime_name(key: str) -> str:
+    """The shared name of one runtime metric key."""
+    if key in _RUNTIME_RENAMES:
+        return _RUNTIME_RENAMES[key]
+    for old, new in _RUNTIME_PREFIXES:
+        if key.startswith(old):
+            return new + key[len(old):]
+    return key
+
+
+def runtime_to_shared(metrics: dict) -> dict:
+    """A runtime metrics line under the shared names; two keys that would meet are an error."""
+    out: dict = {}
+    for key, value in metrics.items():
+        name = runtime_name(key)
+        if name in out:
+            raise KeyError(f"metric names: runtime keys {key!r} and another both map to {name!r}")
+        out[name] = value
+    return out
