@@ -110,13 +110,15 @@ def plain_ppo_clip(log_probs, old_log_probs, advantages, mask, eps=0.2):
 # Inputs and one forward + backward
 # --------------------------------------------------------------------------------------------
 
-def device_inputs(batch, seq, dtype, device, seed=0):
-    """(log pi, log mu, advantages, mask) in ``dtype`` on ``device`` + Top-K sets; float64 CPU copies
-    of the same rounded values for the reference."""
+def device_inputs(batch, seq, dtype, device, seed=0, with_topk=True):
+    """(log pi, log mu, advantages, mask) in ``dtype`` on ``device`` + Top-K sets (for the Top-K
+    modes); float64 CPU copies of the same rounded values for the reference."""
     lp, blp, adv, mask = make_inputs(batch, seq, torch.float64, "cpu", seed=seed)
     lp, blp, adv = (t.to(dtype) for t in (lp, blp, adv))
-    topk = topk_inputs_around(lp.double(), blp.double(), TOPK, generator=torch.Generator().manual_seed(seed + 1))
-    topk_kw = {k: v.to(dtype) if v.is_floating_point() else v for k, v in topk.loss_kwargs().items()}
+    topk_kw = {}
+    if with_topk:
+        topk = topk_inputs_around(lp.double(), blp.double(), TOPK, generator=torch.Generator().manual_seed(seed + 1))
+        topk_kw = {k: v.to(dtype) if v.is_floating_point() else v for k, v in topk.loss_kwargs().items()}
     ref = dict(inputs=tuple(t.double() if t.is_floating_point() else t for t in (lp, blp, adv, mask)),
                topk={k: v.double() if v.is_floating_point() else v for k, v in topk_kw.items()})
     dev = dict(inputs=tuple(t.to(device) for t in (lp, blp, adv, mask)),
@@ -183,7 +185,7 @@ def section_correctness(device, sizes):
         for mode in sorted(LOSS_MODES):
             rows.append(check_mode(mode, dev, ref, dtype))
     # The plain PPO clip is grpo's definition: same value and gradient on the same inputs.
-    dev, _ = device_inputs(*sizes.correctness, torch.float32, device, seed=4)
+    dev, _ = device_inputs(*sizes.correctness, torch.float32, device, seed=4, with_topk=False)
     grpo_out, grpo_grad = forward_backward("grpo", dev["inputs"], dev["topk"])
     plain_loss, plain_grad = forward_backward(PLAIN, dev["inputs"], dev["topk"])
     plain = dict(loss_rel_err=abs(float(plain_loss) - float(grpo_out.loss)) / max(abs(float(grpo_out.loss)), 1e-30),
@@ -374,13 +376,14 @@ def cuda_graph_replay(mode, inputs, topk) -> dict:
 def section_sync(device, sizes, require_sync_free):
     dev, _ = device_inputs(*sizes.correctness, torch.float32, "cpu", seed=5)
     small_inputs, small_topk = dev["inputs"], dev["topk"]
+    if device == "cuda":
+        cuda_dev, _ = device_inputs(*sizes.correctness, torch.float32, "cuda", seed=5)
     rows = []
     for mode in sorted(LOSS_MODES):
         row = dict(mode=mode,
                    meta_sites=detect_syncs(mode, small_inputs, small_topk, on_meta=True, compute_metrics=False),
                    metrics_sites=detect_syncs(mode, small_inputs, small_topk, on_meta=False, compute_metrics=True))
         if device == "cuda":
-            cuda_dev, _ = device_inputs(*sizes.correctness, torch.float32, "cuda", seed=5)
             row["cuda_sync_debug"] = cuda_sync_debug(mode, cuda_dev["inputs"], cuda_dev["topk"], False)
             row["cuda_sync_debug_metrics"] = cuda_sync_debug(mode, cuda_dev["inputs"], cuda_dev["topk"], True)
             row["cuda_graph"] = cuda_graph_replay(mode, cuda_dev["inputs"], cuda_dev["topk"])
@@ -445,8 +448,9 @@ def peak_memory(mode, dev, device) -> int | None:
     return torch.cuda.max_memory_allocated() - base
 
 
-def compiled_variant(mode, dev, device, repeats, deadline_s) -> dict:
-    """torch.compile of the loss (no metrics, validate=False): exact against eager? faster?"""
+def compiled_variant(mode, dev, device, repeats) -> dict:
+    """torch.compile of the loss (no metrics, validate=False): exact against eager? faster?
+    On the CPU: dynamo with the "eager" backend over the accelerator branches (the graph CUDA gets)."""
     backend = "inductor" if torch.device(device).type == "cuda" else "eager"
     extra = dev["topk"] if LOSS_MODES[mode].needs_topk else {}
     lp, blp, adv, mask = dev["inputs"]
@@ -473,9 +477,6 @@ def compiled_variant(mode, dev, device, repeats, deadline_s) -> dict:
     row = dict(mode=mode, backend=backend, compiled=True, compile_s=compile_s,
                loss_rel_err=_rel(c_loss, e_loss), grad_rel_err=_rel(c_grad, e_grad),
                bitwise=bool(torch.equal(c_loss, e_loss) and torch.equal(c_grad, e_grad)))
-    if compile_s > deadline_s:
-        row["timing"] = f"skipped: compile took {compile_s:.0f} s > {deadline_s:.0f} s"
-        return row
     measure = _timer(device)
     eager_t = statistics.median(measure(lambda: run(loss_of)) for _ in range(repeats))
     compiled_t = statistics.median(measure(lambda: run(compiled)) for _ in range(repeats))
@@ -485,8 +486,32 @@ def compiled_variant(mode, dev, device, repeats, deadline_s) -> dict:
     return row
 
 
-def section_speed(device, sizes, compile_modes, compile_deadline_s):
-    dev, _ = device_inputs(*sizes.speed, torch.float32, device, seed=6)
+def compiled_in_subprocess(mode, device, timeout_s) -> dict:
+    """`compiled_variant` in a child process (this script, --compile-one), so that a compile that
+    runs long is cut off after ``timeout_s`` instead of eating the GPU's minutes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "compiled.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--compile-one", mode, "--out", str(out),
+               *(["--cpu"] if device == "cpu" else [])]
+        try:
+            proc = subprocess.run(cmd, timeout=timeout_s, capture_output=True, text=True)
+        except subprocess.TimeoutExpired:
+            return dict(mode=mode, compiled=False, error=f"compile + timing did not finish in {timeout_s:.0f} s (cut off)")
+        if proc.returncode != 0 or not out.is_file():
+            return dict(mode=mode, compiled=False, error=f"exit {proc.returncode}: {proc.stderr[-400:]}")
+        return json.loads(out.read_text())
+
+
+def run_compile_one(mode, device, sizes, out: Path) -> int:
+    dev, _ = device_inputs(*sizes.speed, torch.float32, device, seed=6, with_topk=LOSS_MODES[mode].needs_topk)
+    with accelerator_branches() if device == "cpu" else contextlib.nullcontext():
+        row = compiled_variant(mode, dev, device, sizes.repeats)
+    out.write_text(json.dumps(row))
+    return 0
+
+
+def section_speed(device, sizes, compile_modes, compile_timeout_s):
+    dev, _ = device_inputs(*sizes.speed, torch.float32, device, seed=6, with_topk=False)  # no Top-K mode timed
     modes = [*SPEED_MODES, PLAIN]
     with_metrics = time_modes(modes, dev, device, sizes.repeats, True)
     without = time_modes(modes, dev, device, sizes.repeats, False)
@@ -501,8 +526,9 @@ def section_speed(device, sizes, compile_modes, compile_deadline_s):
                    peak_mib=None if memory[m] is None else memory[m] / 2**20)
         row["peak_x_grpo"] = None if memory[m] is None else memory[m] / max(memory["grpo"], 1)
         rows.append(row)
-    compiled = [compiled_variant(m, dev, device, sizes.repeats, compile_deadline_s) for m in compile_modes]
     input_bytes = sum(t.numel() * t.element_size() for t in dev["inputs"])
+    del dev  # the compiled variants run in their own processes, on their own copy of the inputs
+    compiled = [compiled_in_subprocess(m, device, compile_timeout_s) for m in compile_modes]
     out = dict(status="pass", size=list(sizes.speed), dtype="float32", repeats=sizes.repeats,
                input_mib=input_bytes / 2**20, clock="cuda events" if device == "cuda" else "wall (perf_counter)",
                modes=rows, compiled=compiled)
@@ -524,24 +550,28 @@ def find_slime(explicit: str | None) -> Path | None:
     return None
 
 
-def ensure_megatron(wheel_dir: Path) -> str:
-    """Import megatron.core; if absent, install a local megatron_core-0.16.1 wheel into a temporary
-    folder (pip --no-index: nothing is fetched). Returns how it was found; raises if it cannot be."""
+def import_with_local_wheels(module: str, wheel_dir: Path) -> str:
+    """Import ``module``; if a module is missing, install every wheel in ``wheel_dir`` into a
+    temporary folder (pip --no-index --no-deps: nothing is fetched, the environment is left as
+    it is) and try once more. Returns how it was found; raises ImportError naming what is missing."""
     try:
-        import megatron.core  # noqa: F401
+        importlib.import_module(module)
         return "installed"
-    except ImportError:
-        pass
-    wheels = sorted(glob.glob(str(wheel_dir / "megatron_core-0.16.1-*.whl")))
+    except ModuleNotFoundError as exc:
+        missing = exc.name
+    wheels = sorted(glob.glob(str(wheel_dir / "*.whl")))
     if not wheels:
-        raise ImportError(f"megatron.core is not installed and no megatron_core-0.16.1-*.whl in {wheel_dir}")
-    target = tempfile.mkdtemp(prefix="gpu_check_megatron_")
+        raise ImportError(f"importing {module}: no module named {missing!r} and no wheel in {wheel_dir}")
+    target = tempfile.mkdtemp(prefix="gpu_check_wheels_")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet",
-                    "--target", target, wheels[-1]], check=True)
+                    "--disable-pip-version-check", "--target", target, *wheels], check=True)
     sys.path.insert(0, target)
     importlib.invalidate_caches()
-    import megatron.core  # noqa: F401, E402
-    return f"wheel {Path(wheels[-1]).name}"
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise ImportError(f"importing {module}: no module named {exc.name!r}, not in the wheels of {wheel_dir} either") from exc
+    return f"wheels from {wheel_dir}: {', '.join(Path(w).name for w in wheels)}"
 
 
 SLIME_CASES = ("epic", "grpo", "gspo", "dapo")  # dapo: slime's per-token (token-mean) mode
@@ -634,8 +664,7 @@ def section_slime(device, sizes, slime_path, wheel_dir):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
     try:
-        megatron_from = ensure_megatron(wheel_dir)
-        importlib.import_module("slime.backends.megatron_utils.loss")
+        megatron_from = import_with_local_wheels("slime.backends.megatron_utils.loss", wheel_dir)
     except Exception as exc:  # noqa: BLE001 - a missing precondition is a skip with its reason
         return dict(status="skip", reason=f"slime / megatron-core not importable: {type(exc).__name__}: {exc}"[:400])
     import torch.distributed as dist
@@ -679,6 +708,9 @@ def print_table(results):
         if section is None:
             continue
         print(f"\n## {name}: {section['status']}" + (f" ({section['reason']})" if "reason" in section else ""))
+        if "error" in section:  # the section itself broke: its traceback is in the JSON
+            print(section["error"])
+            continue
         if name == "correctness":
             print("| mode | dtype | loss rel err | grad rel err | decision mismatch | ok |")
             for r in section["modes"]:
@@ -720,9 +752,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="JSON of all figures (default gpu_check_<device>.json here)")
     parser.add_argument("--slime-path", default=None)
     parser.add_argument("--wheel-dir", default=str(BENCH_DIR / "wheels"))
-    parser.add_argument("--compile-modes", nargs="*", default=["grpo", "epic"])
-    parser.add_argument("--compile-deadline-s", type=float, default=90.0,
-                        help="no timing of a compiled variant whose compile took longer")
+    parser.add_argument("--compile-modes", nargs="*", default=None,
+                        help="modes with a torch.compile'd variant (default: grpo epic; --cpu: epic)")
+    parser.add_argument("--compile-timeout-s", type=float, default=100.0,
+                        help="cut off a compiled variant (compile + timing, own process) after this")
+    parser.add_argument("--compile-one", default=None, help=argparse.SUPPRESS)  # internal: one compiled variant
     parser.add_argument("--require-sync-free", action="store_true",
                         help="fail when the sync detector finds a host sync (default: report it)")
     args = parser.parse_args(argv)
@@ -730,6 +764,10 @@ def main(argv=None) -> int:
         parser.error("no CUDA device: run with --cpu")
     device = "cpu" if args.cpu else "cuda"
     sizes = CPU_SIZES if args.cpu else GPU_SIZES
+    if args.compile_modes is None:
+        args.compile_modes = ["epic"] if args.cpu else ["grpo", "epic"]
+    if args.compile_one:
+        return run_compile_one(args.compile_one, device, sizes, Path(args.out))
     results = dict(device=device, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), torch=torch.__version__,
                    device_name=torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
                    sizes=dataclasses.asdict(sizes), sections={}, seconds={})
@@ -743,7 +781,7 @@ def main(argv=None) -> int:
             elif name == "sync":
                 section = section_sync(device, sizes, args.require_sync_free)
             elif name == "speed":
-                section = section_speed(device, sizes, args.compile_modes, args.compile_deadline_s)
+                section = section_speed(device, sizes, args.compile_modes, args.compile_timeout_s)
             else:
                 section = section_slime(device, sizes, args.slime_path, Path(args.wheel_dir))
         except Exception as exc:  # noqa: BLE001 - one broken section must not cost the others' figures
