@@ -16,8 +16,7 @@ Sections (each one records "pass" / "fail" / "skip" with a reason in one JSON, -
                  of the core) that records data-dependent ops and tensors built from Python data on
                  the device (an H2D copy, i.e. a sync on CUDA); with metrics, the CPU run with the
                  accelerator branches forced lists the ops that sync on CUDA (reported, not failed);
-               * CUDA only: torch.cuda.set_sync_debug_mode("error") around forward + backward, and
-                 CUDA-graph capture of forward + backward, replayed against eager.
+               * CUDA only: torch.cuda.set_sync_debug_mode("error") around forward + backward.
   speed        forward + backward time of epic, its ablations, grpo, gspo, ctpo, cppo, bandpo at
                512 x 16384 (CUDA; --cpu: 4 x 512), with and without metrics, as ratios to grpo
                and to the plain PPO clip in the same run, plus peak memory above the inputs (CUDA);
@@ -26,6 +25,8 @@ Sections (each one records "pass" / "fail" / "skip" with a reason in one JSON, -
   slime        slime's own loss_function (world size 1; NCCL on CUDA, gloo on the CPU) with
                --loss-type custom_loss and the project's loss, against the core on log-probs
                computed here from the same logits: loss and logit gradients.
+  graph        (CUDA only, last) CUDA-graph capture of forward + backward (validate=False, no
+               metrics) of every mode and of the plain PPO clip (the control), replayed against eager.
 
 Host syncs found by the detector fail the run only with --require-sync-free (see README
 "Performance on a GPU" for the current findings); every other failed check gives exit status 1.
@@ -68,7 +69,7 @@ from epic_slime.losses import bounds as _bounds  # noqa: E402
 from epic_slime.losses.topk import topk_inputs_around  # noqa: E402
 from loss_bench import make_inputs  # noqa: E402
 
-SECTIONS = ("correctness", "bounds", "sync", "speed", "slime")
+SECTIONS = ("correctness", "bounds", "sync", "speed", "slime", "graph")  # graph last: a failed capture may break CUDA
 SPEED_MODES = ("epic", "epic_raw_prob", "epic_cumulative", "grpo", "gspo", "ctpo", "cppo", "bandpo")
 PLAIN = "plain_ppo_clip"
 TOPK = 20  # top-k ids per token of the Top-K modes (K = 21 columns with the sampled token)
@@ -385,19 +386,51 @@ def section_sync(device, sizes, require_sync_free):
         if device == "cuda":
             row["cuda_sync_debug"] = cuda_sync_debug(mode, cuda_dev["inputs"], cuda_dev["topk"], False)
             row["cuda_sync_debug_metrics"] = cuda_sync_debug(mode, cuda_dev["inputs"], cuda_dev["topk"], True)
-            row["cuda_graph"] = cuda_graph_replay(mode, cuda_dev["inputs"], cuda_dev["topk"])
-        row["sync_free"] = (not row["meta_sites"] and row.get("cuda_sync_debug") is None
-                            and row.get("cuda_graph", {}).get("captured", True))
-        graph = row.get("cuda_graph", {})
-        row["graph_ok"] = (not graph.get("captured")) or (graph["loss_rel_err"] <= 1e-6 and graph["grad_rel_err"] <= 1e-6)
+        row["sync_free"] = not row["meta_sites"] and row.get("cuda_sync_debug") is None
         rows.append(row)
     not_free = [r["mode"] for r in rows if not r["sync_free"]]
-    failed = [r["mode"] for r in rows if not r["graph_ok"]] + (not_free if require_sync_free else [])
-    out = dict(status="fail" if failed else "pass", modes=rows, not_sync_free=not_free,
+    out = dict(status="fail" if require_sync_free and not_free else "pass", modes=rows, not_sync_free=not_free,
                require_sync_free=require_sync_free)
     if device != "cuda":
-        out["cuda_parts"] = "skipped: no CUDA device (--cpu); set_sync_debug_mode and CUDA-graph capture need one"
+        out["cuda_parts"] = "skipped: no CUDA device (--cpu); set_sync_debug_mode needs one (CUDA graphs: section graph)"
     return out
+
+
+def cuda_context_healthy() -> bool:
+    try:
+        return float(torch.ones(4, device="cuda").sum()) == 4.0
+    except RuntimeError:
+        return False
+
+
+def section_graph(device, sizes, require_sync_free, capture=None, healthy=None):
+    """CUDA-graph capture + replay of every mode (and of the plain PPO clip, the control). Modes the
+    meta detector flags go last, and a failed capture that leaves the CUDA context unusable stops the
+    rest (recorded as not run). ``capture`` / ``healthy`` stand in for CUDA in the tests."""
+    if capture is None:
+        if device != "cuda":
+            return dict(status="skip", reason="no CUDA device (--cpu): CUDA-graph capture needs one")
+        capture, healthy = cuda_graph_replay, cuda_context_healthy
+    cpu_dev, _ = device_inputs(*sizes.correctness, torch.float32, "cpu", seed=5)
+    flagged = {m: detect_syncs(m, cpu_dev["inputs"], cpu_dev["topk"], on_meta=True, compute_metrics=False)
+               for m in LOSS_MODES}
+    order = [PLAIN, *sorted(LOSS_MODES, key=lambda m: (bool(flagged[m]), m))]
+    dev, _ = device_inputs(*sizes.correctness, torch.float32, device, seed=5)
+    rows, unusable_after = [], None
+    for mode in order:
+        if unusable_after is not None:
+            rows.append(dict(mode=mode, captured=False, ok=True,
+                             error=f"not run: the CUDA context was unusable after {unusable_after}'s failed capture"))
+            continue
+        row = dict(mode=mode, expected_syncs=flagged.get(mode, []), **capture(mode, dev["inputs"], dev["topk"]))
+        if not row["captured"] and not healthy():
+            unusable_after = mode
+        row["ok"] = not row["captured"] or (row["loss_rel_err"] <= 1e-6 and row["grad_rel_err"] <= 1e-6)
+        rows.append(row)
+    not_captured = [r["mode"] for r in rows if not r["captured"]]
+    control_failed = not rows[0]["captured"]  # the plain PPO clip must capture, or the harness is broken
+    failed = [r["mode"] for r in rows if not r["ok"]] + (not_captured if require_sync_free or control_failed else [])
+    return dict(status="fail" if failed else "pass", modes=rows, not_captured=not_captured)
 
 
 # --------------------------------------------------------------------------------------------
@@ -722,13 +755,14 @@ def print_table(results):
                 print(f"{r['dtype']}: lower {r['lower_rel_err']:.1e}, upper {r['upper_rel_err']:.1e}, "
                       f"special values ok {r['special_ok']}")
         elif name == "sync":
-            print("| mode | meta detector | CUDA sync-debug | CUDA graph | metrics syncs (info) |")
+            print("| mode | meta detector | CUDA sync-debug | with metrics: syncing ops (info) |")
             for r in section["modes"]:
-                graph = r.get("cuda_graph")
-                graph_txt = "n/a" if graph is None else (
-                    f"replay {r['cuda_graph']['grad_rel_err']:.0e}" if graph["captured"] else "capture failed")
                 print(f"| {r['mode']} | {'; '.join(r['meta_sites']) or 'none'} | {r.get('cuda_sync_debug', 'n/a') or 'none'} | "
-                      f"{graph_txt} | {len(r['metrics_sites'])} |")
+                      f"{'; '.join(r['metrics_sites']) or 'none'} |")
+        elif name == "graph":
+            for r in section["modes"]:
+                print(f"{r['mode']}: " + (f"replay vs eager loss {r['loss_rel_err']:.0e}, grad {r['grad_rel_err']:.0e}"
+                                          if r["captured"] else r["error"]))
         elif name == "speed":
             print(f"B x T = {section['size']}, {section['clock']}, median of {section['repeats']}")
             print("| mode | ms | x grpo | x plain | ms no metrics | x grpo | x plain | peak MiB | x grpo |")
@@ -779,6 +813,8 @@ def main(argv=None) -> int:
                 section = section_bounds(device, sizes)
             elif name == "sync":
                 section = section_sync(device, sizes, args.require_sync_free)
+            elif name == "graph":
+                section = section_graph(device, sizes, args.require_sync_free)
             elif name == "speed":
                 section = section_speed(device, sizes, args.compile_modes, args.compile_timeout_s)
             else:

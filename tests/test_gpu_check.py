@@ -185,3 +185,25 @@ def test_slime_is_found_beside_the_script_or_the_repository(tmp_path, monkeypatc
     assert gc.find_slime(str(fake)) == fake
     assert gc.find_slime(str(tmp_path / "nothing")) in (None, gc.BENCH_DIR / "slime-624b824a",
                                                         gc.REPO_ROOT.parent / "shared" / "vendor" / "slime-624b824a")
+
+
+def test_graph_section_orders_flagged_modes_last_and_stops_when_cuda_breaks():
+    """The CUDA-graph bookkeeping, with a stand-in for capture: clean modes (and the control) run
+    first; after a failed capture that leaves CUDA unusable the rest are recorded as not run."""
+    calls = []
+
+    def capture(mode, inputs, topk):
+        calls.append(mode)
+        if mode == "grpo":
+            return dict(captured=False, error="operation not permitted when stream is capturing")
+        return dict(captured=True, loss_rel_err=0.0, grad_rel_err=0.0 if mode != "epic" else 1e-3)
+
+    out = gc.section_graph("cpu", gc.CPU_SIZES, False, capture=capture, healthy=lambda: calls[-1] != "grpo")
+    rows = {r["mode"]: r for r in out["modes"]}
+    assert calls[0] == gc.PLAIN and set(rows) == {gc.PLAIN, *LOSS_MODES}
+    flagged = [m for m in calls if rows[m]["expected_syncs"]]
+    assert flagged and calls[-len(flagged):] == flagged  # the meta detector's modes come last
+    assert not rows["epic"]["ok"] and out["status"] == "fail"  # a replay that disagrees with eager
+    after = calls[calls.index("grpo") + 1:] if "grpo" in calls else []
+    assert after == []
+    assert all("not run" in r["error"] for m, r in rows.items() if m not in calls)
