@@ -76,6 +76,7 @@ def test_cpu_run_bounds_sync_speed_and_slime(cpu_run):
     assert all(r["ms"] > 0 and r["ms_no_metrics"] > 0 for r in rows.values())
     compiled = speed["compiled"]
     assert compiled and all(c["compiled"] and c["bitwise"] for c in compiled), compiled
+    assert sections["graph"]["status"] == "skip" and "CUDA" in sections["graph"]["reason"]
     slime = sections["slime"]
     assert slime["status"] in ("pass", "skip")
     if slime["status"] == "skip":
