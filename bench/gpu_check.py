@@ -366,7 +366,8 @@ def cuda_graph_replay(mode, inputs, topk) -> dict:
         with torch.cuda.graph(graph):
             static_loss = step()
     except Exception as exc:  # noqa: BLE001 - any capture failure is the finding
-        torch.cuda.synchronize()
+        with contextlib.suppress(RuntimeError):  # a broken context is noticed by the caller
+            torch.cuda.synchronize()
         return dict(captured=False, error=_sync_site(exc))
     graph.replay()
     torch.cuda.synchronize()
@@ -663,7 +664,7 @@ def slime_loss_and_grads(mode, samples):
         "response_lengths": [s["resp"] for s in samples], "loss_masks": [s["mask"] for s in samples],
         "advantages": [s["adv"] for s in samples], "rollout_log_probs": [s["log_mu"] for s in samples],
         "ref_log_probs": [s["log_mu"] for s in samples], "log_probs": None,
-        "rollout_mask_sums": torch.tensor([float(s["mask"].sum()) for s in samples]),
+        "rollout_mask_sums": torch.stack([s["mask"].sum().float() for s in samples]),
     }
     scaled, _, _ = loss_function(args, batch, 1, len(samples), torch.cat(leaves)[None])
     scaled.backward()
@@ -707,6 +708,8 @@ def section_slime(device, sizes, slime_path, wheel_dir):
     with tempfile.TemporaryDirectory() as tmp:
         started_here = not dist.is_initialized()
         if started_here:
+            if device == "cuda":
+                torch.cuda.set_device(0)
             dist.init_process_group(backend, init_method=f"file://{tmp}/init", rank=0, world_size=1)
         try:
             parallel_state.initialize_model_parallel()

@@ -208,3 +208,18 @@ def test_graph_section_orders_flagged_modes_last_and_stops_when_cuda_breaks():
     after = calls[calls.index("grpo") + 1:] if "grpo" in calls else []
     assert after == []
     assert all("not run" in r["error"] for m, r in rows.items() if m not in calls)
+
+
+def test_slime_section_flags_a_disagreement_with_the_core(monkeypatch):
+    real = gc.core_loss_and_grads
+
+    def off_by_a_little(mode, samples):
+        loss, grads = real(mode, samples)
+        return loss * (1 + 1e-3), grads
+
+    monkeypatch.setattr(gc, "SLIME_CASES", ("epic",))
+    monkeypatch.setattr(gc, "core_loss_and_grads", off_by_a_little)
+    out = gc.section_slime("cpu", gc.CPU_SIZES, None, gc.BENCH_DIR / "wheels")
+    if out["status"] == "skip":
+        pytest.skip(out["reason"])
+    assert out["status"] == "fail" and out["modes"][0]["loss_rel_err"] > 1e-5
