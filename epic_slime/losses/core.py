@@ -237,7 +237,9 @@ def sign_aware_clip(log_value: torch.Tensor, advantages: torch.Tensor, *, upper_
 
 
 def _as_tensor(x, like: torch.Tensor) -> torch.Tensor:
-    return x if torch.is_tensor(x) else torch.tensor(float(x), dtype=like.dtype, device=like.device)
+    # torch.full fills on the device; torch.tensor(x, device=cuda) copies from pageable host
+    # memory, which is a host sync (and breaks CUDA-graph capture).
+    return x if torch.is_tensor(x) else torch.full((), float(x), dtype=like.dtype, device=like.device)
 
 
 def _safe_exp(x: torch.Tensor) -> torch.Tensor:
