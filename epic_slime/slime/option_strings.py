@@ -107,8 +107,9 @@ def check_flag_spelling(argv: Sequence[str], known: Mapping[str, str]) -> list[O
             expansions = sorted(k for k in known if k.startswith(flag))
             if expansions:
                 raise FlagSpellingError(
-                    f"{flag} is an abbreviation of {', '.join(expansions[:5])}: slime's SGLang parser would "
-                    f"silently expand it (and its Megatron parser drop it); write the full flag {expansions[0]}"
+                    f"{flag} is an abbreviation of {', '.join(expansions[:5])}: slime's SGLang parser "
+                    "(abbreviations allowed) would silently expand it, its Megatron parser (unknown flags "
+                    f"ignored) drop it; write the full flag {expansions[0]}"
                 )
             closest = _closest(flag, known)
             hint = f"; did you mean {closest}?" if closest else ""

@@ -27,6 +27,7 @@ from typing import Any
 from epic_slime.slime.flags import (
     ProjectFlagError,
     add_project_arguments,
+    check_command_line,
     translate_argv,
     validate_project_args,
 )
@@ -87,8 +88,6 @@ def run(args: Any) -> None:
     from slime.ray.placement_group import create_placement_groups, create_rollout_manager, create_training_models
 
     configure_logger()
-    if args.use_critic:
-        raise ProjectFlagError("--use-critic is not supported by the epic-slime driver (GRPO-style advantages only)")
     pgs = create_placement_groups(args)
     init_tracking(args)
     rollout_manager, num_rollout_per_epoch = create_rollout_manager(args, pgs["rollout"])
@@ -105,6 +104,9 @@ def parse(argv: Sequence[str]) -> Any:
     """slime's parser with the project's flags; argv is translated first (update depth, aggregation)."""
     from slime.utils.arguments import parse_args
 
+    # slime ignores unknown flags and SGLang's parser expands abbreviations: check the spelling first
+    for override in check_command_line(argv):
+        print(f"epic_slime.slime.train: override: {override.describe()}", file=sys.stderr)
     translated = translate_argv(argv)
     saved = sys.argv
     sys.argv = [saved[0] if saved else "epic_slime.slime.train", *translated]
