@@ -106,7 +106,7 @@ def add_project_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
     add_policy_loss_arguments(parser)
     add_async_arguments(parser)
-    add_oversampling_arguments(parser)
+    add_table2_arguments(parser)
     return parser
 
 
@@ -306,6 +306,7 @@ def translate_argv(argv: Sequence[str]) -> list[str]:
     if aggregation == TOKEN_MEAN and not known.calculate_per_token_loss:
         out.append("--calculate-per-token-loss")
     out += oversampling_argv(argv)
+    out += lr_warmup_argv(argv)
     return out
 
 
@@ -441,8 +442,17 @@ def check_command_line(argv: Sequence[str]) -> list:
         raise ProjectFlagError(str(exc)) from exc
 
 
-def add_oversampling_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    group = parser.add_argument_group("epic-slime oversampling (paper Table 2)")
+def add_table2_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Two rows of the paper's Table 2 that slime has no flag for in the paper's units."""
+    group = parser.add_argument_group("epic-slime paper Table 2 settings")
+    group.add_argument(
+        "--lr-warmup-rollouts",
+        type=int,
+        default=None,
+        help="linear learning-rate warmup over this many training steps (rollouts), as the authors' verl "
+        "steps its scheduler once per training step; becomes Megatron's --lr-warmup-iters "
+        "(optimizer steps) = rollouts x --update-depth",
+    )
     group.add_argument(
         "--oversample-ratio",
         type=float,
@@ -474,7 +484,7 @@ def oversampling_argv(argv: Sequence[str]) -> list[str]:
     from epic_slime.slime.oversampling import OversamplingError, groups_in_flight
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    add_oversampling_arguments(parser)
+    add_table2_arguments(parser)
     parser.add_argument("--rollout-batch-size", type=int, default=None)
     parser.add_argument("--async-groups-in-flight", type=int, default=None)
     known, _ = parser.parse_known_args(list(argv))
@@ -487,6 +497,27 @@ def oversampling_argv(argv: Sequence[str]) -> list[str]:
     except OversamplingError as exc:
         raise ProjectFlagError(str(exc)) from exc
     return ["--async-groups-in-flight", str(in_flight)]
+
+
+def lr_warmup_argv(argv: Sequence[str]) -> list[str]:
+    """``--lr-warmup-iters R x D`` for ``--lr-warmup-rollouts R`` (D = optimizer steps per rollout)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_table2_arguments(parser)
+    parser.add_argument("--update-depth", type=int, default=None)
+    parser.add_argument("--num-steps-per-rollout", type=int, default=None)
+    parser.add_argument("--lr-warmup-iters", type=int, default=None)
+    parser.add_argument("--lr-warmup-fraction", type=float, default=None)
+    known, _ = parser.parse_known_args(list(argv))
+    rollouts = known.lr_warmup_rollouts
+    if rollouts is None:
+        return []
+    if rollouts < 0:
+        raise ProjectFlagError(f"--lr-warmup-rollouts must be >= 0, got {rollouts}")
+    for name, value in (("--lr-warmup-iters", known.lr_warmup_iters), ("--lr-warmup-fraction", known.lr_warmup_fraction)):
+        if value is not None:
+            raise ProjectFlagError(f"--lr-warmup-rollouts {rollouts} and {name} {value} both set the warmup: keep one")
+    depth = known.update_depth or known.num_steps_per_rollout or 1
+    return ["--lr-warmup-iters", str(rollouts * depth)]
 
 
 if __name__ == "__main__":
