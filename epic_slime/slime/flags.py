@@ -437,9 +437,14 @@ def check_command_line(argv: Sequence[str]) -> list:
 
     check_unsupported_flags(argv)
     try:
-        return check_flag_spelling(argv, known_options(project_option_kinds()))
+        overrides = check_flag_spelling(argv, known_options(project_option_kinds()))
     except FlagSpellingError as exc:
         raise ProjectFlagError(str(exc)) from exc
+    # the critic is derived (not parsed) by slime: catch it here too, before slime's parser runs
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--advantage-estimator", default=None)
+    check_unsupported_settings(parser.parse_known_args(list(argv))[0])
+    return overrides
 
 
 def add_table2_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

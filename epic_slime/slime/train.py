@@ -102,11 +102,11 @@ def run(args: Any) -> None:
 
 def parse(argv: Sequence[str]) -> Any:
     """slime's parser with the project's flags; argv is translated first (update depth, aggregation)."""
-    from slime.utils.arguments import parse_args
-
     # slime ignores unknown flags and SGLang's parser expands abbreviations: check the spelling first
     for override in check_command_line(argv):
         print(f"epic_slime.slime.train: override: {override.describe()}", file=sys.stderr)
+    from slime.utils.arguments import parse_args
+
     translated = translate_argv(argv)
     saved = sys.argv
     sys.argv = [saved[0] if saved else "epic_slime.slime.train", *translated]
