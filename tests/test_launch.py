@@ -103,11 +103,8 @@ def test_overrides_by_environment_and_flags():
         (("--", "--stale-policy", "sometimes"), {}, "invalid choice"),
         (("--", "--sglang-mem-frac", "0.5"), {}, "--sglang-mem-frac is an abbreviation of --sglang-mem-fraction-static"),
         (("--", "--num-rollouts", "3"), {}, "unknown flag --num-rollouts"),
-        (("--", "--lr-warmup-iter", "3"), {}, "abbreviation of --lr-warmup-iters"),
-        (("--", "--use-tis"), {}, "--use-tis is not supported by the epic-slime driver"),
-        (("--", "--over-sampling-batch-size", "128"), {}, "the paper's oversampling is --oversample-ratio"),
+        (("--", "--use-tis"), {}, "--use-tis is not supported by the epic-slime driver"),  # the rest: test_slime_flag_hygiene.py
         (("--", "--advantage-estimator", "ppo"), {}, "trains a critic"),
-        (("--", "--use-critic"), {}, "--use-critic is not supported"),
     ],
 )
 def test_bad_settings_fail_with_a_reason(args, env, message):
