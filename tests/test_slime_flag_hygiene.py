@@ -159,3 +159,18 @@ def test_dry_run_exits_2_naming_the_flag_and_reports_overrides():
     good = run("--num-rollout", "300", "--num-rollout", "3")
     assert good.returncode == 0, good.stderr
     assert "override: --num-rollout given 2 times: 300 -> 3" in good.stdout
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"parsers": {}}', "non-empty 'parsers' mapping"),
+        ('{"parsers": {"slime": {"num-rollout": "value"}}}', "parser 'slime' has malformed entries .*num-rollout"),
+        ('{"parsers": {"slime": {"--num-rollout": "maybe"}}}', "malformed entries .*maybe"),
+    ],
+)
+def test_a_malformed_option_strings_file_is_named(tmp_path, content, message):
+    path = tmp_path / "option_strings.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        load_option_strings(path)
