@@ -8,7 +8,7 @@
 # Every setting is an environment variable, and most also a flag (flags win):
 #   --method M          METHOD           epic | grpo | dapo | gspo | ctpo | ripo | grpo_r2 | grpo_r3, or any other configs/methods/M.yaml
 #   --nodes N           NUM_NODES        nodes in the Ray cluster (default 4)
-#   --gpus-per-node G   GPUS_PER_NODE    (default 8)
+#   --gpus-per-node G   GPUS_PER_NODE    GPUs per node, for training and for slime's engine placement (default 8)
 #   --actor-nodes A     ACTOR_NODES      nodes for Megatron training (default NUM_NODES / 2); the rest run SGLang
 #   --update-depth D    UPDATE_DEPTH     optimizer steps per rollout batch (default 8)
 #   --max-staleness K   MAX_STALENESS    staleness bound in weight updates (default 2; "none" = unbounded)
