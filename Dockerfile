@@ -20,10 +20,13 @@ COPY launch ./launch
 COPY configs ./configs
 COPY eval ./eval
 # --no-deps for torch / ray / transformers: the image's CUDA builds must stay; the project's
-# light dependencies are installed explicitly.
+# light dependencies are installed explicitly. The build check imports the loss hook and slime
+# itself (its full argument parser, i.e. SGLang and Megatron-LM too), then validates the paper's
+# command line (dry run: every flag against the stored option strings).
 RUN pip install --no-cache-dir --no-deps -e . \
     && pip install --no-cache-dir "pyyaml>=6" "tqdm>=4.60" "math-verify[antlr4_13_2]>=0.7" "matplotlib>=3.7" "pyarrow>=14" \
-    && python -c "import epic_slime.slime.flags, epic_slime.slime.loss, epic_slime.slime.train"
+    && python -c "import epic_slime.slime.flags, epic_slime.slime.loss, epic_slime.slime.train, slime, slime.utils.arguments, slime.backends.megatron_utils.loss" \
+    && DRY_RUN=1 bash launch/qwen3_30b_epic.sh > /dev/null
 
 ENV PYTHONUNBUFFERED=1
 CMD ["bash", "launch/qwen3_30b_epic.sh", "--help"]

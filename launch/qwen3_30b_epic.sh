@@ -8,12 +8,12 @@
 # Every setting is an environment variable, and most also a flag (flags win):
 #   --method M          METHOD           epic | grpo | dapo | gspo | ctpo | ripo | grpo_r2 | grpo_r3, or any other configs/methods/M.yaml
 #   --nodes N           NUM_NODES        nodes in the Ray cluster (default 4)
-#   --gpus-per-node G   GPUS_PER_NODE    (default 8)
+#   --gpus-per-node G   GPUS_PER_NODE    GPUs per node, for training and for slime's engine placement (default 8)
 #   --actor-nodes A     ACTOR_NODES      nodes for Megatron training (default NUM_NODES / 2); the rest run SGLang
 #   --update-depth D    UPDATE_DEPTH     optimizer steps per rollout batch (default 8)
 #   --max-staleness K   MAX_STALENESS    staleness bound in weight updates (default 2; "none" = unbounded)
 #   --stale-policy P    STALE_POLICY     drop | keep (default drop)
-#   --seed S            SEED             (default 1234)
+#   --seed S            SEED             Megatron's --seed and slime's --rollout-seed (prompt order, sampling) (default 1234)
 #   --num-rollout R     NUM_ROLLOUT      training steps (default 300)
 #   --hf-checkpoint P   HF_CHECKPOINT    HF weights (default /root/models/Qwen3-30B-A3B-Base)
 #   --ref-load P        REF_LOAD         Megatron torch_dist weights (default ${HF_CHECKPOINT}_torch_dist)
@@ -129,6 +129,7 @@ fi
 DRIVER_ARGS=(
   --actor-num-nodes "${ACTOR_NODES}"
   --actor-num-gpus-per-node "${GPUS_PER_NODE}"
+  --num-gpus-per-node "${GPUS_PER_NODE}"
   --rollout-num-gpus "${ROLLOUT_GPUS}"
   --hf-checkpoint "${HF_CHECKPOINT}"
   --ref-load "${REF_LOAD}"
@@ -140,6 +141,7 @@ DRIVER_ARGS=(
   --custom-config-path "${RUN_CONFIG}"
   --num-rollout "${NUM_ROLLOUT}"
   --seed "${SEED}"
+  --rollout-seed "${SEED}"
   "${CONFIG_ARGS[@]}"
   --update-depth "${UPDATE_DEPTH}"
   "${STALENESS_ARGS[@]}"

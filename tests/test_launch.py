@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -51,6 +52,8 @@ def test_companion_script_dry_run_is_complete_and_valid(method):
     assert (_flag(driver, "--rollout-batch-size"), _flag(driver, "--n-samples-per-prompt")) == ("64", "8")
     assert (_flag(driver, "--update-depth"), _flag(driver, "--num-rollout")) == ("8", "300")
     assert (_flag(driver, "--actor-num-nodes"), _flag(driver, "--rollout-num-gpus")) == ("2", "16")
+    assert _flag(driver, "--num-gpus-per-node") == "8"  # slime's engine placement, not only the actor's
+    assert _flag(driver, "--rollout-seed") == _flag(driver, "--seed") == "1234"
     assert _flag(driver, "--eval-interval") == "5" and _flag(driver, "--n-samples-per-eval-prompt") == "8"
     assert _flag(driver, "--eval-top-p") == "0.7" and _flag(driver, "--lr") == "1e-06"
     assert _flag(driver, "--prompt-data") == "/root/data/train/dapo_math_17k.jsonl"
@@ -68,8 +71,19 @@ def test_companion_script_dry_run_is_complete_and_valid(method):
     # the driver maps --update-depth (and token-mean aggregation) onto slime's own flags
     slime_extra = result.stdout.split("the driver passes slime ")[1].splitlines()[0]
     assert slime_extra.startswith("--num-steps-per-rollout 8")
+    # Table 1 rows run the paper's synchronous schedule (K = 0): no background generator, so the
+    # oversampling ratio adds no groups in flight there (ASYNC=1 below gets them)
+    assert _flag(driver, "--max-staleness") == "0" and "schedule=synchronous" in result.stdout
+    assert "--async-groups-in-flight" not in slime_extra and "--lr-warmup-iters 80" in slime_extra
     assert ("--calculate-per-token-loss" in slime_extra) == (method in ("dapo", "ripo"))
     assert f"aggregation={'token-mean' if method in ('dapo', 'ripo') else 'seq-mean-token-mean'}" in result.stdout
+
+
+def test_async_table1_row_oversamples():
+    result = _dry_run(script="launch/table1/epic.sh", ASYNC="1")
+    assert result.returncode == 0, result.stderr
+    slime_extra = result.stdout.split("the driver passes slime ")[1].splitlines()[0]
+    assert "--async-groups-in-flight 72" in slime_extra and "schedule=asynchronous" in result.stdout
 
 
 def test_overrides_by_environment_and_flags():
@@ -79,9 +93,13 @@ def test_overrides_by_environment_and_flags():
     driver = _command(result)
     assert _flag(driver, "--update-depth") == "4" and _flag(driver, "--seed") == "7"
     assert _flag(driver, "--actor-num-gpus-per-node") == "4" and _flag(driver, "--rollout-num-gpus") == "4"
+    assert _flag(driver, "--num-gpus-per-node") == "4"  # a 4-GPU node is not placed as 8 by slime
+    assert _flag(driver, "--rollout-seed") == "7"
     assert "--max-staleness" not in driver and _flag(driver, "--policy-loss") == "ctpo"
     assert driver[-2:] == ["--num-rollout", "3"]  # user flags come last and win in argparse
     assert "global batch 128 of 512 samples" in result.stdout
+    assert "--lr-warmup-iters 40" in result.stdout  # 10 warmup rollouts x update depth 4
+    assert "override: --num-rollout given 2 times: 300 -> 3 (the last one wins)" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -93,12 +111,71 @@ def test_overrides_by_environment_and_flags():
         (("--max-staleness", "-3"), {}, "MAX_STALENESS must be"),
         (("--bogus",), {}, "unknown option --bogus"),
         (("--", "--stale-policy", "sometimes"), {}, "invalid choice"),
+        (("--", "--sglang-mem-frac", "0.5"), {}, "--sglang-mem-frac is an abbreviation of --sglang-mem-fraction-static"),
+        (("--", "--num-rollouts", "3"), {}, "unknown flag --num-rollouts"),
+        (("--", "--use-tis"), {}, "--use-tis is not supported by the epic-slime driver"),  # the rest: test_slime_flag_hygiene.py
+        (("--", "--advantage-estimator", "ppo"), {}, "trains a critic"),
     ],
 )
 def test_bad_settings_fail_with_a_reason(args, env, message):
     result = _dry_run(*args, **env)
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_paper_table2_values_reach_the_driver():
+    driver = _command(_dry_run())
+    assert _flag(driver, "--rollout-max-response-len") == _flag(driver, "--eval-max-response-len") == "16384"
+    assert _flag(driver, "--rollout-max-prompt-len") == _flag(driver, "--eval-max-prompt-len") == "2048"
+    assert _flag(driver, "--lr-warmup-rollouts") == "10" and _flag(driver, "--lr-decay-style") == "constant"
+    assert _flag(driver, "--oversample-ratio") == "0.1"
+    assert (_flag(driver, "--lr"), _flag(driver, "--rollout-temperature"), _flag(driver, "--kl-loss-coef")) == (
+        "1e-06", "1.0", "0.001")
+    # prompt + response must fit one GPU's dynamic batch (CP 1)
+    assert 2048 + 16384 <= int(_flag(driver, "--max-tokens-per-gpu"))
+
+
+def _slime_dataset_class():
+    path = os.environ.get("SLIME_PATH") or str(REPO.parent / "shared" / "vendor" / "slime-624b824a")
+    if os.path.isdir(path) and path not in sys.path:
+        sys.path.append(path)
+    return pytest.importorskip("slime.utils.data", reason="slime is not importable (SLIME_PATH)").Dataset
+
+
+def test_two_seeds_train_two_prompt_orders(tmp_path):
+    """slime's own prompt shuffle (its Dataset, seeded by --rollout-seed) under the launch script's flags."""
+    Dataset = _slime_dataset_class()
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"problem {i}", "label": str(i)}) + "\n" for i in range(40)))
+
+    def prompt_order(driver: list[str]) -> list[str]:
+        assert "--rollout-shuffle" in driver
+        rollout_seed = int(_flag(driver, "--rollout-seed")) if "--rollout-seed" in driver else 42  # slime's default
+        dataset = Dataset(str(data), tokenizer=None, processor=None, max_length=None, prompt_key="prompt",
+                          label_key="label", seed=rollout_seed)
+        dataset.shuffle(0)  # what slime's RolloutDataSource does at epoch 0 with --rollout-shuffle
+        return [sample.prompt for sample in dataset.samples]
+
+    seed1, seed2 = _command(_dry_run(SEED="1")), _command(_dry_run(SEED="2"))
+    first, again, second = prompt_order(seed1), prompt_order(seed1), prompt_order(seed2)
+    assert first == again and sorted(first) == sorted(second)
+    assert first != second
+
+
+def test_dockerfile_build_check_imports_the_loss_hook_and_slime():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    checks = [line for line in dockerfile.splitlines() if 'python -c "import ' in line]
+    assert len(checks) == 1, checks
+    statement = checks[0].split('python -c "', 1)[1].rsplit('"', 1)[0]
+    modules = {m.strip() for m in statement.removeprefix("import ").split(",")}
+    assert {"epic_slime.slime.loss", "epic_slime.slime.train", "slime", "slime.utils.arguments"} <= modules
+    # the part that imports on CPU runs here (slime.utils.arguments needs SGLang: the image has it)
+    _slime_dataset_class()
+    light = sorted(m for m in modules if m != "slime.utils.arguments")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *[p for p in sys.path if "slime" in p]])}
+    result = subprocess.run([sys.executable, "-c", "import " + ", ".join(light)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_wandb_key_is_never_printed_and_ray_stays_local():

@@ -42,6 +42,7 @@ class ProjectConfig:
     behavior_logprobs: str
     policy_loss_topk: int | None = None  # k of the Top-K modes (None for the other modes)
     schedule: str = "asynchronous"  # SYNCHRONOUS when --max-staleness 0 (see check_schedule_flags)
+    oversample_ratio: float = 0.0  # the paper's oversampling ratio (epic_slime.slime.oversampling)
 
 
 def add_async_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -107,6 +108,7 @@ def add_project_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
     add_policy_loss_arguments(parser)
     add_async_arguments(parser)
+    add_table2_arguments(parser)
     return parser
 
 
@@ -150,12 +152,15 @@ def validate_project_args(args: Any) -> ProjectConfig:
         raise ProjectFlagError(f"--async-groups-in-flight must be >= 1, got {in_flight}")
     _check_slime_flags(args, aggregation, depth, staleness, behavior)
     schedule = check_schedule_flags(args, staleness)
+    check_unsupported_settings(args)
+    oversample_ratio = check_oversampling(args)
     topk = check_topk_flags(args, mode)
     from epic_slime.losses import resolve_params
 
     # the mode's parameters with its defaults filled in: what the loss will actually use
     return ProjectConfig(
-        mode, resolve_params(mode, params), aggregation, depth, staleness, stale_policy, behavior, topk, schedule
+        mode, resolve_params(mode, params), aggregation, depth, staleness, stale_policy, behavior, topk,
+        schedule=schedule, oversample_ratio=oversample_ratio,
     )
 
 
@@ -344,6 +349,8 @@ def translate_argv(argv: Sequence[str]) -> list[str]:
     aggregation = known.policy_loss_aggregation or default_aggregation(mode)
     if aggregation == TOKEN_MEAN and not known.calculate_per_token_loss:
         out.append("--calculate-per-token-loss")
+    out += oversampling_argv(argv)
+    out += lr_warmup_argv(argv)
     return out
 
 
@@ -373,6 +380,7 @@ def _dry_run_parser() -> argparse.ArgumentParser:
     slime.add_argument("--custom-generate-function-path", default=None)
     slime.add_argument("--rollout-top-p", type=float, default=1.0)
     slime.add_argument("--allgather-cp", action="store_true")
+    slime.add_argument("--advantage-estimator", default="grpo")
     return parser
 
 
@@ -392,6 +400,7 @@ def check_argv(argv: Sequence[str]) -> tuple[ProjectConfig, argparse.Namespace, 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        overrides = check_command_line(argv)
         config, args, _ = check_argv(argv)
     except (ProjectFlagError, SystemExit) as exc:
         if isinstance(exc, SystemExit):
@@ -407,10 +416,166 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{samples} samples) max_staleness={config.max_staleness} schedule={config.schedule} "
         f"stale_policy={config.stale_policy} "
         f"behavior_logprobs={config.behavior_logprobs}"
-        f"{f' policy_loss_topk={config.policy_loss_topk}' if config.policy_loss_topk else ''}; the driver passes slime "
+        f"{f' policy_loss_topk={config.policy_loss_topk}' if config.policy_loss_topk else ''}"
+        f" oversample_ratio={config.oversample_ratio}; the driver passes slime "
         f"{' '.join(added) if added else 'no extra flags'}"
     )
+    for override in overrides:
+        print(f"epic-slime flags: override: {override.describe()}")
     return 0
+
+
+# ---- command-line hygiene (issue 9): spelling against the real parsers, flags the project does not honour,
+# ---- the paper's oversampling ratio. Kept apart from the validation above.
+
+# slime flags that the project's rollout or loss would silently ignore: flag -> why (rejected when given).
+_SYNC_ROLLOUT = (
+    "is read by slime's synchronous sglang_rollout.generate_rollout; the project's streaming rollout "
+    f"({ROLLOUT_FUNCTION_PATH}) takes finished groups from slime's AsyncRolloutWorker and never calls it"
+)
+_SLIME_POLICY_LOSS = (
+    "belongs to slime's built-in policy_loss path, which --loss-type custom_loss replaces: the project's loss "
+    "reads --policy-loss and its parameters (e.g. --grpo-clip-low / --grpo-clip-high, --dapo-dual-clip)"
+)
+UNSUPPORTED_FLAGS: dict[str, str] = {
+    "--dynamic-sampling-filter-path": _SYNC_ROLLOUT,
+    "--over-sampling-batch-size": _SYNC_ROLLOUT + " (the paper's oversampling is --oversample-ratio)",
+    "--rollout-sample-filter-path": _SYNC_ROLLOUT,
+    "--rollout-all-samples-process-path": _SYNC_ROLLOUT,
+    "--use-tis": _SLIME_POLICY_LOSS + "; the project's loss applies no truncated importance-sampling correction",
+    "--use-opsm": _SLIME_POLICY_LOSS,
+    "--custom-pg-loss-reducer-function-path": _SLIME_POLICY_LOSS + "; aggregation is --policy-loss-aggregation",
+    "--eps-clip": _SLIME_POLICY_LOSS,
+    "--eps-clip-high": _SLIME_POLICY_LOSS,
+    "--eps-clip-c": _SLIME_POLICY_LOSS,
+    "--use-critic": "is not a slime flag: slime trains a critic when --advantage-estimator ppo, which the "
+    "epic-slime driver does not support (it trains the actor with group-relative advantages)",
+}
+
+
+def check_unsupported_flags(argv: Sequence[str]) -> None:
+    """Raise ProjectFlagError naming the first flag of ``UNSUPPORTED_FLAGS`` in argv."""
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if flag in UNSUPPORTED_FLAGS:
+            raise ProjectFlagError(f"{flag} is not supported by the epic-slime driver: it {UNSUPPORTED_FLAGS[flag]}")
+
+
+def check_unsupported_settings(args: Any) -> None:
+    """Settings slime derives rather than parses: a critic (``--advantage-estimator ppo``)."""
+    estimator = _get(args, "advantage_estimator")
+    if estimator == "ppo" or _get(args, "use_critic", False):
+        raise ProjectFlagError(
+            f"--advantage-estimator {estimator} trains a critic (slime's use_critic), which the epic-slime "
+            "driver does not support: use a group-relative estimator such as --advantage-estimator grpo"
+        )
+
+
+def project_option_kinds() -> dict[str, str]:
+    """The project's own option strings (slime's parser gets them through add_custom_arguments)."""
+    from epic_slime.slime.option_strings import option_kinds_of
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_project_arguments(parser)
+    return option_kinds_of(parser)
+
+
+def check_command_line(argv: Sequence[str]) -> list:
+    """Unsupported, unknown and abbreviated flags raise ProjectFlagError; returns the overrides
+    (``epic_slime.slime.option_strings.Override``: a flag given more than once, the last value wins)."""
+    from epic_slime.slime.option_strings import FlagSpellingError, check_flag_spelling, known_options
+
+    check_unsupported_flags(argv)
+    try:
+        overrides = check_flag_spelling(argv, known_options(project_option_kinds()))
+    except FlagSpellingError as exc:
+        raise ProjectFlagError(str(exc)) from exc
+    # the critic is derived (not parsed) by slime: catch it here too, before slime's parser runs
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--advantage-estimator", default=None)
+    check_unsupported_settings(parser.parse_known_args(list(argv))[0])
+    return overrides
+
+
+def add_table2_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Two rows of the paper's Table 2 that slime has no flag for in the paper's units."""
+    group = parser.add_argument_group("epic-slime paper Table 2 settings")
+    group.add_argument(
+        "--lr-warmup-rollouts",
+        type=int,
+        default=None,
+        help="linear learning-rate warmup over this many training steps (rollouts), as the authors' verl "
+        "steps its scheduler once per training step; becomes Megatron's --lr-warmup-iters "
+        "(optimizer steps) = rollouts x --update-depth",
+    )
+    group.add_argument(
+        "--oversample-ratio",
+        type=float,
+        default=0.0,
+        help="the paper's oversampling ratio r in [0, 1): the background generator keeps "
+        "ceil(rollout-batch-size / (1 - r)) groups in flight and each rollout takes the first "
+        "rollout-batch-size that finish (see epic_slime.slime.oversampling); 0 = one batch in flight",
+    )
+    return parser
+
+
+def check_oversampling(args: Any) -> float:
+    from epic_slime.slime.oversampling import OversamplingError, check_ratio, groups_in_flight
+
+    ratio = _get(args, "oversample_ratio", 0.0) or 0.0
+    try:
+        check_ratio(ratio)
+        batch = _get(args, "rollout_batch_size")
+        in_flight = _get(args, "async_groups_in_flight")
+        if ratio and batch is not None and in_flight is not None and in_flight != groups_in_flight(batch, ratio):
+            groups_in_flight(batch, ratio, explicit=in_flight)  # raises: two settings for one number
+    except OversamplingError as exc:
+        raise ProjectFlagError(str(exc)) from exc
+    return float(ratio)
+
+
+def oversampling_argv(argv: Sequence[str]) -> list[str]:
+    """``--async-groups-in-flight N`` for ``--oversample-ratio r`` > 0 (N = ceil(batch / (1 - r)))."""
+    from epic_slime.slime.oversampling import OversamplingError, groups_in_flight
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_table2_arguments(parser)
+    parser.add_argument("--rollout-batch-size", type=int, default=None)
+    parser.add_argument("--async-groups-in-flight", type=int, default=None)
+    parser.add_argument("--max-staleness", type=int, default=None)
+    known, _ = parser.parse_known_args(list(argv))
+    # The synchronous schedule (K = 0) has no background generator to oversample with: it
+    # generates exactly the batch (a documented gap, README "Two Table 2 rows ...").
+    if not known.oversample_ratio or known.max_staleness == 0:
+        return []
+    if known.rollout_batch_size is None:
+        raise ProjectFlagError("--oversample-ratio needs --rollout-batch-size")
+    try:
+        in_flight = groups_in_flight(known.rollout_batch_size, known.oversample_ratio, known.async_groups_in_flight)
+    except OversamplingError as exc:
+        raise ProjectFlagError(str(exc)) from exc
+    return ["--async-groups-in-flight", str(in_flight)]
+
+
+def lr_warmup_argv(argv: Sequence[str]) -> list[str]:
+    """``--lr-warmup-iters R x D`` for ``--lr-warmup-rollouts R`` (D = optimizer steps per rollout)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_table2_arguments(parser)
+    parser.add_argument("--update-depth", type=int, default=None)
+    parser.add_argument("--num-steps-per-rollout", type=int, default=None)
+    parser.add_argument("--lr-warmup-iters", type=int, default=None)
+    parser.add_argument("--lr-warmup-fraction", type=float, default=None)
+    known, _ = parser.parse_known_args(list(argv))
+    rollouts = known.lr_warmup_rollouts
+    if rollouts is None:
+        return []
+    if rollouts < 0:
+        raise ProjectFlagError(f"--lr-warmup-rollouts must be >= 0, got {rollouts}")
+    for name, value in (("--lr-warmup-iters", known.lr_warmup_iters), ("--lr-warmup-fraction", known.lr_warmup_fraction)):
+        if value is not None:
+            raise ProjectFlagError(f"--lr-warmup-rollouts {rollouts} and {name} {value} both set the warmup: keep one")
+    depth = known.update_depth or known.num_steps_per_rollout or 1
+    return ["--lr-warmup-iters", str(rollouts * depth)]
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ is built from slime's public pieces (placement groups, RolloutManager, the actor
 slime's RolloutManager actor runs one call at a time and the weight push asks it for the
 engines, so the push after rollout ``r`` happens once rollout ``r + 1`` is collected (as in
 slime's train_async.py): batches after the first are at least one update stale. Requests in
-flight during a push pause and continue on the new weights (their samples carry both versions).
+flight during a push are aborted (SGLang's default pause mode) and resubmitted as prompt + partial
+response on the new weights (their samples carry both versions; see README "What runs").
 How stale a group may be when it is trained is bounded by ``--max-staleness`` (>= 1).
 
 ``--max-staleness 0`` runs the synchronous schedule instead (``sync_training_loop``, the order of
@@ -33,6 +34,7 @@ from typing import Any
 from epic_slime.slime.flags import (
     ProjectFlagError,
     add_project_arguments,
+    check_command_line,
     translate_argv,
     validate_project_args,
 )
@@ -179,8 +181,6 @@ def run(args: Any) -> None:
     from slime.ray.placement_group import create_placement_groups, create_rollout_manager, create_training_models
 
     configure_logger()
-    if args.use_critic:
-        raise ProjectFlagError("--use-critic is not supported by the epic-slime driver (GRPO-style advantages only)")
     pgs = create_placement_groups(args)
     init_tracking(args)
     rollout_manager, num_rollout_per_epoch = create_rollout_manager(args, pgs["rollout"])
@@ -193,6 +193,9 @@ def run(args: Any) -> None:
 
 def parse(argv: Sequence[str]) -> Any:
     """slime's parser with the project's flags; argv is translated first (update depth, aggregation)."""
+    # slime ignores unknown flags and SGLang's parser expands abbreviations: check the spelling first
+    for override in check_command_line(argv):
+        print(f"epic_slime.slime.train: override: {override.describe()}", file=sys.stderr)
     from slime.utils.arguments import parse_args
 
     translated = translate_argv(argv)

@@ -1,0 +1,134 @@
+"""The paper's oversampling ratio and learning-rate warmup on the slime path (paper Table 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+import time
+from fractions import Fraction
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from epic_slime.slime.flags import ProjectFlagError, check_argv, translate_argv
+from epic_slime.slime.oversampling import OversamplingError, groups_in_flight, oversampled_count
+
+# slime's source: SLIME_PATH, else the vendored snapshot next to the repository (CI has one of them)
+_SLIME = os.environ.get("SLIME_PATH") or str(Path(__file__).resolve().parents[2] / "shared" / "vendor" / "slime-624b824a")
+if os.path.isdir(_SLIME) and _SLIME not in sys.path:
+    sys.path.append(_SLIME)
+
+BASE = [
+    "--loss-type", "custom_loss",
+    "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
+    "--rollout-batch-size", "64",
+    "--n-samples-per-prompt", "8",
+]
+
+
+def _smallest_sufficient(target: int, ratio_text: str) -> int:
+    """Reference: count up until m (1 - r) >= target, in exact rational arithmetic."""
+    keep = 1 - Fraction(ratio_text)
+    m = target
+    while m * keep < target:
+        m += 1
+    return m
+
+
+@pytest.mark.parametrize("ratio_text", ["0", "0.05", "0.1", "0.25", "0.5", "0.9", "0.125"])
+def test_oversampled_count_is_the_smallest_sufficient_count(ratio_text):
+    for target in list(range(1, 130)) + [512, 1000, 4096]:
+        assert oversampled_count(target, float(ratio_text)) == _smallest_sufficient(target, ratio_text), target
+
+
+def test_the_authors_numbers_at_the_paper_scale():
+    # the fork: 512 sample requests at rate 0.1 -> ceil(512 / 0.9) = 569 started, 57 extra
+    assert oversampled_count(512, 0.1) == 569
+    assert groups_in_flight(64, 0.1) == 72 and groups_in_flight(64, 0.0) == 64
+    assert oversampled_count(9, 0.1) == 10  # float ceil(9 / 0.9) would give 11
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.0, 1.5, "0.1", True, float("nan")])
+def test_bad_ratios_are_named(ratio):
+    with pytest.raises(OversamplingError, match="--oversample-ratio must be"):
+        oversampled_count(64, ratio)
+
+
+def test_ratio_and_explicit_groups_in_flight_conflict():
+    assert groups_in_flight(64, 0.0, explicit=10) == 10
+    with pytest.raises(OversamplingError, match="sets the groups in flight to 72; drop --async-groups-in-flight 10"):
+        groups_in_flight(64, 0.1, explicit=10)
+
+
+def test_driver_turns_the_ratio_into_groups_in_flight():
+    out = translate_argv(BASE + ["--oversample-ratio", "0.1"])
+    assert out[-2:] == ["--async-groups-in-flight", "72"]
+    assert "--async-groups-in-flight" not in translate_argv(BASE + ["--oversample-ratio", "0"])
+    config, args, _ = check_argv(BASE + ["--oversample-ratio", "0.1"])
+    assert config.oversample_ratio == 0.1 and args.async_groups_in_flight == 72
+    with pytest.raises(ProjectFlagError, match="drop --async-groups-in-flight 100"):
+        check_argv(BASE + ["--oversample-ratio", "0.1", "--async-groups-in-flight", "100"])
+    with pytest.raises(ProjectFlagError, match="--oversample-ratio must be in \\[0, 1\\), got 1.0"):
+        check_argv(BASE + ["--oversample-ratio", "1.0"])
+
+
+def test_warmup_in_rollouts_becomes_megatron_iterations():
+    out = translate_argv(BASE + ["--update-depth", "8", "--lr-warmup-rollouts", "10"])
+    assert out[-2:] == ["--lr-warmup-iters", "80"]  # 10 rollouts x 8 optimizer steps
+    assert translate_argv(BASE + ["--num-steps-per-rollout", "4", "--lr-warmup-rollouts", "10"])[-2:] == [
+        "--lr-warmup-iters", "40"]
+    assert "--lr-warmup-iters" not in translate_argv(BASE)
+    with pytest.raises(ProjectFlagError, match="both set the warmup"):
+        translate_argv(BASE + ["--lr-warmup-rollouts", "10", "--lr-warmup-iters", "5"])
+    with pytest.raises(ProjectFlagError, match="--lr-warmup-rollouts must be >= 0, got -1"):
+        translate_argv(BASE + ["--lr-warmup-rollouts", "-1"])
+
+
+def test_slime_worker_keeps_the_oversampled_number_of_groups_in_flight(monkeypatch):
+    """slime's real AsyncRolloutWorker with the concurrency the driver derives: 72 groups in flight for
+    a batch of 64, and a batch is the first 64 that finish (the slow 8 are still running)."""
+    fully_async = pytest.importorskip("slime.rollout.fully_async_rollout", reason="slime is not importable (SLIME_PATH)")
+    release = threading.Event()
+    running = {"now": 0, "max": 0}
+
+    async def fake_generate_and_rm_group(args, group, sampling_params, evaluation=False):
+        running["now"] += 1  # one event loop: no lock needed
+        running["max"] = max(running["max"], running["now"])
+        await asyncio.sleep(0.001)
+        if group[0].index % 9 == 8:  # every ninth group is slow
+            while not release.is_set():
+                await asyncio.sleep(0.005)
+        running["now"] -= 1
+        return group
+
+    class Buffer:
+        def __init__(self):
+            self.next = 0
+
+        def get_samples(self, n):
+            groups = [[SimpleNamespace(index=self.next + i)] for i in range(n)]
+            self.next += n
+            return groups
+
+    monkeypatch.setattr(fully_async, "generate_and_rm_group", fake_generate_and_rm_group)
+    monkeypatch.setattr(fully_async, "GenerateState", lambda args: SimpleNamespace(sampling_params={}), raising=False)
+    args = SimpleNamespace(rollout_batch_size=64, n_samples_per_prompt=1)
+    in_flight = translate_argv(BASE + ["--oversample-ratio", "0.1"])[-1]
+    worker = fully_async.AsyncRolloutWorker(args, Buffer(), concurrency=int(in_flight))
+    worker.poll_interval = 0.05  # slime's 1 s poll only slows the test down
+    worker.start()
+    try:
+        deadline = time.monotonic() + 20
+        while worker.queue_size() < 64 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        batch = worker.get_completed_groups(limit=64)
+        assert len(batch) == 64
+        # the first 64 to finish, none of the slow ones: those did not hold the batch up
+        assert sorted(group[0].index for _, group in batch) == [i for i in range(72) if i % 9 != 8]
+        assert running["max"] == 72  # never more groups in flight than the oversampled batch
+    finally:
+        release.set()
+        worker.stop()
