@@ -37,11 +37,24 @@ def _families() -> dict[str, dict[str, Any]]:
     return families
 
 
-def _parse_value(text: str):
+def _parse_value(value):
+    """A mode parameter from the command line (text) or YAML (int, float, str or null).
+
+    YAML reads `0.001` as a float but `5e-4` as a string, so both must be accepted; numbers pass
+    through unchanged, text is read as null, an int, a float or (generator names) kept as text."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise argparse.ArgumentTypeError(f"expected a number, a name or null, got {value!r}")
+    if isinstance(value, (int, float)):
+        return value
+    if not isinstance(value, str):
+        raise argparse.ArgumentTypeError(f"expected a number, a name or null, got {value!r}")
+    text = value.strip()
     if text.lower() in ("none", "null", "off"):
         return None
     try:
-        return int(text) if text.strip().lstrip("+-").isdigit() else float(text)
+        return int(text) if text.lstrip("+-").isdigit() else float(text)
     except ValueError:
         return text  # string-valued parameters (e.g. a generator name)
 
