@@ -285,6 +285,9 @@ class Run:
         while self.pending_gen:
             ready, _ = ray.wait(list(self.pending_gen), num_returns=1)
             self._collect_generation(ready[0])
+        if self.cfg.rollout_mode == "sync":
+            # requests finish in any order; the batch (and so each minibatch) must not depend on it
+            self.buffer = deque(sorted(self.buffer, key=lambda g: g.group_id))
 
     def _trainable_groups(self) -> int:
         if self.cfg.stale_policy == "keep":
