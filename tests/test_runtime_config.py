@@ -132,3 +132,13 @@ def test_yaml_number_parameter_trains_through_the_cli(tmp_path, capsys):
     # the crash of the issue was an exit 1 with a traceback: now it is a config error naming the field
     assert train_main(["--config", _yaml(tmp_path, "epic_delta_low: 0\n")]) == 2
     assert "delta_low=0" in capsys.readouterr().err
+
+
+def test_every_sweep_option_has_help_and_its_default():
+    from epic_slime.runtime.sweep import build_sweep_parser
+
+    actions = [a for a in build_sweep_parser()._actions if a.dest != "help"]
+    assert {a.dest for a in actions} == {"policy_losses", "update_depths", "seeds", "output_dir"}
+    for a in actions:
+        assert a.help and "default" in a.help, a.dest
+    assert build_sweep_parser().parse_args([]).update_depths is None   # then the config's update_depth

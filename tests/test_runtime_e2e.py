@@ -134,13 +134,17 @@ def test_sweep_writes_a_comparison_table(root):
     flags = [f for f in TINY_FLAGS]
     i = flags.index("--update-depth")
     del flags[i:i + 2]
-    rc = sweep_main(["--policy-losses", "epic,grpo", "--update-depths", "2", "--seeds", "1", "--output-dir", str(out),
-                     *flags, "--num-rollout", "2", "--eval-interval", "0", "--no-plots",
-                     "--warm-start-cache-dir", str(root / "warm_cache")])
-    assert rc == 0
+    config = root / "sweep_base.yaml"
+    config.write_text("update_depth: 2\n")        # no --update-depths: the config's depth is used
+    argv = ["--config", str(config), "--policy-losses", "epic,grpo", "--seeds", "1", "--output-dir", str(out),
+            *flags, "--num-rollout", "2", "--eval-interval", "0", "--no-plots",
+            "--warm-start-cache-dir", str(root / "warm_cache")]
+    assert sweep_main(argv) == 0
     table = (out / "comparison.md").read_text()
     assert "| epic | 2 | 1 | ok |" in table and "| grpo | 2 | 1 | ok |" in table
+    assert table.startswith("> Smoke test: 2 steps per run")          # says it compares nothing
     assert (out / "sweep_reward.png").exists() and (out / "comparison.csv").read_text().count("\n") == 3
+    assert sweep_main(argv) == 2                                      # a rerun would mix runs: refused
 
 
 TIMING_KEYS = ("time/", "perf/", "driver/", "eval/")   # eval lines land on whichever step they finish by

@@ -104,13 +104,20 @@ def _plot_names() -> tuple[str, ...]:
     return PLOT_NAMES
 
 
-def prepare_output_dir(cfg: RuntimeConfig, resume_path: Path | None) -> None:
-    """Refuse to mix two runs in one directory: an existing run needs --load (resume it) or
-    --overwrite (clear it first: only this runtime's own files and the checkpoints, nothing else)."""
+def existing_run(cfg: RuntimeConfig) -> list[Path]:
+    """The files of an earlier run in cfg's output directory (and its checkpoints), if any."""
     out, ckpt = Path(cfg.output_dir), cfg.checkpoint_dir
     found = [out / n for n in RUN_FILES if (out / n).exists()]
     if ckpt.is_dir() and any(ckpt.iterdir()):
         found.append(ckpt)
+    return found
+
+
+def prepare_output_dir(cfg: RuntimeConfig, resume_path: Path | None) -> None:
+    """Refuse to mix two runs in one directory: an existing run needs --load (resume it) or
+    --overwrite (clear it first: only this runtime's own files and the checkpoints, nothing else)."""
+    out, ckpt = Path(cfg.output_dir), cfg.checkpoint_dir
+    found = existing_run(cfg)
     if not found:
         return
     if cfg.overwrite:
