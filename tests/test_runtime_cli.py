@@ -153,3 +153,38 @@ def test_end_of_run_summary_names_reward_best_eval_staleness_and_files(tmp_path)
         assert part in text, part
     cmd = resume_command(["--config", "c.yaml", "--load", "old", "--overwrite", "--lr", "1e-4"], cfg)
     assert cmd == f"epic-slime train --config c.yaml --lr 1e-4 --load {cfg.checkpoint_dir}"
+
+
+def test_key_settings_are_printed_before_anything_slow(tmp_path, capsys, monkeypatch):
+    from epic_slime.runtime import driver
+    from epic_slime.runtime.cli import train_main
+    from _runtime_helpers import TINY_FLAGS
+
+    def not_yet(cfg):
+        raise ConfigError("stopped before the run")
+    monkeypatch.setattr(driver, "run_training", not_yet)
+    flags = [f for f in TINY_FLAGS if f != "--no-progress"]
+    assert train_main([*flags, "--output-dir", str(tmp_path / "r"), "--epic-delta-high", "0.003"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("[epic-slime] epic (delta_low=0.0005, delta_high=0.003; seq-mean-token-mean), "
+                          "update depth D=2, max staleness K=2 (drop), async, 4 prompts x 4 samples per step, 4 steps")
+
+
+def test_first_signal_asks_for_a_checkpoint_and_a_second_exits_at_once(capsys):
+    import os
+    import signal
+
+    from epic_slime.runtime.driver import StopRequest
+
+    stop = StopRequest()
+    before = signal.getsignal(signal.SIGTERM)
+    stop.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and stop.signal_name == "SIGTERM"
+        assert "finishing the step in flight" in capsys.readouterr().out
+        with pytest.raises(KeyboardInterrupt, match="second SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) is before
