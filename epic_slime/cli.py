@@ -19,8 +19,16 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def version_line() -> str:
+    """`epic-slime --version`: package, torch and git commit (when this is a git checkout)."""
+    from epic_slime.runtime.driver import versions
+
+    v = versions()
+    return f"epic-slime {v['epic_slime']} (torch {v['torch']}, git {v['git_commit'] or 'n/a'})"
+
+
 def _usage() -> str:
-    lines = ["usage: epic-slime <command> [options]", "", "commands:"]
+    lines = ["usage: epic-slime [--version] <command> [options]", "", "commands:"]
     for name, (_, _, text) in SUBCOMMANDS.items():
         lines.append(f"  {name:<14}{text}")
     return "\n".join(lines)
@@ -31,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] in ("--version", "-V"):
+        print(version_line())
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in SUBCOMMANDS:
         print(f"epic-slime: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)

@@ -15,7 +15,7 @@ TINY_FLAGS = [
     "--num-rollout-workers", "2", "--num-rollout", "4", "--eval-interval", "2",
     "--n-samples-per-eval-prompt", "2", "--task-eval-num-prompts", "8",
     "--warm-start-steps", "20", "--warm-start-batch-size", "16", "--rollout-max-response-len", "16",
-    "--lr", "3e-4", "--no-progress",
+    "--lr", "3e-4", "--no-progress", "--on-bad-tokens", "raise",
 ]
 
 

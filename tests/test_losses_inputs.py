@@ -176,3 +176,51 @@ def test_non_tensor_inputs_raise():
     lp, blp, adv, mask = _batch()
     with pytest.raises(PolicyLossInputError, match="advantages must be a torch.Tensor, got list"):
         compute_policy_loss("epic", lp, blp, [1.0, 2.0, 3.0], mask)
+
+
+# ---- on_bad_tokens="skip": mask, count, abort only past max_bad_token_frac ----
+
+def _with_bad_tokens():
+    lp, blp, adv, mask = _batch(B=3, T=40)
+    bad = torch.zeros_like(mask)
+    lp[0, 5] = math.nan; bad[0, 5] = True           # non-finite current log-prob
+    blp[1, 7] = 0.5; bad[1, 7] = True               # "probability > 1" behaviour log-prob
+    lp[2, 39] = math.inf; bad[2, 39] = True
+    return lp, blp, adv, mask, bad
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_skip_masks_bad_tokens_like_a_smaller_mask(mode):
+    lp, blp, adv, mask, bad = _with_bad_tokens()
+    live = lp.clone().requires_grad_(True)
+    out = compute_policy_loss(mode, live, blp, adv, mask, on_bad_tokens="skip", max_bad_token_frac=0.05)
+    out.loss.backward()
+    # reference: the same call in raise mode with the bad tokens simply not on the mask
+    clean_lp = torch.where(bad, -1.0, lp).requires_grad_(True)
+    ref = compute_policy_loss(mode, clean_lp, torch.where(bad, -1.0, blp), adv, mask & ~bad)
+    ref.loss.backward()
+    assert torch.isfinite(out.loss) and float(out.loss.detach()) == pytest.approx(float(ref.loss.detach()), rel=1e-6, abs=1e-7)
+    assert torch.isfinite(live.grad).all() and (live.grad[bad] == 0).all()
+    assert torch.allclose(live.grad, clean_lp.grad, rtol=1e-5, atol=1e-7)
+    assert int(out.metrics["bad_tokens"]) == 3 and torch.equal(out.bad, bad)
+    assert int(out.metrics["valid_tokens"]) == int(mask.sum()) - 3
+
+
+def test_skip_aborts_past_the_bad_token_fraction():
+    lp, blp, adv, mask, _ = _with_bad_tokens()      # 3 bad of 120 = 2.5%
+    with pytest.raises(PolicyLossInputError, match=r"3 of 120 valid tokens \(2.50%\) .* max_bad_token_frac=0.01"):
+        compute_policy_loss("epic", lp, blp, adv, mask, on_bad_tokens="skip", max_bad_token_frac=0.01)
+    assert int(compute_policy_loss("epic", lp, blp, adv, mask, on_bad_tokens="skip",
+                                   max_bad_token_frac=0.025).metrics["bad_tokens"]) == 3
+
+
+def test_raise_stays_the_default_and_bad_settings_are_errors():
+    lp, blp, adv, mask, _ = _with_bad_tokens()
+    with pytest.raises(PolicyLossInputError, match="log_probs has a non-finite value"):
+        compute_policy_loss("epic", lp, blp, adv, mask)
+    with pytest.raises(PolicyLossInputError, match="on_bad_tokens='ignore'"):
+        compute_policy_loss("epic", lp, blp, adv, mask, on_bad_tokens="ignore")
+    with pytest.raises(PolicyLossInputError, match="max_bad_token_frac=2"):
+        compute_policy_loss("epic", lp, blp, adv, mask, on_bad_tokens="skip", max_bad_token_frac=2)
+    clean = _batch()
+    assert int(compute_policy_loss("epic", *clean).metrics["bad_tokens"]) == 0

@@ -134,10 +134,68 @@ def test_sweep_writes_a_comparison_table(root):
     flags = [f for f in TINY_FLAGS]
     i = flags.index("--update-depth")
     del flags[i:i + 2]
-    rc = sweep_main(["--policy-losses", "epic,grpo", "--update-depths", "2", "--seeds", "1", "--output-dir", str(out),
-                     *flags, "--num-rollout", "2", "--eval-interval", "0", "--no-plots",
-                     "--warm-start-cache-dir", str(root / "warm_cache")])
-    assert rc == 0
+    config = root / "sweep_base.yaml"
+    config.write_text("update_depth: 2\n")        # no --update-depths: the config's depth is used
+    argv = ["--config", str(config), "--policy-losses", "epic,grpo", "--seeds", "1", "--output-dir", str(out),
+            *flags, "--num-rollout", "2", "--eval-interval", "0", "--no-plots",
+            "--warm-start-cache-dir", str(root / "warm_cache")]
+    assert sweep_main(argv) == 0
     table = (out / "comparison.md").read_text()
     assert "| epic | 2 | 1 | ok |" in table and "| grpo | 2 | 1 | ok |" in table
+    assert table.startswith("> Smoke test: 2 steps per run")          # says it compares nothing
     assert (out / "sweep_reward.png").exists() and (out / "comparison.csv").read_text().count("\n") == 3
+    assert sweep_main(argv) == 2                                      # a rerun would mix runs: refused
+
+
+TIMING_KEYS = ("time/", "perf/", "driver/", "eval/")   # eval lines land on whichever step they finish by
+
+
+def _without_timings(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)} for r in rows]
+
+
+def test_sigint_checkpoints_and_the_resumed_sync_run_equals_an_uninterrupted_one(root):
+    """A real SIGINT mid-run: checkpoint, summary, plots; resuming continues exactly. Sync mode with a
+    fixed seed is reproducible, so the interrupted + resumed run must equal an uninterrupted run
+    line for line (apart from timings), which also checks the README's reproducibility claim."""
+    import os
+    import signal
+    import threading
+    import time
+
+    flags = ("--num-rollout", "4", "--rollout-mode", "sync", "--eval-interval", "0")
+    ref = tiny_config(root, *flags, "--no-plots", name="sync_ref")
+    run_training(ref)
+
+    cfg = tiny_config(root, *flags, name="sync_int")
+    metrics = Path(cfg.output_dir) / "metrics.jsonl"
+
+    def interrupt_after_first_step():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if metrics.exists() and metrics.read_text().count("\n") >= 1:
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=interrupt_after_first_step, daemon=True)
+    watcher.start()
+    summary = run_training(cfg)
+    watcher.join()
+    assert summary["interrupted"] == "SIGINT" and 1 <= summary["steps"] < 4
+    assert Path(summary["checkpoint"]).name == f"step_{summary['steps']:06d}"
+    assert json.loads((Path(cfg.output_dir) / "summary.json").read_text())["interrupted"] == "SIGINT"
+    assert (Path(cfg.output_dir) / "reward.png").exists()
+    interrupted_at = summary["steps"]
+
+    resumed = tiny_config(root, *flags, "--load", str(Path(cfg.output_dir) / "checkpoints"), name="sync_int")
+    summary = run_training(resumed)
+    assert summary["interrupted"] is None and summary["start_step"] == interrupted_at
+    assert summary["steps_this_run"] == 4 - interrupted_at
+    rows, ref_rows = read_jsonl(metrics), read_jsonl(Path(ref.output_dir) / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert _without_timings(rows) == _without_timings(ref_rows)            # bit for bit, every step
+    assert read_jsonl(Path(cfg.output_dir) / "batches.jsonl") == read_jsonl(Path(ref.output_dir) / "batches.jsonl")
+    evals = {e["eval/version"]: e["eval/heldout/mean@2"] for e in read_jsonl(Path(cfg.output_dir) / "eval_metrics.jsonl")}
+    ref_evals = {e["eval/version"]: e["eval/heldout/mean@2"] for e in read_jsonl(Path(ref.output_dir) / "eval_metrics.jsonl")}
+    assert evals == ref_evals and set(evals) == {0, 4}

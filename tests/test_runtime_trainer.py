@@ -108,3 +108,38 @@ def test_topk_mode_gets_the_behaviour_top_k_set_and_trains():
     assert math.isfinite(m["loss/pg_loss"]) and trainer.version == 1
     with pytest.raises(ValueError, match="topk_ids"):
         trainer.train_step([{k: v for k, v in s.items() if k not in ("topk_ids",)} for s in samples])
+
+
+def test_bad_tokens_are_skipped_and_counted_with_the_kl_term_finite():
+    trainer, samples, _ = _setup(kl_loss_coef=1e-3, on_bad_tokens="skip", max_bad_token_frac=0.05)
+    samples[3] = {**samples[3], "behavior_log_probs": [float("nan")] + list(samples[3]["behavior_log_probs"][1:])}
+    samples[7] = {**samples[7], "behavior_log_probs": [0.5] + list(samples[7]["behavior_log_probs"][1:])}
+    m = trainer.train_step(samples)
+    assert m["loss/bad_tokens"] == 2 and m["loss/skipped_steps"] == 0
+    assert all(math.isfinite(v) for k, v in m.items() if isinstance(v, float)), m
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    raising, samples, _ = _setup(on_bad_tokens="raise")
+    samples[3] = {**samples[3], "behavior_log_probs": [float("nan")] + list(samples[3]["behavior_log_probs"][1:])}
+    from epic_slime.losses import PolicyLossInputError
+    with pytest.raises(PolicyLossInputError, match="behavior_log_probs has a non-finite value"):
+        raising.train_step(samples)
+
+
+def test_non_finite_gradient_skips_the_optimizer_step_and_counts_it(monkeypatch):
+    real_clip = torch.nn.utils.clip_grad_norm_
+    calls = []
+
+    def first_norm_is_nan(params, max_norm):      # what a NaN/inf gradient makes clip_grad_norm_ return
+        calls.append(1)
+        norm = real_clip(params, max_norm)
+        return torch.tensor(float("nan")) if len(calls) == 1 else norm
+
+    trainer, samples, state = _setup(on_bad_tokens="skip")
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", first_norm_is_nan)
+    m = trainer.train_step(samples)
+    assert m["loss/skipped_steps"] == 1 and trainer.version == 1
+    assert trainer.opt.state_dict()["state"][0]["step"] == 1        # 2 minibatches, one update
+    calls.clear()
+    raising, samples, _ = _setup(on_bad_tokens="raise")
+    with pytest.raises(FloatingPointError, match="gradient norm is nan"):
+        raising.train_step(samples)

@@ -256,6 +256,63 @@ def test_cp2_over_gloo_equals_cp1_for_every_mode():
             # every token's gradient comes from exactly one rank
             assert bool(((r0[1][i] == 0) | (r1[1][i] == 0)).all())
         # metrics add up across the CP group to the CP = 1 value, as slime's all-reduce does
-        for name in ("pg_loss", "ppo_kl", "pg_clipfrac") + (("kl_loss",) if kl else ()):
+        policy_names = sorted(n for n in metrics if n.startswith("policy/"))
+        assert len(policy_names) > 10 and set(r0[2]) == set(r1[2]) == set(metrics)
+        for name in ("pg_loss", "ppo_kl", "pg_clipfrac") + (("kl_loss",) if kl else ()) + tuple(policy_names):
             total = r0[2][name] + r1[2][name]
             torch.testing.assert_close(total.double(), metrics[name].double(), rtol=1e-5, atol=1e-7, msg=f"{mode} {name}")
+
+
+def test_unbiased_kl_weights_k3_by_the_ratio_to_the_recomputed_log_probs():
+    data = _full_data(3)
+    args = _args("epic", use_kl_loss=True, kl_loss_coef=1e-3, kl_loss_type="k3", use_unbiased_kl=True)
+    leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+    old = [d["log_pi"] - 0.3 * (i + 1) for i, d in enumerate(data)]     # recomputed log-probs that differ
+    batch = {**batch, "log_probs": old}
+    _, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
+    k3 = [torch.exp(d["ref"] - d["log_pi"]) - 1 - (d["ref"] - d["log_pi"]) for d in data]
+    weighted = [torch.exp(d["log_pi"] - o) * k for d, o, k in zip(data, old, k3)]
+    expected = sum((w * d["mask"]).sum() / d["mask"].sum() for w, d in zip(weighted, data))
+    plain = sum((k * d["mask"]).sum() / d["mask"].sum() for k, d in zip(k3, data))
+    assert abs(float(expected) - float(plain)) > 1e-3          # the weighting matters in this fixture
+    torch.testing.assert_close(metrics["kl_loss"].double(), expected, rtol=1e-6, atol=1e-9)
+    # with --use-rollout-logprobs the weight is against the rollout log-probs instead
+    args_r = _args("epic", use_kl_loss=True, kl_loss_coef=1e-3, kl_loss_type="k3", use_unbiased_kl=True,
+                   use_rollout_logprobs=True)
+    _, metrics_r = slime_policy_loss_from_log_probs(args_r, batch, log_probs, None, reducer)
+    weighted_r = [torch.exp(d["log_pi"] - d["log_mu"]) * k for d, k in zip(data, k3)]
+    expected_r = sum((w * d["mask"]).sum() / d["mask"].sum() for w, d in zip(weighted_r, data))
+    torch.testing.assert_close(metrics_r["kl_loss"].double(), expected_r, rtol=1e-6, atol=1e-9)
+
+
+def test_bad_tokens_are_skipped_on_the_cluster_path():
+    from epic_slime.slime.flags import add_project_arguments
+
+    registered = add_project_arguments(argparse.ArgumentParser()).parse_args([])
+    assert (registered.on_bad_tokens, registered.max_bad_token_frac) == ("skip", 0.01)   # the cluster default
+    data = _full_data(4)
+    args = _args("epic", use_kl_loss=True, kl_loss_coef=1e-3, on_bad_tokens="skip", max_bad_token_frac=0.05)
+    leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+    bad_sample, bad_pos = 3, 4
+    log_probs[bad_sample] = torch.where(torch.arange(len(log_probs[bad_sample])) == bad_pos,
+                                        torch.tensor(float("nan"), dtype=torch.float64), log_probs[bad_sample])
+    loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(v).all() for v in metrics.values())
+    assert all(torch.isfinite(leaf.grad).all() for leaf in leaves) and float(leaves[bad_sample].grad[bad_pos]) == 0
+    # reference: the token simply not on the loss mask (its denominator shrinks with it)
+    masks = [d["mask"].clone() for d in data]
+    masks[bad_sample][bad_pos] = 0
+    ref_leaves, ref_lp, ref_batch, _ = _slime_inputs(data, 0, 1, args)
+    ref_batch = {**ref_batch, "loss_masks": masks}
+    # the bad token drops out of the core's mask; slime's reducer keeps the batch's denominators
+    ref_reducer = _reducer([torch.arange(d["resp"]) for d in data], masks, [d["mask"].sum() for d in data], False)
+    ref_loss, ref_metrics = slime_policy_loss_from_log_probs(args, ref_batch, ref_lp, None, ref_reducer)
+    torch.testing.assert_close(loss.detach(), ref_loss.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(metrics["kl_loss"], ref_metrics["kl_loss"], rtol=1e-6, atol=1e-9)
+    n_valid = float(sum(m.sum() for m in masks))
+    assert float(metrics["policy/bad_token_frac"]) == pytest.approx(len(data) / (n_valid + 1), rel=1e-6)
+    assert float(ref_metrics["policy/bad_token_frac"]) == 0
+    # raise (no flag on the args) names the field
+    with pytest.raises(ValueError, match="log_probs has a non-finite value"):
+        slime_policy_loss_from_log_probs(_args("epic"), batch, log_probs, None, reducer)

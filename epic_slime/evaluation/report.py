@@ -168,6 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_benchmarks_present(runs: dict, benchmarks: Sequence[str]) -> None:
+    """An all-n/a table helps nobody: name the benchmarks the records hold and the flag to pass."""
+    held = sorted({b for info in runs.values() for scores in info.scores.values() for b in scores})
+    if not set(benchmarks) & set(held):
+        local = " (`heldout` is the embedded runtime's held-out split)" if "heldout" in held else ""
+        raise RecordError(f"none of the benchmarks {' '.join(benchmarks)} is in the records; they hold "
+                          f"{' '.join(held)}{local}: pass --benchmarks {' '.join(held)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -178,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         if not records:
             raise RecordError(f"no eval records in {', '.join(args.records)}")
         runs = group_records(records, k=k)
+        _check_benchmarks_present(runs, args.benchmarks)
         rows = method_table(runs, args.benchmarks, args.methods)
         intervals = {row.method: method_intervals(row, runs, args.benchmarks, args.bootstrap, args.bootstrap_seed)
                      for row in rows}

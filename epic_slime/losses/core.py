@@ -27,6 +27,12 @@ AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum")
 # Log-probabilities above this are not log-probabilities (bfloat16 rounding stays far below).
 _MAX_LOG_PROB = 1e-3
 
+# What a bad valid token (NaN/inf log-prob or advantage, log-prob > _MAX_LOG_PROB) does:
+# "raise" a PolicyLossInputError, or "skip": mask it out of the loss, count it (`bad_tokens`), and
+# raise only when more than `max_bad_token_frac` of the call's valid tokens are bad.
+ON_BAD_TOKENS = ("raise", "skip")
+DEFAULT_MAX_BAD_TOKEN_FRAC = 0.01
+
 
 class PolicyLossInputError(ValueError):
     """Bad input to a policy loss: the message names the field and the offending value."""
@@ -52,6 +58,8 @@ class LossBatch:
     behavior_topk_log_probs: torch.Tensor | None = None
     current_topk_log_probs: torch.Tensor | None = None
     topk_mask: torch.Tensor | None = None
+    # on_bad_tokens="skip": [B, T] bool, the valid tokens that were bad and are masked out of `valid`
+    bad: torch.Tensor | None = None
     _prefix: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def _cached(self, name, compute):
@@ -302,12 +310,15 @@ def _first_bad(bad: torch.Tensor) -> str:
 
 
 def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: bool = True,
-                  behavior_topk_log_probs=None, current_topk_log_probs=None, topk_mask=None) -> LossBatch:
+                  behavior_topk_log_probs=None, current_topk_log_probs=None, topk_mask=None,
+                  on_bad_tokens: str = "raise", max_bad_token_frac: float = DEFAULT_MAX_BAD_TOKEN_FRAC) -> LossBatch:
     """Check shapes, dtypes and values; return detached compute-dtype tensors zeroed off the mask.
 
     Raises PolicyLossInputError naming the field for: wrong types or shapes, masks outside {0, 1},
     NaN / inf log-probs or advantages on valid tokens, log-probs > 0. (Values on masked tokens are
     ignored, NaN included.) ``validate=False`` skips the value checks, which need one host sync.
+    ``on_bad_tokens="skip"`` masks bad valid tokens out instead (``LossBatch.bad``), and raises only
+    when more than ``max_bad_token_frac`` of the valid tokens are bad (the value checks then always run).
     The optional Top-K inputs are checked the same way (see `topk.prepare_topk_inputs`).
     """
     for name, value in (("log_probs", log_probs), ("behavior_log_probs", behavior_log_probs),
@@ -332,6 +343,12 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
         raise PolicyLossInputError(
             f"advantages shape {tuple(advantages.shape)} must be [B, T] = {tuple(shape)} or [B] = ({shape[0]},)")
 
+    if on_bad_tokens not in ON_BAD_TOKENS:
+        raise PolicyLossInputError(f"on_bad_tokens={on_bad_tokens!r} is not one of {ON_BAD_TOKENS}")
+    if not (isinstance(max_bad_token_frac, (int, float)) and 0 <= max_bad_token_frac <= 1):
+        raise PolicyLossInputError(f"max_bad_token_frac={max_bad_token_frac!r} must be a number in [0, 1]")
+    skip = on_bad_tokens == "skip"
+    validate = validate or skip
     dtype = _compute_dtype(log_probs.dtype)
     if mask.dtype == torch.bool:
         valid = mask
@@ -343,6 +360,7 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
                 raise PolicyLossInputError(
                     f"mask must be bool or 0/1, got value {bad_value} {_first_bad(outside)}")
         valid = mask != 0
+    bad_tokens = None
     if validate and valid.numel():
         lp = log_probs.detach()
         blp = behavior_log_probs.detach()
@@ -354,8 +372,10 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
             ("log_probs", lp, (lp > _MAX_LOG_PROB) & valid, "positive (probability > 1)"),
             ("behavior_log_probs", blp, (blp > _MAX_LOG_PROB) & valid, "positive (probability > 1)"),
         )
+        if skip:
+            bad_tokens, valid = _mask_bad_tokens(checks, valid, max_bad_token_frac)
         any_bad = torch.stack([bad.any() for _, _, bad, _ in checks])
-        if bool(any_bad.any()):  # the only host sync of a validated call
+        if not skip and bool(any_bad.any()):  # the only host sync of a validated call
             for (name, tensor, bad, what), flag in zip(checks, any_bad.tolist()):
                 if flag:
                     raise PolicyLossInputError(
@@ -369,6 +389,7 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
         advantages=torch.where(valid, advantages.detach().to(dtype), zero),
         mask=m,
         valid=valid,
+        bad=bad_tokens,
     )
     if behavior_topk_log_probs is not None or current_topk_log_probs is not None or topk_mask is not None:
         from .topk import prepare_topk_inputs  # topk imports this module
@@ -376,3 +397,18 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
             behavior_topk_log_probs, current_topk_log_probs, topk_mask, valid, dtype, validate=validate,
             behavior_log_probs=behavior_log_probs)
     return batch
+
+
+def _mask_bad_tokens(checks, valid: torch.Tensor, max_frac: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bad, valid without them) for on_bad_tokens="skip"; raises when more than max_frac are bad."""
+    bad = torch.zeros_like(valid)
+    for _, _, is_bad, _ in checks:
+        bad |= is_bad
+    n_bad, n_valid = (int(x) for x in torch.stack([bad.sum(), valid.sum()]).tolist())  # one host sync
+    if n_bad > max_frac * n_valid:
+        first = next((f"{name} has a {what} value {float(t[b][0])} {_first_bad(b)}"
+                      for name, t, b, what in checks if bool(b.any())), "")
+        raise PolicyLossInputError(
+            f"{n_bad} of {n_valid} valid tokens ({n_bad / max(n_valid, 1):.2%}) are bad (non-finite or positive "
+            f"log-probs, non-finite advantages), more than max_bad_token_frac={max_frac}; first: {first}")
+    return bad, valid & ~bad

@@ -17,6 +17,7 @@ import argparse
 from typing import Any
 
 from . import LOSS_MODES, AGGREGATIONS, DEFAULT_MODE, PolicyLossInputError, resolve_params
+from .core import DEFAULT_MAX_BAD_TOKEN_FRAC, ON_BAD_TOKENS
 
 
 def _dest(prefix: str, param: str) -> str:
@@ -37,11 +38,24 @@ def _families() -> dict[str, dict[str, Any]]:
     return families
 
 
-def _parse_value(text: str):
+def _parse_value(value):
+    """A mode parameter from the command line (text) or YAML (int, float, str or null).
+
+    YAML reads `0.001` as a float but `5e-4` as a string, so both must be accepted; numbers pass
+    through unchanged, text is read as null, an int, a float or (generator names) kept as text."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise argparse.ArgumentTypeError(f"expected a number, a name or null, got {value!r}")
+    if isinstance(value, (int, float)):
+        return value
+    if not isinstance(value, str):
+        raise argparse.ArgumentTypeError(f"expected a number, a name or null, got {value!r}")
+    text = value.strip()
     if text.lower() in ("none", "null", "off"):
         return None
     try:
-        return int(text) if text.strip().lstrip("+-").isdigit() else float(text)
+        return int(text) if text.lstrip("+-").isdigit() else float(text)
     except ValueError:
         return text  # string-valued parameters (e.g. a generator name)
 
@@ -80,3 +94,33 @@ def policy_loss_config_from_args(args: argparse.Namespace) -> tuple[str, dict, s
     resolve_params(mode, params)  # raises with the mode, parameter and value on a bad value
     aggregation = getattr(args, "policy_loss_aggregation", None) or spec.aggregation
     return mode, params, aggregation
+
+
+def bad_token_fraction(text) -> float:
+    """--max-bad-token-frac: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
+def add_bad_token_arguments(parser: argparse.ArgumentParser, default: str = "skip") -> argparse.ArgumentParser:
+    """--on-bad-tokens {raise,skip} and --max-bad-token-frac (the core's on_bad_tokens keywords)."""
+    group = parser.add_argument_group("bad tokens (epic_slime.losses)")
+    group.add_argument("--on-bad-tokens", default=default, choices=ON_BAD_TOKENS,
+                       help="a NaN/inf log-prob or advantage, or a log-prob > 1e-3, on a valid token: raise, or "
+                            "skip (mask it out of the loss, count it) (default: %(default)s)")
+    group.add_argument("--max-bad-token-frac", default=DEFAULT_MAX_BAD_TOKEN_FRAC, type=bad_token_fraction,
+                       help="with --on-bad-tokens skip: abort when more than this share of a loss call's "
+                            "valid tokens are bad (default: %(default)s)")
+    return parser
+
+
+def bad_token_config_from_args(args: argparse.Namespace) -> dict:
+    """The core's keywords; args without the flags (older callers) keep the core's default, raise."""
+    frac = getattr(args, "max_bad_token_frac", None)
+    return {"on_bad_tokens": getattr(args, "on_bad_tokens", None) or "raise",
+            "max_bad_token_frac": DEFAULT_MAX_BAD_TOKEN_FRAC if frac is None else frac}

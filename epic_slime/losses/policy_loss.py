@@ -8,7 +8,7 @@ import torch
 
 from . import modes as _modes  # noqa: F401  (registers the modes)
 from . import trust_region as _trust_region  # noqa: F401  (registers cppo, bandpo, acpo, dppo_topk_*)
-from .core import LOSS_MODES, aggregate_loss, prepare_batch, resolve_params
+from .core import DEFAULT_MAX_BAD_TOKEN_FRAC, LOSS_MODES, aggregate_loss, prepare_batch, resolve_params
 from .metrics import policy_loss_metrics
 
 
@@ -25,6 +25,7 @@ class PolicyLossOutput:
     mode: str
     aggregation: str
     params: dict
+    bad: torch.Tensor | None = None  # on_bad_tokens="skip": [B, T] bool, valid tokens masked out as bad
 
 
 def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: torch.Tensor,
@@ -32,7 +33,8 @@ def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: 
                         compute_metrics: bool = True, validate: bool = True,
                         behavior_topk_log_probs: torch.Tensor | None = None,
                         current_topk_log_probs: torch.Tensor | None = None,
-                        topk_mask: torch.Tensor | None = None, **params) -> PolicyLossOutput:
+                        topk_mask: torch.Tensor | None = None, on_bad_tokens: str = "raise",
+                        max_bad_token_frac: float = DEFAULT_MAX_BAD_TOKEN_FRAC, **params) -> PolicyLossOutput:
     """The policy loss of ``mode`` (a key of LOSS_MODES) on padded [B, T] tensors.
 
     log_probs: current policy log pi_t of the sampled tokens (carries the gradient).
@@ -48,13 +50,19 @@ def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: 
     current_topk_log_probs: [B, T, K] log pi of the same ids (may carry grad; used detached).
     topk_mask: optional [B, T, K] bool, False on columns to ignore (duplicates, absent ids).
     `epic_slime.losses.topk.topk_inputs_from_logits` builds all three from full logits.
+
+    on_bad_tokens: "raise" (default) raises PolicyLossInputError on a NaN/inf log-prob or advantage
+    or a log-prob > 1e-3 on a valid token; "skip" masks such tokens out of the loss and its
+    gradient, counts them in ``metrics["bad_tokens"]`` (``out.bad`` marks them) and raises only
+    when more than ``max_bad_token_frac`` of the valid tokens are bad.
     """
     resolved = resolve_params(mode, params)
     spec = LOSS_MODES[mode]
     aggregation = aggregation or spec.aggregation
     batch = prepare_batch(log_probs, behavior_log_probs, advantages, mask, validate=validate,
                           behavior_topk_log_probs=behavior_topk_log_probs,
-                          current_topk_log_probs=current_topk_log_probs, topk_mask=topk_mask)
+                          current_topk_log_probs=current_topk_log_probs, topk_mask=topk_mask,
+                          on_bad_tokens=on_bad_tokens, max_bad_token_frac=max_bad_token_frac)
     with torch.no_grad():
         terms = spec.fn(batch, **resolved)
         value = terms.value.to(batch.mask.dtype) * batch.mask
@@ -72,5 +80,7 @@ def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: 
     if compute_metrics:
         with torch.no_grad():
             metrics = policy_loss_metrics(batch, terms)
+            metrics["bad_tokens"] = (batch.bad.sum() if batch.bad is not None
+                                     else torch.zeros((), dtype=torch.int64, device=batch.mask.device))
     return PolicyLossOutput(loss=loss, per_token_loss=per_token_loss, clipped=clipped, metrics=metrics,
-                            mode=mode, aggregation=aggregation, params=resolved)
+                            mode=mode, aggregation=aggregation, params=resolved, bad=batch.bad)

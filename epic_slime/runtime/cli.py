@@ -2,9 +2,63 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 
-from .config import ConfigError, parse_config
+from .config import ConfigError, RuntimeConfig, parse_config
+
+EXIT_INTERRUPTED = 130   # the shell's convention for a run ended by SIGINT
+
+
+def key_settings(cfg: RuntimeConfig) -> str:
+    """One line with what decides a run: loss and its resolved parameters, D, K, batch, steps, seed."""
+    params = ", ".join(f"{k}={v}" for k, v in cfg.to_dict()["policy_loss_params"].items())
+    kl = f"KL {cfg.kl_loss_coef}" if cfg.use_kl_loss else "no KL"
+    return (f"{cfg.policy_loss} ({params}; {cfg.policy_loss_aggregation}), update depth D={cfg.update_depth}, "
+            f"max staleness K={cfg.max_staleness} ({cfg.stale_policy}), {cfg.rollout_mode}, "
+            f"{cfg.rollout_batch_size} prompts x {cfg.n_samples_per_prompt} samples per step, "
+            f"{cfg.num_rollout} steps, seed {cfg.seed}, lr {cfg.lr}, {kl}, bad tokens: {cfg.on_bad_tokens}; "
+            f"output {cfg.output_dir}")
+
+
+def _fmt(v, spec=".3f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def end_of_run_lines(summary: dict, cfg: RuntimeConfig) -> list[str]:
+    """What a person wants to know when a run ends (or was interrupted)."""
+    out = summary["output_dir"]
+    first, last, n = summary["reward_first"], summary["reward_last"], summary["reward_window"]
+    lines = [
+        f"epic-slime train: {summary['steps_this_run']} steps this run (steps {summary['start_step'] + 1}.."
+        f"{summary['steps']} of {cfg.num_rollout}) in {summary['loop_s']:.1f}s "
+        f"({summary['trained_samples_per_s']:.1f} trained samples/s)",
+        f"  training reward {_fmt(first)} (first {n} steps) -> {_fmt(last)} (last {n})",
+        f"  held-out {summary['eval_key'].split('/')[-1]}: {_fmt(summary['eval_start'])} at start, best "
+        f"{_fmt(summary['eval_best'])} at step {summary['eval_best_step'] if summary['eval_best_step'] is not None else 'n/a'}",
+        f"  staleness max {summary['staleness_max']} (K={cfg.max_staleness}); samples dropped "
+        f"{summary['accounting/dropped']}, lost {summary['accounting/lost']}; bad tokens skipped "
+        f"{summary['bad_tokens']}, optimizer steps skipped {summary['skipped_steps']}",
+        f"  files: {out}/metrics.jsonl, summary.json, config.json, eval_records.jsonl"
+        + (", *.png" if cfg.plots else "") + f"; checkpoints {cfg.checkpoint_dir}",
+    ]
+    return lines
+
+
+def resume_command(argv: list[str], cfg: RuntimeConfig) -> str:
+    """The command that resumes this run from its latest checkpoint (argv without --load/--overwrite)."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--load":
+            skip = True
+            continue
+        if a.startswith("--load=") or a in ("--overwrite", "--no-overwrite"):
+            continue
+        kept.append(a)
+    return shlex.join(["epic-slime", "train", *kept, "--load", str(cfg.checkpoint_dir)])
 
 
 def train_main(argv: list[str]) -> int:
@@ -13,15 +67,26 @@ def train_main(argv: list[str]) -> int:
     except (ConfigError, FileNotFoundError) as e:
         print(f"epic-slime train: error: {e}", file=sys.stderr)
         return 2
+    if cfg.progress:
+        print(f"[epic-slime] {key_settings(cfg)}", flush=True)
     from .driver import run_training
 
     try:
         summary = run_training(cfg)
-    except FileNotFoundError as e:
+    except (ConfigError, FileNotFoundError) as e:
         print(f"epic-slime train: error: {e}", file=sys.stderr)
         return 2
-    print(f"epic-slime train: {summary['steps']} steps in {summary['loop_s']:.1f}s "
-          f"({summary['trained_samples_per_s']:.1f} trained samples/s); run directory {cfg.output_dir}")
+    except KeyboardInterrupt as e:
+        print(f"epic-slime train: stopped at once ({e or 'interrupt'}): no checkpoint written by this "
+              "interruption; resume from the last saved one with --load", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    for line in end_of_run_lines(summary, cfg):
+        print(line)
+    if summary["interrupted"]:
+        where = summary["checkpoint"] or "none (interrupted before the first step)"
+        print(f"epic-slime train: interrupted by {summary['interrupted']}; checkpoint {where}. Resume with: "
+              f"{resume_command(list(argv), cfg)}", flush=True)
+        return EXIT_INTERRUPTED
     return 0
 
 

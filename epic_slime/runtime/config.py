@@ -61,6 +61,11 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
                          "policy's k most likely tokens per position"),
     "use_kl_loss": (bool, False, None, None, "add a k3 KL-to-reference term"),
     "kl_loss_coef": (float, 0.0, _nonneg_float, None, "coefficient of the KL-to-reference term"),
+    "on_bad_tokens": (str, "skip", None, ("raise", "skip"), "a NaN/inf log-prob or advantage, or a log-prob > 1e-3, "
+                      "on a token: skip (mask it out, count it as loss/bad_tokens; a non-finite gradient skips "
+                      "the optimizer step, loss/skipped_steps) or raise"),
+    "max_bad_token_frac": (float, 0.01, lambda v: _nonneg_float(v) and v <= 1, None,
+                           "with --on-bad-tokens skip: abort when more than this share of a minibatch's tokens is bad"),
     # --- eval ---
     "eval_interval": (int, 25, _nonneg_int, None, "evaluate every N steps (0: only before and after training)"),
     "n_samples_per_eval_prompt": (int, 8, _positive_int, None, "k of mean@k"),
@@ -70,6 +75,8 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "save_interval": (int, 0, _nonneg_int, None, "checkpoint every N steps (0: only at the end)"),
     "save": (str, None, None, None, "checkpoint directory (default: <output-dir>/checkpoints)"),
     "load": (str, None, None, None, "resume from this checkpoint (a step directory or a checkpoints directory: latest step)"),
+    "overwrite": (bool, False, None, None, "clear an existing run in --output-dir first (without it, or --load, "
+                  "an existing run directory is an error)"),
     # --- warm start ---
     "warm_start_steps": (int, 300, _nonneg_int, None, "supervised warm-start steps on correct solutions (0: none)"),
     "warm_start_lr": (float, 3e-3, _positive_float, None, "warm-start learning rate"),
@@ -97,7 +104,8 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "wandb_project": (str, "epic-slime-local", None, None, "W&B project"),
     "use_tensorboard": (bool, False, None, None, "log to TensorBoard (needs `pip install tensorboard`)"),
     "tensorboard_dir": (str, "", None, None, "TensorBoard folder (default: <output_dir>/tensorboard)"),
-    "progress": (bool, True, None, None, "show a progress bar"),
+    "progress": (bool, True, None, None, "show progress: a bar on a terminal, else one plain line every --log-interval steps"),
+    "log_interval": (int, 10, _positive_int, None, "steps between plain progress lines when stdout is not a terminal"),
     "plots": (bool, True, None, None, "write PNG plots at the end"),
     # --- fault injection (tests / demos) ---
     "debug_kill_rollout_worker_at_step": (int, None, _positive_int, None, "kill rollout worker 0 when this step starts (fault-recovery demo)"),
@@ -143,8 +151,16 @@ class RuntimeConfig:
         return Path(self.save) if self.save else Path(self.output_dir) / "checkpoints"
 
     def to_dict(self) -> dict:
-        return {**self.values, **self.loss_args, "policy_loss": self.policy_loss,
-                "policy_loss_params": self.policy_loss_params, "policy_loss_aggregation": self.policy_loss_aggregation}
+        """The values actually used: loss parameters with the mode's defaults filled in (the chosen
+        family's flags carry them too), other families' unset flags left out."""
+        from epic_slime.losses import LOSS_MODES, resolve_params
+
+        resolved = resolve_params(self.policy_loss, self.policy_loss_params)
+        family = LOSS_MODES[self.policy_loss].flag_prefix.replace("-", "_") + "_"
+        loss_flags = {k: v for k, v in self.loss_args.items() if v is not None and k != "policy_loss"}
+        loss_flags.update({family + k: v for k, v in resolved.items()})
+        return {**self.values, **loss_flags, "policy_loss": self.policy_loss,
+                "policy_loss_params": resolved, "policy_loss_aggregation": self.policy_loss_aggregation}
 
     def with_overrides(self, **kv) -> "RuntimeConfig":
         values = dict(self.values)
@@ -307,6 +323,26 @@ def parse_config(argv: list[str], prog: str = "epic-slime train") -> RuntimeConf
                         policy_loss_aggregation=aggregation)
     _validate(cfg)
     return cfg
+
+
+# Keys a resumed run may change: where things go, how long, how often to evaluate / save / log.
+# Everything else (model, task, seed, loss, optimizer, rollout, staleness) must match the checkpoint.
+RESUME_FREE_KEYS = frozenset({
+    "output_dir", "num_rollout", "save", "load", "save_interval", "overwrite", "eval_interval",
+    "n_samples_per_eval_prompt", "eval_temperature", "eval_top_p", "task_eval_num_prompts",
+    "warm_start_cache_dir", "use_wandb", "wandb_mode", "wandb_project", "progress", "log_interval", "plots",
+    "debug_kill_rollout_worker_at_step", "on_bad_tokens", "max_bad_token_frac",
+})
+
+
+def resume_differences(saved: dict, current: dict) -> list[str]:
+    """'key: checkpoint X, now Y' for every training-relevant key that differs (keys absent on
+    either side, e.g. from an older version, cannot be compared and are skipped)."""
+    out = []
+    for key in sorted(set(saved) & set(current) - RESUME_FREE_KEYS):
+        if saved[key] != current[key]:
+            out.append(f"{key}: checkpoint {saved[key]!r}, now {current[key]!r}")
+    return out
 
 
 def config_fields() -> list[str]:

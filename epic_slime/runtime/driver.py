@@ -18,21 +18,127 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
 
 from epic_slime.evaluation.records import EvalRecord, write_records
+from epic_slime import metric_names as names
 from epic_slime.metric_names import runtime_to_shared
 from .config import RuntimeConfig
+from .config import ConfigError, RuntimeConfig, resume_differences
+from .progress import Progress, say
 from .staleness import Accounting, Group, select_batch
 from .task import Tokenizer, eval_problems, train_problem
 from .tensorboard_log import log_scalars, open_tensorboard
 
 HELDOUT = "heldout"
 MAX_WORKER_RESTARTS = 20
+STOP_WAIT_S = 120.0   # after SIGINT / SIGTERM: longest wait for the step in flight before giving up
+RUN_FILES = ("metrics.jsonl", "batches.jsonl", "eval_metrics.jsonl", "eval_records.jsonl", "summary.json",
+             "config.json")
+
+
+class StopRequest:
+    """SIGINT / SIGTERM handling of a run: the first signal asks for a checkpoint at the next
+    quiescent point (the driver polls `requested`); a second one raises KeyboardInterrupt at once."""
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self.at: float | None = None
+        self._previous: dict = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def _handle(self, signum, _frame):
+        if self.requested:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}")
+        self.signal_name, self.at = signal.Signals(signum).name, time.time()
+        print(f"\n[epic-slime] {self.signal_name}: finishing the step in flight, then checkpoint, summary and "
+              "plots (send it again to exit at once, without a checkpoint)", flush=True)
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return   # signal handlers can only be set from the main thread (sweeps in threads, tests)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def check_deadline(self) -> None:
+        if self.requested and time.time() - self.at > STOP_WAIT_S:
+            raise KeyboardInterrupt(f"no quiescent point within {STOP_WAIT_S:.0f} s of {self.signal_name}")
+
+
+def versions() -> dict:
+    """Package, torch and git commit of this checkout (None where unavailable): for config.json."""
+    import torch
+
+    from epic_slime import __version__
+
+    root = Path(__file__).resolve().parents[2]
+    commit = None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if out.returncode == 0:
+            commit = out.stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=5)
+            if dirty.returncode == 0 and dirty.stdout.strip():
+                commit += "-dirty"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"epic_slime": __version__, "torch": torch.__version__, "git_commit": commit}
+
+
+def _plot_names() -> tuple[str, ...]:
+    from .plots import PLOT_NAMES
+
+    return PLOT_NAMES
+
+
+def existing_run(cfg: RuntimeConfig) -> list[Path]:
+    """The files of an earlier run in cfg's output directory (and its checkpoints), if any."""
+    out, ckpt = Path(cfg.output_dir), cfg.checkpoint_dir
+    found = [out / n for n in RUN_FILES if (out / n).exists()]
+    if ckpt.is_dir() and any(ckpt.iterdir()):
+        found.append(ckpt)
+    return found
+
+
+def prepare_output_dir(cfg: RuntimeConfig, resume_path: Path | None) -> None:
+    """Refuse to mix two runs in one directory: an existing run needs --load (resume it) or
+    --overwrite (clear it first: only this runtime's own files and the checkpoints, nothing else)."""
+    out, ckpt = Path(cfg.output_dir), cfg.checkpoint_dir
+    found = existing_run(cfg)
+    if not found:
+        return
+    if cfg.overwrite:
+        if resume_path is not None and ckpt.resolve() in resume_path.resolve().parents:
+            raise ConfigError(f"--overwrite would delete the checkpoint --load {cfg.load} resumes from; drop one of them")
+        for p in [*found, *(out / n for n in _plot_names())]:
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+        say(f"--overwrite: cleared the previous run in {out}")
+        return
+    if resume_path is None:
+        names = ", ".join(p.name for p in found)
+        hint = f"--load {ckpt} to resume it, " if ckpt in found else ""
+        raise ConfigError(f"--output-dir {out} already holds a run ({names}): pass {hint}--overwrite to replace "
+                          "it, or choose another --output-dir")
 
 
 def rss_mb() -> float:
@@ -190,6 +296,9 @@ class Run:
         while self.pending_gen:
             ready, _ = ray.wait(list(self.pending_gen), num_returns=1)
             self._collect_generation(ready[0])
+        if self.cfg.rollout_mode == "sync":
+            # requests finish in any order; the batch (and so each minibatch) must not depend on it
+            self.buffer = deque(sorted(self.buffer, key=lambda g: g.group_id))
 
     def _trainable_groups(self) -> int:
         if self.cfg.stale_policy == "keep":
@@ -320,8 +429,7 @@ class Run:
     def _restore(self, path: Path) -> None:
         import ray
 
-        with open(path / "driver.pkl", "rb") as f:
-            state = pickle.load(f)
+        state = self._resume_state
         version = ray.get(self.trainer.load_state.remote(str(path / "trainer.pt")))
         if version != state["version"]:
             raise RuntimeError(f"checkpoint {path}: trainer version {version} != driver version {state['version']}")
@@ -360,30 +468,65 @@ class Run:
             log_scalars(self.tensorboard, line, m["step"])
 
     # ---------------- main ----------------
+    def _check_resume(self) -> Path | None:
+        """The checkpoint to resume from, refused when its config differs in a training-relevant key."""
+        cfg = self.cfg
+        if not cfg.load:
+            return None
+        path = resolve_checkpoint(cfg.load)
+        with open(path / "driver.pkl", "rb") as f:
+            self._resume_state = pickle.load(f)
+        diffs = resume_differences(self._resume_state.get("config", {}), cfg.to_dict())
+        if diffs:
+            raise ConfigError(f"--load {cfg.load}: the checkpoint was trained with a different config; resuming "
+                              "would mix two runs. Differences:\n  " + "\n  ".join(diffs))
+        if self._resume_state["step"] >= cfg.num_rollout:
+            raise ConfigError(f"--load {cfg.load}: the checkpoint is at step {self._resume_state['step']}, "
+                              f"--num-rollout is {cfg.num_rollout}: nothing to train (raise --num-rollout)")
+        return path
+
     def run(self, reuse_ray: bool = False) -> dict:
-        """reuse_ray: use an already initialised local Ray (tests, sweeps) and leave it running."""
+        """reuse_ray: use an already initialised local Ray (tests, sweeps) and leave it running.
+
+        SIGINT / SIGTERM (main thread only): checkpoint after the step in flight, then the summary and
+        plots as usual; summary["interrupted"] names the signal."""
         import ray
 
         from .actors import EvalWorker, Trainer
         from .warmstart import load_or_train_warm_start
 
         cfg = self.cfg
+        resume_path = self._check_resume()
+        prepare_output_dir(cfg, resume_path)
         self.out.mkdir(parents=True, exist_ok=True)
         with open(self.out / "config.json", "w") as f:
-            json.dump(cfg.to_dict(), f, indent=1, sort_keys=True)
+            json.dump({**cfg.to_dict(), "versions": versions()}, f, indent=1, sort_keys=True)
+        self.stop = StopRequest()
+        self.stop.install()
+        try:
+            return self._run(reuse_ray, resume_path, ray, EvalWorker, Trainer, load_or_train_warm_start)
+        finally:
+            self.stop.restore()
+
+    def _run(self, reuse_ray, resume_path, ray, EvalWorker, Trainer, load_or_train_warm_start) -> dict:
+        cfg = self.cfg
         t0 = time.time()
         init_state, provenance = load_or_train_warm_start(
             cfg.model, self.task, steps=cfg.warm_start_steps, lr=cfg.warm_start_lr,
             batch_size=cfg.warm_start_batch_size, seed=cfg.seed, cache_dir=cfg.warm_start_cache_dir,
-            answer_noise=cfg.warm_start_answer_noise)
+            answer_noise=cfg.warm_start_answer_noise, progress=cfg.progress)
         warm_s = time.time() - t0
-        resume_path = resolve_checkpoint(cfg.load) if cfg.load else None
         self.wandb = _open_wandb(cfg)
         self.tensorboard = open_tensorboard(cfg.use_tensorboard, cfg.tensorboard_dir, cfg.output_dir)
         own_ray = not (reuse_ray and ray.is_initialized())
+        if cfg.progress:
+            say(("starting local Ray, then " if own_ray else "starting ") +
+                f"{cfg.num_rollout_workers} rollout workers, 1 trainer, 1 eval worker ...")
         if own_ray:
             _init_ray(num_cpus=cfg.num_rollout_workers + 2)
+            self.stop.install()   # after ray.init, whatever handlers it set
         self.workers, self.trainer, self.eval_worker = [], None, None
+        self.start_step = 0
         try:
             t1 = time.time()
             init_ref = ray.put(init_state)
@@ -393,29 +536,36 @@ class Run:
                 update_depth=cfg.update_depth, lr=cfg.lr,
                 weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad,
                 kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
-                temperature=cfg.rollout_temperature, seed=cfg.seed))
+                temperature=cfg.rollout_temperature, seed=cfg.seed,
+                on_bad_tokens=cfg.on_bad_tokens, max_bad_token_frac=cfg.max_bad_token_frac))
             if resume_path:
                 self._restore(resume_path)
+                self.start_step = self.step
+                if cfg.progress:
+                    say(f"resuming from step {self.step} ({resume_path})")
             self.weights_ref = self.trainer.get_weights.remote()
             self.workers = [self._new_worker(i) for i in range(cfg.num_rollout_workers)]
             self.worker_versions = [self.version] * cfg.num_rollout_workers
             self.eval_worker = EvalWorker.remote(cfg.model, init_ref, cfg.seed)
             ray.get([w.version.remote() for w in self.workers] + [self.trainer.get_weights.remote()])
             startup_s = time.time() - t1
+            if cfg.progress:
+                say(f"workers up in {startup_s:.1f} s; training steps {self.step + 1}..{cfg.num_rollout}")
             rss_start = rss_mb()
             metrics_file = self._open_metrics(self.step if resume_path else None)
             self._trained_at_start = self.acc.trained
             self.t_start = self.step_t = time.time()
             self._step_dropped = 0
             self._step_dropped_ids = []
+            self.checkpoint_path = None
             if not resume_path:
                 self._maybe_submit_eval(force=True)          # the warm-start level
-            from tqdm import tqdm
-
-            bar = tqdm(total=cfg.num_rollout, initial=self.step, disable=not cfg.progress, desc="epic-slime",
-                       unit="step", dynamic_ncols=True, file=sys.stderr)
+            bar = Progress(cfg.num_rollout, initial=self.step, desc="epic-slime", enabled=cfg.progress,
+                           interval=cfg.log_interval)
             try:
-                if cfg.rollout_mode == "async":
+                if self.stop.requested:
+                    pass                                     # interrupted during start-up: nothing trained
+                elif cfg.rollout_mode == "async":
                     self._loop_async(metrics_file, bar)
                 else:
                     self._loop_sync(metrics_file, bar)
@@ -424,7 +574,10 @@ class Run:
                 metrics_file.close()
             loop_s = time.time() - self.t_start
             summary = {
-                "steps": self.step, "loop_s": loop_s, "warm_start_s": warm_s, "warm_start": provenance,
+                "steps": self.step, "start_step": self.start_step, "steps_this_run": self.step - self.start_step,
+                "interrupted": self.stop.signal_name,
+                "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
+                "loop_s": loop_s, "warm_start_s": warm_s, "warm_start": provenance,
                 "ray_startup_s": startup_s,
                 "trained_samples_per_s": self._trained_since_start() / max(1e-9, loop_s),
                 "generated_samples": self.acc.generated, "rss_mb_start": rss_start, "rss_mb_end": rss_mb(),
@@ -442,6 +595,7 @@ class Run:
                 self.wandb.finish()
             if self.tensorboard is not None:
                 self.tensorboard.close()
+        summary.update(run_outcome(self.out, cfg))
         with open(self.out / "summary.json", "w") as f:
             json.dump(summary, f, indent=1)
         if cfg.plots:
@@ -453,6 +607,11 @@ class Run:
     def _end_of_step(self, metrics_file, bar, m: dict) -> bool:
         """Eval / checkpoint / logging after a finished step. Returns True when the run is over."""
         cfg = self.cfg
+        if self.stop.requested:          # SIGINT / SIGTERM: log this step, checkpoint, stop
+            self._write_metrics(metrics_file, m)
+            bar.update(self.step, _progress_fields(m))
+            self.checkpoint_path = self._checkpoint(top_up=True)
+            return True
         last = self.step >= cfg.num_rollout
         if cfg.eval_interval and self.step % cfg.eval_interval == 0 and not last:
             self._maybe_submit_eval(force=True)
@@ -468,10 +627,9 @@ class Run:
         self._write_metrics(metrics_file, m)
         if not last:
             self._maybe_submit_eval()
-        bar.update(1)
-        bar.set_postfix(reward=f"{m['rollout/reward_mean']:.2f}", lag=f"{m['staleness/mean']:.1f}")
+        bar.update(self.step, _progress_fields(m))
         if (cfg.save_interval and self.step % cfg.save_interval == 0) or last:
-            self._checkpoint(top_up=not last)
+            self.checkpoint_path = self._checkpoint(top_up=not last)
         return last
 
     def _maybe_kill(self) -> None:
@@ -491,6 +649,9 @@ class Run:
         self._maybe_kill()
         self._fill_workers()
         while True:
+            if train_future is None and self.stop.requested:   # signal between steps: checkpoint now
+                self.checkpoint_path = self._checkpoint(top_up=True)
+                return
             if train_future is None:
                 sel = self._take_batch()
                 if sel.batch is not None:
@@ -501,7 +662,10 @@ class Run:
             if not waits:
                 raise RuntimeError("driver stalled: nothing in flight and no trainable batch "
                                    f"(buffered {self._buffered_samples()} samples)")
-            ready, _ = ray.wait(waits, num_returns=1)
+            ready, _ = ray.wait(waits, num_returns=1, timeout=1.0)
+            if not ready:                 # lets a pending SIGINT / SIGTERM give up after STOP_WAIT_S
+                self.stop.check_deadline()
+                continue
             fut = ready[0]
             if fut in self.pending_gen:
                 self._collect_generation(fut)
@@ -518,6 +682,9 @@ class Run:
         import ray
 
         while self.step < self.cfg.num_rollout:
+            if self.stop.requested:
+                self.checkpoint_path = self._checkpoint(top_up=True)
+                return
             self._maybe_kill()
             for i in range(len(self.workers)):        # on-policy: everybody gets the newest weights
                 self.worker_versions[i] = -1
@@ -532,13 +699,51 @@ class Run:
             train_future = self._start_train(sel)
             while True:     # training runs alone; only a pending eval may finish meanwhile
                 waits = [train_future] + ([self.eval_future] if self.eval_future else [])
-                ready, _ = ray.wait(waits, num_returns=1)
+                ready, _ = ray.wait(waits, num_returns=1, timeout=1.0)
+                if not ready:
+                    self.stop.check_deadline()
+                    continue
                 if ready[0] == train_future:
                     break
                 self._collect_eval()
             m = self._finish_train(ray.get(train_future))
             if self._end_of_step(metrics_file, bar, m):
                 return
+
+
+def _progress_fields(m: dict) -> dict:
+    fields = {"reward": round(m["rollout/reward_mean"], 3), "lag": round(m["staleness/mean"], 2),
+              "clipfrac": round(m.get("loss/clipfrac", 0.0), 4)}
+    evals = [k for k in m if k.startswith(f"eval/{HELDOUT}/mean@")]
+    if evals:
+        fields[evals[0].split("/")[-1]] = round(m[evals[0]], 3)
+    return fields
+
+
+def run_outcome(out: Path, cfg: RuntimeConfig) -> dict:
+    """What the end-of-run summary reports, from the run's own files (so resumed runs count all steps),
+    under the shared metric names the files hold."""
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()] \
+        if (out / "metrics.jsonl").exists() else []
+    key = f"eval/{HELDOUT}/mean@{cfg.n_samples_per_eval_prompt}"
+    evals = [json.loads(ln) for ln in (out / "eval_metrics.jsonl").read_text().splitlines() if ln.strip()] \
+        if (out / "eval_metrics.jsonl").exists() else []
+    evals = [(e["eval/version"], e[key]) for e in evals if key in e]
+    rewards = [r[names.REWARD_MEAN] for r in rows]
+    n = max(1, min(10, len(rewards) // 2))
+    best = max(evals, key=lambda e: (e[1], -e[0])) if evals else None   # earliest step on ties
+    return {
+        "reward_first": statistics.fmean(rewards[:n]) if rewards else None,
+        "reward_last": statistics.fmean(rewards[-n:]) if rewards else None,
+        "reward_window": n,
+        "eval_key": key,
+        "eval_start": evals[0][1] if evals else None,
+        "eval_best": best[1] if best else None, "eval_best_step": best[0] if best else None,
+        "staleness_max": max((r[names.STALENESS_MAX] for r in rows), default=None),
+        "bad_tokens": sum(r.get(names.runtime_name("loss/bad_tokens"), 0) for r in rows),
+        "skipped_steps": sum(r.get(names.runtime_name("loss/skipped_steps"), 0) for r in rows),
+        "output_dir": str(out),
+    }
 
 
 def _open_wandb(cfg: RuntimeConfig):

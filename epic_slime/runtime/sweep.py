@@ -1,7 +1,10 @@
 """`epic-slime sweep`: loss modes x update depths x seeds on the embedded runtime.
 
-    epic-slime sweep --config configs/local/sweep.yaml --policy-losses epic,grpo,dapo \
+    epic-slime sweep --config configs/local/sweep.yaml --policy-losses epic,grpo,dapo
         --update-depths 1,8 --seeds 1,2 --output-dir runs/sweep [any `epic-slime train` flag ...]
+
+Every `epic-slime train` flag (see `epic-slime train --help`) is passed to each run, except
+--policy-loss, --update-depth, --seed and --output-dir, which the sweep sets per run.
 
 Each combination is an ordinary `train` run in <output-dir>/<mode>_D<depth>_s<seed>; then
 `comparison.md` / `comparison.csv` (one row per run, plus the mean over seeds) and
@@ -51,35 +54,76 @@ def _summarise(run_dir: Path, k: int) -> dict:
     }
 
 
-def _plots(out: Path, results: list[dict], k: int) -> None:
+def mean_band(curves: list[list[float]]) -> tuple[list[float], list[float], list[float]]:
+    """Per step (over the common length): mean, min and max across seeds."""
+    n = min(len(c) for c in curves)
+    cols = [[c[i] for c in curves] for i in range(n)]
+    return [statistics.fmean(x) for x in cols], [min(x) for x in cols], [max(x) for x in cols]
+
+
+def _plots(out: Path, results: list[dict], k: int, smoke: bool) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for res in results:
-        if res["status"] != "ok":
-            continue
-        rows = [json.loads(ln) for ln in (Path(res["run_dir"]) / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-        ax.plot([r["step"] for r in rows], [r[names.REWARD_MEAN] for r in rows], lw=1,
-                label=f"{res['policy_loss']} D={res['update_depth']} s={res['seed']}")
-    ax.set_xlabel("step"); ax.set_ylabel(names.REWARD_MEAN); ax.legend(fontsize=6); ax.grid(alpha=0.3)
-    fig.tight_layout(); fig.savefig(out / "sweep_reward.png", dpi=90); plt.close(fig)
+    from .plots import DPI, FIGSIZE, ema, ema_span
 
-    groups: dict[tuple, list[float]] = {}
-    for res in results:
-        if res["status"] == "ok" and res.get(f"eval_mean@{k}_end") is not None:
-            groups.setdefault((res["policy_loss"], res["update_depth"]), []).append(res[f"eval_mean@{k}_end"])
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    labels = [f"{m}\nD={d}" for m, d in groups]
-    ax.bar(range(len(groups)), [statistics.fmean(v) for v in groups.values()],
-           yerr=[statistics.pstdev(v) if len(v) > 1 else 0 for v in groups.values()])
-    ax.set_xticks(range(len(groups)), labels, fontsize=7); ax.set_ylabel(f"final held-out mean@{k}")
-    fig.tight_layout(); fig.savefig(out / "sweep_eval.png", dpi=90); plt.close(fig)
+    ok = [r for r in results if r["status"] == "ok"]
+    combos: dict[tuple, list[dict]] = {}
+    for res in ok:
+        combos.setdefault((res["policy_loss"], res["update_depth"]), []).append(res)
+    note = " (smoke test: too short to compare modes)" if smoke else ""
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    for i, ((mode, depth), runs) in enumerate(combos.items()):
+        color = colors[i % len(colors)]
+        curves = []
+        for res in runs:
+            rows = [json.loads(ln) for ln in (Path(res["run_dir"]) / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+            curves.append([r[names.REWARD_MEAN] for r in rows])
+        mean, lo, hi = mean_band(curves)
+        steps = list(range(1, len(mean) + 1))
+        ax.fill_between(steps, ema(lo, ema_span(len(lo))), ema(hi, ema_span(len(hi))), color=color, alpha=0.15)
+        ax.plot(steps, mean, color=color, alpha=0.25, lw=1)
+        ax.plot(steps, ema(mean, ema_span(len(mean))), color=color, lw=2.2,
+                label=f"{mode}, D={depth} (mean of {len(runs)} seed{'s' * (len(runs) > 1)}, EMA; band: min-max)")
+    if combos:
+        ax.legend(fontsize=10)
+    ax.set_title(f"Training reward by loss mode and update depth{note}\n{out.name}", fontsize=13)
+    ax.set_xlabel("rollout step", fontsize=11); ax.set_ylabel("mean reward of the step's samples (0..1)", fontsize=11)
+    ax.grid(alpha=0.3)
+    fig.tight_layout(); fig.savefig(out / "sweep_reward.png", dpi=DPI); plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    key = f"eval_mean@{k}_end"
+    scored = {c: [r[key] for r in runs if r.get(key) is not None] for c, runs in combos.items()}
+    scored = {c: v for c, v in scored.items() if v}
+    for i, ((mode, depth), values) in enumerate(scored.items()):
+        ax.bar(i, statistics.fmean(values), color=colors[i % len(colors)], alpha=0.7,
+               yerr=statistics.stdev(values) if len(values) > 1 else 0, capsize=6)
+        ax.scatter([i] * len(values), values, color="black", zorder=3, s=18)
+        ax.annotate(f"{statistics.fmean(values):.3f}", (i, statistics.fmean(values)), xytext=(8, 4),
+                    textcoords="offset points", fontsize=10)
+    ax.set_xticks(range(len(scored)), [f"{m}\nD={d}" for m, d in scored], fontsize=10)
+    ax.set_title(f"Final held-out mean@{k} (bar: mean over seeds, error bar: std, dots: seeds){note}\n{out.name}",
+                 fontsize=13)
+    ax.set_ylabel(f"held-out mean@{k} at the last step", fontsize=11); ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout(); fig.savefig(out / "sweep_eval.png", dpi=DPI); plt.close(fig)
 
 
-def _write_table(out: Path, results: list[dict], k: int) -> None:
+SMOKE_STEPS = 20   # shorter runs cannot separate loss modes: the output says so
+
+
+def smoke_note(cfg) -> str | None:
+    if cfg.num_rollout >= SMOKE_STEPS:
+        return None
+    return (f"Smoke test: {cfg.num_rollout} steps per run (< {SMOKE_STEPS}) checks that every combination runs; "
+            "the numbers cannot tell the modes apart. Compare with configs/local/sweep.yaml (80 steps).")
+
+
+def _write_table(out: Path, results: list[dict], k: int, note: str | None = None) -> None:
     cols = ["policy_loss", "update_depth", "seed", "status", "reward_first", "reward_last20pct",
             f"eval_mean@{k}_start", f"eval_mean@{k}_end", "clipfrac_mean", "staleness_mean", "dropped", "loop_s"]
     with open(out / "comparison.csv", "w", newline="") as f:
@@ -103,17 +147,28 @@ def _write_table(out: Path, results: list[dict], k: int) -> None:
         ev = [r[f"eval_mean@{k}_end"] for r in rs if r[f"eval_mean@{k}_end"] is not None]
         lines.append(f"| {m} | {d} | {len(rs)} | {fmt(statistics.fmean(ev)) if ev else ''} | "
                      f"{fmt(statistics.fmean(r['reward_last20pct'] for r in rs))} |")
+    if note:
+        lines = [f"> {note}", ""] + lines
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
 
 
-def main(argv: list[str]) -> int:
+def build_sweep_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="epic-slime sweep", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--policy-losses", type=_csv_list(str), default=["epic", "grpo"])
-    ap.add_argument("--update-depths", type=_csv_list(int), default=[1, 8])
-    ap.add_argument("--seeds", type=_csv_list(int), default=[1])
-    ap.add_argument("--output-dir", default="runs/sweep")
-    args, train_args = ap.parse_known_args(argv)
+    ap.add_argument("--policy-losses", type=_csv_list(str), default=["epic", "grpo"], metavar="MODE,...",
+                    help="comma-separated loss modes, one run each (default: epic,grpo)")
+    ap.add_argument("--update-depths", type=_csv_list(int), default=None, metavar="D,...",
+                    help="comma-separated update depths (default: the config's update_depth)")
+    ap.add_argument("--seeds", type=_csv_list(int), default=[1], metavar="S,...",
+                    help="comma-separated seeds; plots show their mean and spread (default: 1)")
+    ap.add_argument("--output-dir", default="runs/sweep",
+                    help="sweep folder: one run directory per combination, comparison.md / .csv, plots "
+                         "(default: runs/sweep)")
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    args, train_args = build_sweep_parser().parse_known_args(argv)
     for bad in ("--policy-loss", "--update-depth", "--seed", "--output-dir"):
         if bad in train_args:
             print(f"epic-slime sweep: error: {bad} is set per run by the sweep; use the plural sweep flag",
@@ -127,19 +182,31 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     plan = []
     try:   # validate every combination before running any
+        base = parse_config(list(train_args), prog="epic-slime sweep")
+        depths = args.update_depths or [base.update_depth]
         for mode in args.policy_losses:
-            for depth in args.update_depths:
+            for depth in depths:
                 for seed in args.seeds:
                     run_dir = out / f"{mode}_D{depth}_s{seed}"
                     cfg = parse_config([*train_args, "--policy-loss", mode, "--update-depth", str(depth),
                                         "--seed", str(seed), "--output-dir", str(run_dir)], prog="epic-slime sweep")
                     plan.append((mode, depth, seed, run_dir, cfg))
+        from .driver import existing_run
+
+        taken = [str(c.output_dir) for *_, c in plan if existing_run(c) and not (c.overwrite or c.load)]
+        if taken:
+            raise ConfigError(f"run directories already hold runs: {', '.join(taken)}; pass --overwrite to "
+                              "replace them, or choose another --output-dir")
     except ConfigError as e:
         print(f"epic-slime sweep: error: {e}", file=sys.stderr)
         return 2
+    out.mkdir(parents=True, exist_ok=True)
+    note = smoke_note(base)
+    print(f"sweep: {len(plan)} runs: modes {','.join(args.policy_losses)} x update depths "
+          f"{','.join(map(str, depths))} x seeds {','.join(map(str, args.seeds))}, {base.num_rollout} steps each"
+          + (f"\nsweep: note: {note}" if note else ""), flush=True)
     import ray
 
     from .driver import init_local_ray, run_training
@@ -149,18 +216,19 @@ def main(argv: list[str]) -> int:
         init_local_ray(num_cpus=max(c.num_rollout_workers for *_, c in plan) + 2)
     results = []
     try:
-        _run_plan(plan, results, out, run_training)
+        _run_plan(plan, results, out, run_training, note)
     finally:
         if own_ray:
             ray.shutdown()
     k = plan[0][4].n_samples_per_eval_prompt
-    _plots(out, results, k)
+    _plots(out, results, k, smoke=note is not None)
     (out / "sweep.json").write_text(json.dumps(results, indent=1))
-    print(f"sweep: {sum(r['status'] == 'ok' for r in results)}/{len(results)} runs ok; table {out / 'comparison.md'}")
+    print(f"sweep: {sum(r['status'] == 'ok' for r in results)}/{len(results)} runs ok; table {out / 'comparison.md'}"
+          + (" (smoke test: see its note)" if note else ""))
     return 0 if all(r["status"] == "ok" for r in results) else 1
 
 
-def _run_plan(plan, results, out, run_training) -> None:
+def _run_plan(plan, results, out, run_training, note=None) -> None:
     for i, (mode, depth, seed, run_dir, cfg) in enumerate(plan):
         print(f"[sweep {i + 1}/{len(plan)}] {mode} D={depth} seed={seed} -> {run_dir}", flush=True)
         res = {"policy_loss": mode, "update_depth": depth, "seed": seed, "run_dir": str(run_dir)}
@@ -171,4 +239,4 @@ def _run_plan(plan, results, out, run_training) -> None:
             res.update(status="failed", error=f"{type(e).__name__}: {e}")
             traceback.print_exc()
         results.append(res)
-        _write_table(out, results, cfg.n_samples_per_eval_prompt)   # after every run: nothing lost on a crash
+        _write_table(out, results, cfg.n_samples_per_eval_prompt, note)   # after every run: nothing lost on a crash

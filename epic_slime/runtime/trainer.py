@@ -69,7 +69,7 @@ class PolicyTrainer:
     def __init__(self, *, model_cfg: ModelConfig, init_state: dict, policy_loss: str, policy_loss_params: dict,
                  policy_loss_aggregation: str | None,
                  update_depth: int, lr: float, weight_decay: float, clip_grad: float, kl_loss_coef: float,
-                 temperature: float, seed: int):
+                 temperature: float, seed: int, on_bad_tokens: str = "raise", max_bad_token_frac: float = 0.01):
         self.tok = Tokenizer()
         self.model = build_policy(model_cfg, self.tok.vocab_size, self.tok.pad_id, self.tok.bos_id, self.tok.eos_id, seed)
         self.model.load_state_dict(init_state)
@@ -84,6 +84,7 @@ class PolicyTrainer:
         self.aggregation = policy_loss_aggregation
         self.update_depth, self.clip_grad, self.kl_loss_coef = update_depth, clip_grad, kl_loss_coef
         self.temperature = temperature
+        self.bad_tokens = {"on_bad_tokens": on_bad_tokens, "max_bad_token_frac": max_bad_token_frac}
         self.rng = random.Random(f"trainer/{seed}")   # minibatch order
         self.version = 0
 
@@ -125,6 +126,8 @@ class PolicyTrainer:
             counts[name] = counts.get(name, 0) + 1
 
         first_gap = None
+        bad_tokens = skipped = 0
+        skip = self.bad_tokens["on_bad_tokens"] == "skip"
         needs_topk = LOSS_MODES[self.policy_loss].needs_topk
         for d in range(self.update_depth):
             mb = [samples[i] for i in order[d * mb_size:(d + 1) * mb_size]]
@@ -137,12 +140,15 @@ class PolicyTrainer:
             adv = torch.tensor([s["advantage"] for s in mb], dtype=torch.float32)
             topk_kwargs = topk_loss_inputs(mb, responses, behavior, all_lp[0]) if needs_topk else {}
             out = compute_policy_loss(self.policy_loss, log_probs, behavior, adv, mask, aggregation=self.aggregation,
-                                      **topk_kwargs, **self.policy_loss_params)
+                                      **topk_kwargs, **self.bad_tokens, **self.policy_loss_params)
             loss = out.loss
+            bad_tokens += int(out.metrics["bad_tokens"])
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"policy loss {self.policy_loss} is {float(loss)} at version {self.version}, minibatch {d}")
             add("loss/pg_loss", loss)
             for k, v in out.metrics.items():
+                if k == "bad_tokens":
+                    continue   # a count: summed over the step below, not averaged
                 try:
                     add(f"loss/{k}", v)
                 except (TypeError, ValueError, RuntimeError):
@@ -150,9 +156,11 @@ class PolicyTrainer:
             if self.ref is not None:
                 with torch.no_grad():
                     ref_lp, _ = response_log_probs(self.ref, prompts, responses, self.temperature, self.tok.pad_id)
-                # Padding is zeroed before the estimator, so no inf/NaN can reach the gradient.
-                k3 = kl_penalty(log_probs.masked_fill(~mask, 0.0), ref_lp.masked_fill(~mask, 0.0), "k3")
-                kl = aggregate_loss(k3, mask, self.aggregation or "seq-mean-token-mean")
+                # Padding (and skipped bad tokens) is zeroed before the estimator, so no inf/NaN can
+                # reach the gradient.
+                kl_mask = mask if out.bad is None else mask & ~out.bad
+                k3 = kl_penalty(log_probs.masked_fill(~kl_mask, 0.0), ref_lp.masked_fill(~kl_mask, 0.0), "k3")
+                kl = aggregate_loss(k3, kl_mask, self.aggregation or "seq-mean-token-mean")
                 loss = loss + self.kl_loss_coef * kl
                 add("loss/kl_loss", kl)
             if first_gap is None:  # before any update of this step: the train-rollout mismatch
@@ -161,12 +169,19 @@ class PolicyTrainer:
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
             if not torch.isfinite(grad_norm):
-                raise FloatingPointError(f"gradient norm is {float(grad_norm)} at version {self.version}, minibatch {d}")
+                if not skip:
+                    raise FloatingPointError(f"gradient norm is {float(grad_norm)} at version {self.version}, "
+                                             f"minibatch {d} (--on-bad-tokens skip skips such steps)")
+                skipped += 1   # as Megatron's NaN check: no update from this minibatch, counted
+                self.opt.zero_grad(set_to_none=True)
+                continue
             add("train/grad_norm", grad_norm)
             add("loss/total", loss)
             self.opt.step()
         self.version += 1
         metrics = {k: sums[k] / counts[k] for k in sums}
         metrics["train/logprob_abs_diff_step_start"] = first_gap
+        metrics["loss/bad_tokens"] = bad_tokens          # skipped tokens over the step's minibatches
+        metrics["loss/skipped_steps"] = skipped          # optimizer steps skipped for a non-finite gradient
         metrics["train/version"] = self.version
         return metrics

@@ -45,7 +45,8 @@ def warm_start_target(problem, rng: random.Random, answer_noise: float) -> str:
 
 
 def supervised_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, steps: int, lr: float, batch_size: int,
-                          seed: int, answer_noise: float = 0.0) -> dict:
+                          seed: int, answer_noise: float = 0.0, on_step=None) -> dict:
+    """on_step(step, loss): called after every step (progress output)."""
     tok = Tokenizer()
     model = build_policy(model_cfg, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed)
     model.train()
@@ -65,13 +66,18 @@ def supervised_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, steps
         for g in opt.param_groups:
             g["lr"] = lr * (1 - step / max(1, steps))
         opt.step()
+        if on_step is not None:
+            on_step(step + 1, float(loss.detach()))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def load_or_train_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, steps: int, lr: float,
                              batch_size: int, seed: int, cache_dir: str | Path | None,
-                             answer_noise: float = 0.0) -> tuple[dict, str]:
-    """(state_dict, provenance) where provenance is "cache:<path>", "trained:<path>" or "fresh-init"."""
+                             answer_noise: float = 0.0, progress: bool = False) -> tuple[dict, str]:
+    """(state_dict, provenance) where provenance is "cache:<path>", "trained:<path>" or "fresh-init".
+    progress: say what happens (cached at PATH / training with a progress bar)."""
+    from .progress import Progress, say
+
     if steps == 0:
         tok = Tokenizer()
         model = build_policy(model_cfg, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed)
@@ -80,11 +86,20 @@ def load_or_train_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, st
     path = Path(cache_dir or default_cache_dir()) / f"{key}.pt"
     if path.exists():
         try:
-            return torch.load(path, map_location="cpu", weights_only=True), f"cache:{path}"
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            if progress:
+                say(f"warm start: cached at {path}")
+            return state, f"cache:{path}"
         except Exception as e:   # unreadable entry: recompute (counted in the provenance string)
             print(f"warm start: cache entry {path} unreadable ({e}); recomputing")
-    state = supervised_warm_start(model_cfg, task_cfg, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
-                                  answer_noise=answer_noise)
+    if progress:
+        say(f"warm start: training {steps} supervised steps (once per config; cached at {path})")
+    bar = Progress(steps, desc="warm start", enabled=progress, interval=max(1, steps // 5))
+    try:
+        state = supervised_warm_start(model_cfg, task_cfg, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
+                                      answer_noise=answer_noise, on_step=lambda i, loss: bar.update(i, {"loss": loss}))
+    finally:
+        bar.close()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

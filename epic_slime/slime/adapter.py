@@ -59,6 +59,7 @@ class LocalPolicyLoss:
     clipped: list[torch.Tensor]  # per sample, this rank's local tokens: clipped by the mode's rule
     metrics: dict[str, Any]  # the core's batch-level diagnostics over the full responses
     full_outputs: Any  # the core's PolicyLossOutput
+    bad: list[torch.Tensor] | None = None  # per sample, local tokens skipped as bad (on_bad_tokens="skip")
 
 
 def _check_lengths(name: str, tensors: Sequence[torch.Tensor], lengths: Sequence[int]) -> None:
@@ -80,12 +81,15 @@ def local_policy_loss(
     positions: Sequence[torch.Tensor],
     gather: Gather | None,
     topk: TopKLocalInputs | None = None,
+    bad_tokens: dict[str, Any] | None = None,
 ) -> LocalPolicyLoss:
     """The core's per-token loss at this rank's local tokens, computed on full responses.
 
     ``topk`` (Top-K modes): the set log-probs of pi at the local tokens travel in the same
     detached gather as log pi, log mu and the advantages; log mu of the set is the rollout top-k
-    log-probs plus the gathered log mu of the sampled token."""
+    log-probs plus the gathered log mu of the sampled token. ``bad_tokens``: the core's
+    ``on_bad_tokens`` / ``max_bad_token_frac`` keywords (``LocalPolicyLoss.bad`` marks the skipped
+    local tokens)."""
     from epic_slime.losses import compute_policy_loss
 
     local_counts = [int(p.numel()) for p in positions]
@@ -140,6 +144,7 @@ def local_policy_loss(
         padded_mask,
         aggregation=aggregation,
         **topk_kwargs,
+        **(bad_tokens or {}),
         **params,
     )
     per_token_loss = [
@@ -149,7 +154,10 @@ def local_policy_loss(
     clipped = [
         out.clipped[i, :n].index_select(0, pos.to(device)) for i, (n, pos) in enumerate(zip(response_lengths, positions))
     ]
-    return LocalPolicyLoss(per_token_loss, clipped, dict(out.metrics), out)
+    bad = None
+    if out.bad is not None:
+        bad = [out.bad[i, :n].index_select(0, pos.to(device)) for i, (n, pos) in enumerate(zip(response_lengths, positions))]
+    return LocalPolicyLoss(per_token_loss, clipped, dict(out.metrics), out, bad)
 
 
 def _check_topk_inputs(topk: TopKLocalInputs, local_counts: list[int], response_lengths: list[int]) -> None:
@@ -240,7 +248,10 @@ def slime_policy_loss_from_log_probs(
     of the batch, computed here when not given); the rollout top-k log-probs come from
     ``batch['rollout_topk_log_probs']``.
     """
+    from epic_slime.losses.flags import bad_token_config_from_args
+
     mode, params, aggregation, behavior = _loss_config(args)
+    bad_token_kwargs = bad_token_config_from_args(args)
     per_token_mode = bool(getattr(args, "calculate_per_token_loss", False))
     if (aggregation == TOKEN_MEAN) != per_token_mode:
         raise ValueError(
@@ -282,10 +293,16 @@ def slime_policy_loss_from_log_probs(
         positions,
         gather if cp_size > 1 else None,
         topk,
+        bad_token_kwargs,
     )
 
     lp = _cat(log_probs, log_probs[0])
     mu = _cat(behavior_lp, lp).to(lp)
+    keep = None
+    if result.bad is not None:   # skipped bad tokens must not reach the KL / diagnostics as NaN either
+        keep = ~_cat(result.bad, lp).bool()
+        lp = torch.where(keep, lp, 0.0)
+        mu = torch.where(keep, mu, 0.0)
     pg_tokens = _cat(result.per_token_loss, lp)
     if aggregation == "seq-mean-token-sum":
         sums = batch.get("rollout_mask_sums")
@@ -308,10 +325,13 @@ def slime_policy_loss_from_log_probs(
         ref = batch.get("ref_log_probs")
         if not ref:
             raise ValueError("--use-kl-loss: the batch has no ref_log_probs (pass --ref-load)")
-        kl = approx_kl(lp, _cat(ref, lp), args.kl_loss_type)
+        ref_lp = _cat(ref, lp) if keep is None else torch.where(keep, _cat(ref, lp), 0.0)
+        kl = approx_kl(lp, ref_lp, args.kl_loss_type)
         if getattr(args, "use_unbiased_kl", False):
             old = batch.get("rollout_log_probs") if getattr(args, "use_rollout_logprobs", False) else batch.get("log_probs")
             old = _cat(old, lp) if old else lp.detach()
+            if keep is not None:
+                old = torch.where(keep, old, 0.0)
             kl = torch.exp(lp - old) * kl
         kl_loss = sum_of_sample_mean(kl)
         loss = loss + args.kl_loss_coef * kl_loss
@@ -336,6 +356,9 @@ def slime_policy_loss_from_log_probs(
         value = torch.as_tensor(value, dtype=torch.float32, device=lp.device).detach()
         if name == "empty_responses":
             name, value = "empty_response_frac", value / max(n_samples, 1)
+        if name == "bad_tokens":   # a count is not a sample-weighted mean: log the share of valid tokens
+            checked = float(result.metrics.get("valid_tokens", 0)) + float(value)
+            name, value = "bad_token_frac", value / max(checked, 1.0)
         core_metrics[f"{METRIC_PREFIX}{name}"] = value * weight
 
     reported = {
@@ -350,7 +373,8 @@ def slime_policy_loss_from_log_probs(
     if rollout:
         recomputed = batch.get("log_probs")
         compare = lp if (getattr(args, "use_rollout_logprobs", False) or not recomputed) else _cat(recomputed, lp)
-        reported["train_rollout_logprob_abs_diff"] = sum_of_sample_mean((compare.detach() - _cat(rollout, lp)).abs())
+        gap = (compare.detach() - _cat(rollout, lp)).abs()
+        reported["train_rollout_logprob_abs_diff"] = sum_of_sample_mean(gap if keep is None else torch.where(keep, gap, 0.0))
     reported.update(core_metrics)
     return loss, {k: v.detach().clone().float() for k, v in reported.items()}
 

@@ -104,9 +104,10 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def add_project_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``add_custom_arguments`` for ``slime.utils.arguments.parse_args``: loss flags + async flags."""
-    from epic_slime.losses.flags import add_policy_loss_arguments
+    from epic_slime.losses.flags import add_bad_token_arguments, add_policy_loss_arguments
 
     add_policy_loss_arguments(parser)
+    add_bad_token_arguments(parser, default="skip")  # a NaN on one token must not end a 32-GPU run
     add_async_arguments(parser)
     add_table2_arguments(parser)
     return parser
