@@ -16,8 +16,9 @@ from epic_slime.slime.staleness import StalenessGate
 from test_runtime_trainer import _setup
 from test_slime_adapter import _args, _full_data, _slime_inputs
 
-# present on one path only, by design: slime drops counts and logs the empty-response fraction
-RUNTIME_ONLY = {"valid_tokens", "empty_responses"}
+# present on one path only, by design: slime drops counts (it logs the empty-response and bad-token
+# fractions, which the runtime logs too) and Megatron counts its own skipped iterations
+RUNTIME_ONLY = {"valid_tokens", "empty_responses", "bad_tokens", "skipped_steps"}
 SLIME_ONLY = {"empty_response_frac"}
 
 

@@ -116,6 +116,8 @@ def test_bad_tokens_are_skipped_and_counted_with_the_kl_term_finite():
     samples[7] = {**samples[7], "behavior_log_probs": [0.5] + list(samples[7]["behavior_log_probs"][1:])}
     m = trainer.train_step(samples)
     assert m["loss/bad_tokens"] == 2 and m["loss/skipped_steps"] == 0
+    valid = sum(len(s["response_ids"]) for s in samples)   # every response token is on the mask here
+    assert m["loss/bad_token_frac"] == pytest.approx(2 / valid)
     assert all(math.isfinite(v) for k, v in m.items() if isinstance(v, float)), m
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     raising, samples, _ = _setup(on_bad_tokens="raise")

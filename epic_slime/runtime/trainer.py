@@ -126,7 +126,7 @@ class PolicyTrainer:
             counts[name] = counts.get(name, 0) + 1
 
         first_gap = None
-        bad_tokens = skipped = 0
+        bad_tokens = skipped = checked_tokens = 0
         skip = self.bad_tokens["on_bad_tokens"] == "skip"
         needs_topk = LOSS_MODES[self.policy_loss].needs_topk
         for d in range(self.update_depth):
@@ -143,6 +143,7 @@ class PolicyTrainer:
                                       **topk_kwargs, **self.bad_tokens, **self.policy_loss_params)
             loss = out.loss
             bad_tokens += int(out.metrics["bad_tokens"])
+            checked_tokens += int(mask.sum())
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"policy loss {self.policy_loss} is {float(loss)} at version {self.version}, minibatch {d}")
             add("loss/pg_loss", loss)
@@ -183,5 +184,7 @@ class PolicyTrainer:
         metrics["train/logprob_abs_diff_step_start"] = first_gap
         metrics["loss/bad_tokens"] = bad_tokens          # skipped tokens over the step's minibatches
         metrics["loss/skipped_steps"] = skipped          # optimizer steps skipped for a non-finite gradient
+        # the slime path's name for the same thing (it cannot log a summed count)
+        metrics["loss/bad_token_frac"] = bad_tokens / max(checked_tokens, 1)
         metrics["train/version"] = self.version
         return metrics
