@@ -319,6 +319,12 @@ class GroupLedger:
         del self.payloads[key]
         self.dropped += 1
 
+    def _pending(self, key: Hashable) -> None:
+        if key not in self.payloads:
+            raise ValueError(f"group {key!r} was never consumed (or is already trained / dropped)")
+        if key in self.delivered:
+            raise ValueError(f"group {key!r} delivered twice (rollout {self.delivered[key]} and again)")
+
     def close_rollout(self, rollout_id: int) -> None:
         """Rollouts <= rollout_id are trained: their groups are final."""
         for key in [k for k, r in self.delivered.items() if r <= rollout_id]:
