@@ -389,12 +389,35 @@ class CpuTrainGroup:
 
 # ---------------------------------------------------------------- trace, server, session
 
+class _CountingHandler(logging.Handler):
+    """Counts slime's HTTP retries and crashed group tasks (they only show in its logs)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.counts = Counter()
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if "retrying" in msg:
+            self.counts["http_retries"] += 1
+        if "process task raised" in msg:   # slime's worker: a group task crashed, its group is gone
+            self.counts["crashed_group_tasks"] += 1
+        if record.name == "epic_slime.slime.train" and "perf/driver_rss_mb" in msg:
+            self.counts["driver_rss_logs"] += 1
+        if "bound to a different event loop" in msg or (record.exc_text and "different event loop" in record.exc_text):
+            self.counts["different_loop_errors"] += 1
+
+
+
 class Trace:
-    def __init__(self, path: str):
+    def __init__(self, path: str, counter: _CountingHandler | None = None):
         self._f = open(path, "a")
         self._lock = threading.Lock()
+        self.counter = counter
 
     def write(self, event: str, rollout_id: int, **fields) -> None:
+        if self.counter is not None:
+            fields["log_counts"] = dict(self.counter.counts)
         with self._lock:
             self._f.write(json.dumps({"event": event, "rollout_id": rollout_id, "t": time.time(), **fields}, default=float) + "\n")
             self._f.flush()
@@ -452,23 +475,6 @@ def init_weights(path: str) -> str:
     return path
 
 
-class _CountingHandler(logging.Handler):
-    """Counts slime's HTTP retries and crashed group tasks (they only show in its logs)."""
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.counts = Counter()
-
-    def emit(self, record):
-        msg = record.getMessage()
-        if "retrying" in msg:
-            self.counts["http_retries"] += 1
-        if "task crashed" in msg or "process task raised" in msg:
-            self.counts["crashed_group_tasks"] += 1
-        if "bound to a different event loop" in msg or (record.exc_text and "different event loop" in record.exc_text):
-            self.counts["different_loop_errors"] += 1
-
-
 def session(config: dict) -> None:
     """One driver process: the loop under test against the stand-ins; writes config['trace']."""
     import torch.distributed as dist
@@ -479,7 +485,7 @@ def session(config: dict) -> None:
     logging.basicConfig(level=logging.INFO)
     counter = _CountingHandler()
     logging.getLogger().addHandler(counter)
-    trace = Trace(config["trace"])
+    trace = Trace(config["trace"], counter)
     args = build_args(config["argv"] + ["--sglang-router-ip", "127.0.0.1", "--sglang-router-port", str(config["port"])])
     dist.init_process_group("gloo", init_method=f"file://{config['dist_file']}", rank=0, world_size=1)
     parallel_state.initialize_model_parallel()
@@ -496,8 +502,10 @@ def session(config: dict) -> None:
     loop(args, manager, actor, num_rollout_per_epoch, lambda fut: fut.result(timeout=300))
     source = manager.data_source
     consumed = getattr(getattr(source, "inner", source), "sample_group_index", None)
-    trace.write("done", args.num_rollout, seconds=time.time() - started, log_counts=dict(counter.counts),
-                forwards=dict(actor.forwards), prompts_consumed=consumed)
+    ledger = getattr(source, "ledger", None)
+    pending = [int(g[0].metadata["pid"]) for g in ledger.pending_payloads()] if ledger is not None else None
+    trace.write("done", args.num_rollout, seconds=time.time() - started, forwards=dict(actor.forwards),
+                prompts_consumed=consumed, pending_pids=pending)
     manager.dispose.remote().result()
     manager.shutdown()
     parallel_state.destroy_model_parallel()
