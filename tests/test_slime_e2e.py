@@ -140,3 +140,20 @@ def test_one_forward_per_training_step_no_old_logprob_recompute(e2e):
 def test_driver_rss_logged_every_rollout(e2e):
     done = _events(e2e["resumed"], "done")[-1]
     assert done["log_counts"].get("driver_rss_logs", 0) == NUM_ROLLOUT - KILL_AFTER_TRAIN
+
+
+def test_harness_args_match_slime_parser(tmp_path, monkeypatch):
+    """The harness's args (slime's defaults from its source + the driver's flag layer) against slime's
+    real parse_args, where SGLang and Megatron-LM's megatron.training are installed (the cluster image)."""
+    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("megatron.training") is None:
+        pytest.skip("slime's full parser needs SGLang and Megatron-LM's megatron.training (not installable on CPU CI)")
+    from epic_slime.slime.train import parse
+
+    h.prepare_workdir(str(tmp_path), train_prompts=4, eval_prompts=2)
+    argv = h.standard_argv(str(tmp_path), num_rollout=2, save_interval=None) + [
+        "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--debug-rollout-only"]
+    ours = vars(h.build_args(argv))
+    real = vars(parse(argv))
+    differ = {k: (v, real[k]) for k, v in ours.items()
+              if k in real and k not in ("eval_datasets", "rank", "world_size") and v != real[k]}
+    assert not differ, differ
