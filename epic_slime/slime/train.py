@@ -13,7 +13,8 @@ is built from slime's public pieces (placement groups, RolloutManager, the actor
 slime's RolloutManager actor runs one call at a time and the weight push asks it for the
 engines, so the push after rollout ``r`` happens once rollout ``r + 1`` is collected (as in
 slime's train_async.py): batches after the first are at least one update stale. Requests in
-flight during a push pause and continue on the new weights (their samples carry both versions).
+flight during a push are aborted by SGLang (pause in abort mode) and resubmitted with their partial
+response by ``epic_slime.slime.rollout`` (their samples carry both versions).
 How stale a group may be when it is trained is bounded by ``--max-staleness`` (>= 1).
 """
 
