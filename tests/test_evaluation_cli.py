@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from _eval_helpers import REPO_ROOT, require_shared_math
-from _sglang_standin import make_sglang_module
+from _sglang_engine_standin import make_sglang_module
 from epic_slime.data.convert import convert_rows
 from epic_slime.data.files import write_jsonl
 from epic_slime.evaluation import read_records, slime_eval_arguments

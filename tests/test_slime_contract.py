@@ -294,52 +294,61 @@ def test_slime_loss_function_cp1_cp2_and_core_agree(ranks, case):
     assert any(name.startswith("policy/") for name in cp1_metrics)
 
 
-class _FakeWorker:
-    """Stands in for slime's AsyncRolloutWorker (which needs SGLang servers): finished groups,
-    handed out as (group id, group) pairs like slime's ``get_completed_groups``."""
-
-    def __init__(self, groups):
-        import threading
-
-        self.queue = list(groups)
-        self.worker_thread = threading.Thread(target=lambda: None)
-        self.worker_thread.is_alive = lambda: True
-
-    def get_completed_groups(self, limit=None):
-        out, self.queue = self.queue[:limit], self.queue[limit:]
-        return list(enumerate(out))
-
-    def queue_size(self):
-        return len(self.queue)
-
-
 def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
+    from collections import deque
+
     from slime.rollout.base_types import RolloutFnTrainOutput
     from slime.utils.types import Sample
 
     import epic_slime.slime.rollout as rollout
+    from epic_slime.staleness import GroupLedger
 
     def group(index, version):
-        return [Sample(index=2 * index + i, weight_versions=[str(version)], rollout_id=2 * index + i) for i in range(2)]
+        return [Sample(index=2 * index + i, group_index=index, weight_versions=[str(version)]) for i in range(2)]
 
-    worker = _FakeWorker([group(5, 1), group(1, 1), group(7, 0), group(2, 1)])
-    monkeypatch.setattr(rollout, "_worker", worker)
+    class FakeStream:  # GroupStream's interface: finished groups waiting, counters
+        crash_retries = abort_resubmits = 0
+
+        def __init__(self, groups):
+            self.completed = deque(groups)
+            self.data_source = object.__new__(rollout.StreamingDataSource)
+            self.data_source.ledger, self.data_source._returned = GroupLedger(), deque()
+            for g in groups:
+                self.data_source.ledger.consume(g[0].group_index, g)
+
+        def add(self, groups):
+            for g in groups:
+                self.data_source.ledger.consume(g[0].group_index, g)
+                self.completed.append(g)
+
+        def pop(self, limit):
+            return [self.completed.popleft() for _ in range(min(limit, len(self.completed)))]
+
+        def held(self):
+            return len(self.completed)
+
+    stream = FakeStream([group(5, 1), group(1, 1), group(7, 0), group(2, 1)])
+    monkeypatch.setattr(rollout, "_stream", stream)
     monkeypatch.setattr(rollout, "_first_rollout_id", None)
     monkeypatch.setattr(rollout, "_totals", {k: 0 for k in rollout._totals})
-    # K = 1: the background worker's path (K = 0 is the synchronous schedule, tests/test_slime_sync.py)
+    # K = 1: the streaming path (K = 0 is the synchronous schedule, tests/test_slime_sync.py)
     args = argparse.Namespace(rollout_global_dataset=True, rollout_batch_size=2, max_staleness=1, stale_policy="drop")
-    out = rollout.generate_rollout(args, 3, data_source=None)
+    out = rollout.generate_rollout(args, 3, data_source=stream.data_source)
     assert isinstance(out, RolloutFnTrainOutput)
     assert [[s.index for s in g] for g in out.samples] == [[2, 3], [10, 11]]  # sorted like slime's
     assert out.metrics["rollout/staleness/mean"] == 0.0 and out.metrics["rollout/staleness/trainer_version"] == 1.0
     assert out.samples[0][0].metadata["epic_group_staleness"] == 0
+    assert out.metrics["rollout/accounting/consumed_groups"] == 4 and out.metrics["rollout/accounting/in_flight_groups"] == 4
     # next rollout: the policy is version 2, the group from version 0 is stale by 2 > K = 1
-    worker.queue += [group(9, 2), group(8, 2)]
-    out = rollout.generate_rollout(args, 4, data_source=None)
+    stream.add([group(9, 2), group(8, 2)])
+    out = rollout.generate_rollout(args, 4, data_source=stream.data_source)
     assert out.metrics["rollout/staleness/dropped_groups"] == 1.0  # group(7, 0)
     assert out.metrics["rollout/staleness/total_dropped_samples"] == 2.0
     assert out.metrics["rollout/staleness/max"] == 1.0  # group(2, 1)
     assert [[s.index for s in g] for g in out.samples] == [[4, 5], [18, 19]]
+    assert out.metrics["rollout/accounting/dropped_groups"] == 1 and out.metrics["rollout/accounting/in_flight_groups"] == 5
+    with pytest.raises(ValueError, match="--data-source-path"):
+        rollout.generate_rollout(args, 5, data_source=object())
 
 
 def test_generate_records_topk_on_slime_samples():

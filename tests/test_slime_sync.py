@@ -8,6 +8,7 @@ generated ahead of the push would produce stale groups and the gate would refuse
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import shlex
@@ -47,6 +48,18 @@ class _TrainOutput:  # the shape of slime's RolloutFnTrainOutput
     metrics: dict | None = None
 
 
+def _ledger_data_source():
+    """The project's StreamingDataSource without slime's inner data source: just its prompt ledger
+    (what slime's generate_rollout consumes through get_samples is recorded in it)."""
+    from collections import deque
+
+    from epic_slime.staleness import GroupLedger
+
+    source = object.__new__(rollout.StreamingDataSource)
+    source.ledger, source._returned = GroupLedger(), deque()
+    return source
+
+
 class _Engines:
     """SGLang as the schedule sees it: a weight version, and weights / KV cache on or off the GPU."""
 
@@ -60,8 +73,10 @@ class _Engines:
         groups = []
         for _ in range(args.rollout_batch_size):
             weight = "default" if self.version == 0 else str(self.version)
-            groups.append([SimpleNamespace(index=self.next_index, weight_versions=[weight], metadata={})
-                           for _ in range(args.n_samples_per_prompt)])
+            group = [SimpleNamespace(index=self.next_index, group_index=self.next_index, weight_versions=[weight],
+                                     metadata={}) for _ in range(args.n_samples_per_prompt)]
+            data_source.ledger.consume(self.next_index, copy.deepcopy(group))  # slime: data_source.get_samples
+            groups.append(group)
             self.next_index += 1
         return _TrainOutput(samples=groups, metrics={"rollout/fake": 1.0})
 
@@ -79,6 +94,7 @@ class _FakeRolloutManager:
 
     def __init__(self, args, engines: _Engines, log: list):
         self.args, self.engines, self.log, self.metrics = args, engines, log, {}
+        self.data_source = _ledger_data_source()
         self.generate = _Call(self._generate)
         self.eval = _Call(lambda rollout_id: self._record("eval", rollout_id))
         self.save = _Call(lambda rollout_id: self._record("save", rollout_id))
@@ -94,7 +110,7 @@ class _FakeRolloutManager:
 
     def _generate(self, rollout_id):
         # the project's rollout function, as slime's RolloutManager calls it
-        out = rollout.generate_rollout(self.args, rollout_id, data_source=None)
+        out = rollout.generate_rollout(self.args, rollout_id, data_source=self.data_source)
         self.metrics[rollout_id] = out.metrics
         self.log.append(("generate", rollout_id))
         return ("data", rollout_id, [s for group in out.samples for s in group])
@@ -159,7 +175,7 @@ def fake_slime(monkeypatch):
     """Fresh rollout-module state, and slime's synchronous batch generation replaced by the fake engines."""
     engines = _Engines()
     monkeypatch.setattr(rollout, "_first_rollout_id", None)
-    monkeypatch.setattr(rollout, "_worker", None)
+    monkeypatch.setattr(rollout, "_stream", None)
     monkeypatch.setattr(rollout, "_slime_generate_batch", engines.generate_batch)
     return engines
 
@@ -195,7 +211,11 @@ def test_synchronous_schedule_generates_trains_pushes_in_turn_and_every_group_is
         assert len(samples) == 8
         assert {s.metadata["epic_group_staleness"] for s in samples} == {0}
         assert {s.metadata["epic_policy_version"] for s in samples} == {r + 1}
-    assert rollout._worker is None  # no background generator with old weights
+        # accounting: rollout r delivered and r - 1 trained when r is generated, nothing else in flight
+        assert m["rollout/accounting/consumed_groups"] == 4 * (r + 1)
+        assert m["rollout/accounting/trained_groups"] == 4 * r
+        assert m["rollout/accounting/in_flight_groups"] == 4 and m["rollout/accounting/dropped_groups"] == 0
+    assert rollout._stream is None  # no background generator with old weights
     # every prompt trained once, in order
     assert [s.index for r in range(5) for s in actor.trained[r][::2]] == list(range(20))
 
@@ -259,7 +279,7 @@ def test_the_driver_picks_the_schedule_from_max_staleness():
 
 def test_synchronous_rollout_without_the_initial_push_is_refused(fake_slime):
     with pytest.raises(RuntimeError, match=r"generated \[1\] weight updates before the training policy \(version 1\)"):
-        rollout.generate_rollout(_args(), 0, None)
+        rollout.generate_rollout(_args(), 0, _ledger_data_source())
 
 
 def _slime_rollout_modules():
@@ -281,17 +301,23 @@ def test_synchronous_rollout_is_slimes_own_batch_generation_on_slimes_types(monk
 
     def slime_generate_rollout(args, rollout_id, data_source, evaluation=False):
         calls.append((rollout_id, data_source, evaluation))
-        groups = [[sample_type(index=2 * g + i, weight_versions=["1"]) for i in range(2)] for g in (1, 0)]
+        groups = [[sample_type(index=2 * g + i, group_index=g, weight_versions=["1"]) for i in range(2)] for g in (1, 0)]
+        for g in groups:
+            data_source.ledger.consume(g[0].group_index, g)
         return output_type(samples=groups, metrics={"rollout/slime_metric": 2.0})
 
     def no_worker(*_args, **_kwargs):
         raise AssertionError("the synchronous schedule must not start the background worker")
 
     monkeypatch.setattr(sglang_rollout, "generate_rollout", slime_generate_rollout)
-    monkeypatch.setattr(rollout, "_get_worker", no_worker)
+    monkeypatch.setattr(rollout, "_get_stream", no_worker)
     monkeypatch.setattr(rollout, "_first_rollout_id", None)
-    out = rollout.generate_rollout(_args(rollout_batch_size=2), 7, "the data source")
-    assert calls == [(7, "the data source", False)]
+    source = _ledger_data_source()
+    out = rollout.generate_rollout(_args(rollout_batch_size=2), 7, source)
+    assert calls == [(7, source, False)]
+    assert out.metrics["rollout/accounting/in_flight_groups"] == 2.0
+    with pytest.raises(ValueError, match="--data-source-path"):   # no ledger, no accounting: refused
+        rollout.generate_rollout(_args(rollout_batch_size=2), 8, "not the project's data source")
     assert isinstance(out, output_type) and isinstance(out.samples[0][0], sample_type)
     assert [[s.index for s in g] for g in out.samples] == [[2, 3], [0, 1]]  # slime's order is kept
     assert out.metrics["rollout/slime_metric"] == 2.0 and out.metrics["rollout/staleness/max"] == 0.0

@@ -1,11 +1,30 @@
-"""``--rollout-function-path epic_slime.slime.rollout.generate_rollout``: streaming generation
-with a staleness bound.
+"""``--rollout-function-path epic_slime.slime.rollout.generate_rollout`` (with
+``--data-source-path epic_slime.slime.rollout.StreamingDataSource``, which the driver sets):
+streaming generation with a staleness bound, exact prompt accounting and resumable in-flight groups.
 
-Training batches: slime's ``AsyncRolloutWorker`` (``slime.rollout.fully_async_rollout``) keeps
-generating groups in a background thread across weight updates; this function takes finished
-groups from its queue, works out each group's staleness from ``Sample.weight_versions``
-(``epic_slime.slime.staleness``), enforces ``--max-staleness`` with ``--stale-policy`` and returns
-``rollout_batch_size`` admitted groups with staleness statistics as rollout metrics.
+Training batches: a background ``GroupStream`` keeps ``--async-groups-in-flight`` groups (default
+one batch) consumed and not yet handed to training, across weight updates, through slime's own
+``generate_and_rm_group``. This function takes finished groups from it, works out each group's
+staleness from ``Sample.weight_versions`` (``epic_slime.staleness``), enforces ``--max-staleness``
+with ``--stale-policy`` and returns ``rollout_batch_size`` admitted groups with staleness and
+accounting metrics (``rollout/staleness/*``, ``rollout/accounting/*``).
+
+Why not slime's ``AsyncRolloutWorker``: it runs its own event loop in a thread, while slime's eval
+path (``sglang_rollout.generate_rollout(evaluation=True)``) runs on slime's global loop
+(``slime.utils.async_utils``); both share ``GenerateState``'s semaphore and the global
+``httpx.AsyncClient``, which bind to the first loop that uses them. Evaluating while groups are in
+flight then fails with "bound to a different event loop", and the worker drops the crashed group
+after its prompt was consumed. ``GroupStream`` runs on slime's global loop, so training groups and
+eval share one loop, one semaphore and one client. A group whose generation raises is regenerated
+from its fresh prompt (counted, at most ``MAX_GROUP_ATTEMPTS`` tries, then an error); a group that
+SGLang aborted (a weight push pauses generation in SGLang's abort mode) is resubmitted as prompt
+plus partial response, which SGLang recomputes on the new weights (its samples carry both weight
+versions; the oldest sets the staleness).
+
+Resume: ``StreamingDataSource`` records every consumed group until it is trained or dropped
+(``GroupLedger``); ``save(r)`` (rollouts <= r are trained) writes the fresh prompts of all others
+next to slime's data-source state, and ``load`` hands them out first, so a resumed run trains
+every prompt once.
 
 Synchronous schedule (``--max-staleness 0``): no background worker (it would keep generating
 with the old weights while the driver trains); each call runs slime's own synchronous training
@@ -21,11 +40,16 @@ slime is imported lazily: this module runs inside slime's RolloutManager actor.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import logging
+import os
 import threading
+from collections import deque
 
 from epic_slime.metric_names import STALENESS_PREFIX
-from epic_slime.slime.staleness import (
+from epic_slime.staleness import (
+    GroupLedger,
     StalenessGate,
     annotate_group,
     collect_admitted_groups,
@@ -36,8 +60,12 @@ from epic_slime.slime.staleness import (
 
 logger = logging.getLogger("epic_slime.slime.rollout")
 
+DATA_SOURCE_PATH = "epic_slime.slime.rollout.StreamingDataSource"
+MAX_GROUP_ATTEMPTS = 3
+PENDING_FILE = "rollout/epic_pending_groups_{rollout_id}.pt"
+
 _lock = threading.Lock()
-_worker = None
+_stream = None
 _totals = {"dropped_groups": 0, "dropped_samples": 0, "kept_over_limit_groups": 0}
 # First training rollout id seen by this process: the driver generates its start rollout first.
 # (args.start_rollout_id is not reliable here: slime fills it in the driver only after the
@@ -45,18 +73,175 @@ _totals = {"dropped_groups": 0, "dropped_samples": 0, "kept_over_limit_groups": 
 _first_rollout_id: int | None = None
 
 
-def _get_worker(args, data_source):
-    global _worker
-    with _lock:
-        if _worker is None or _worker.worker_thread is None or not _worker.worker_thread.is_alive():
-            from slime.rollout.fully_async_rollout import AsyncRolloutWorker
+def group_key(group) -> int:
+    """A group's identity: slime's data source numbers prompts (``Sample.group_index``)."""
+    index = getattr(group[0], "group_index", None)
+    if index is None:
+        raise ValueError("a rollout group has no Sample.group_index: the data source must number its prompts")
+    return int(index)
 
-            # slime's default (server concurrency x engines, ~1000 groups) would let the queue run
-            # many batches ahead and make most samples stale; one batch ahead by default.
-            concurrency = getattr(args, "async_groups_in_flight", None) or args.rollout_batch_size
-            _worker = AsyncRolloutWorker(args, data_source, concurrency=concurrency)
-            _worker.start()
-        return _worker
+
+class StreamingDataSource:
+    """slime's ``RolloutDataSourceWithBuffer`` plus a ledger of every group handed out.
+
+    Same interface (``get_samples``, ``add_samples``, ``save``, ``load``, ``len``); the ledger says
+    for each consumed group whether it is in flight, delivered to a rollout, trained or dropped.
+    """
+
+    def __init__(self, args):
+        from slime.rollout.data_source import RolloutDataSourceWithBuffer
+
+        self.args = args
+        self.inner = RolloutDataSourceWithBuffer(args)
+        self.ledger = GroupLedger()
+        self._lock = threading.Lock()
+        self._restored: deque = deque()   # fresh groups of a saved run, handed out first
+        self._returned: deque = deque()   # groups given back through add_samples (already consumed)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def get_samples(self, num_samples: int):
+        with self._lock:
+            out = []
+            while self._returned and len(out) < num_samples:
+                out.append(self._returned.popleft())
+            while self._restored and len(out) < num_samples:
+                group = self._restored.popleft()
+                self.ledger.restore(group_key(group), copy.deepcopy(group))
+                out.append(group)
+            if len(out) < num_samples:
+                for group in self.inner.get_samples(num_samples - len(out)):
+                    self.ledger.consume(group_key(group), copy.deepcopy(group))
+                    out.append(group)
+            return out
+
+    def add_samples(self, samples) -> None:
+        """Groups given back (e.g. slime's partial-rollout abort path) are handed out again first,
+        without counting them as consumed twice."""
+        with self._lock:
+            for group in samples:
+                if group_key(group) not in self.ledger.payloads:
+                    raise ValueError(f"add_samples: group {group_key(group)} was never handed out by this data source")
+                self._returned.append(group)
+
+    def fresh_group(self, key: int):
+        """A copy of the group as it was consumed (prompt only), to regenerate it."""
+        with self._lock:
+            return copy.deepcopy(self.ledger.payloads[key])
+
+    def save(self, rollout_id: int) -> None:
+        """slime's data-source state plus every consumed group not trained by rollout ``rollout_id``
+        (the driver saves after training it): in flight, queued, or delivered to a later rollout."""
+        import torch
+
+        self.inner.save(rollout_id)
+        with self._lock:
+            self.ledger.close_rollout(rollout_id)
+            pending = self.ledger.pending_payloads() + [copy.deepcopy(g) for g in self._restored]
+        path = os.path.join(self.args.save, PENDING_FILE.format(rollout_id=rollout_id))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save({"groups": pending}, path)
+        logger.info("saved %d consumed-but-untrained groups with the rollout-%d data state", len(pending), rollout_id)
+
+    def load(self, rollout_id=None) -> None:
+        import torch
+
+        self.inner.load(rollout_id)
+        if self.args.load is None or rollout_id is None:
+            return
+        path = os.path.join(self.args.load, PENDING_FILE.format(rollout_id=rollout_id))
+        if not os.path.exists(path):
+            logger.info("no pending groups at %s", path)
+            return
+        groups = torch.load(path, weights_only=False)["groups"]
+        with self._lock:
+            self._restored.extend(groups)
+        logger.info("restored %d consumed-but-untrained groups from %s", len(groups), path)
+
+
+class GroupStream:
+    """Keeps up to ``capacity`` groups consumed and not yet taken (generating or finished) on
+    slime's global event loop. Every method except ``__init__`` runs on that loop."""
+
+    def __init__(self, args, data_source: StreamingDataSource, capacity: int):
+        from slime.utils.async_utils import get_async_loop
+
+        self.args = args
+        self.data_source = data_source
+        self.capacity = capacity
+        self.loop = get_async_loop().loop
+        self.active: dict = {}           # task -> (group key, attempt)
+        self.completed: deque = deque()
+        self.crash_retries = 0
+        self.abort_resubmits = 0
+        self.failures: list[str] = []
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result()
+
+    async def _start(self) -> None:
+        from slime.rollout.sglang_rollout import GenerateState
+
+        self.state = GenerateState(self.args)   # created on the loop that will use its semaphore
+        self.top_up()
+
+    def held(self) -> int:
+        return len(self.active) + len(self.completed)
+
+    def top_up(self) -> None:
+        while self.held() < self.capacity:
+            groups = self.data_source.get_samples(1)
+            if not groups:
+                return
+            self._submit(groups[0], attempt=1)
+
+    def _submit(self, group, attempt: int) -> None:
+        from slime.rollout.sglang_rollout import generate_and_rm_group
+
+        task = asyncio.ensure_future(
+            generate_and_rm_group(self.args, group, sampling_params=self.state.sampling_params.copy(), evaluation=False)
+        )
+        self.active[task] = (group_key(group), attempt)
+        task.add_done_callback(self._on_done)
+
+    def _on_done(self, task) -> None:
+        from slime.utils.types import Sample
+
+        key, attempt = self.active.pop(task)
+        try:
+            group = task.result()
+        except Exception as exc:  # noqa: BLE001 - any failure: regenerate the prompt, never drop it
+            if attempt >= MAX_GROUP_ATTEMPTS:
+                self.failures.append(f"group {key}: {attempt} attempts, last error {exc!r}")
+                logger.error("rollout group %d failed %d times: %r", key, attempt, exc)
+                return
+            self.crash_retries += 1
+            logger.warning("rollout group %d raised %r; regenerating it from its prompt (attempt %d)", key, exc, attempt + 1)
+            self._submit(self.data_source.fresh_group(key), attempt + 1)
+            return
+        if any(getattr(s, "status", None) == Sample.Status.ABORTED for s in group):
+            self.abort_resubmits += 1
+            self._submit(group, attempt)   # prompt + partial response, continued on the new weights
+            return
+        self.completed.append(group)
+        self.top_up()
+
+    def pop(self, limit: int) -> list:
+        if self.failures:
+            raise RuntimeError("rollout groups failed after retries: " + "; ".join(self.failures))
+        out = [self.completed.popleft() for _ in range(min(limit, len(self.completed)))]
+        self.top_up()
+        return out
+
+
+def _get_stream(args, data_source) -> GroupStream:
+    global _stream
+    with _lock:
+        if _stream is None:
+            capacity = getattr(args, "async_groups_in_flight", None) or args.rollout_batch_size
+            _stream = GroupStream(args, data_source, capacity)
+        elif _stream.data_source is not data_source:
+            raise RuntimeError("epic_slime.slime.rollout: one RolloutManager per process (a second data source appeared)")
+        return _stream
 
 
 def _group_sort_key(group) -> int:
@@ -66,10 +251,36 @@ def _group_sort_key(group) -> int:
     return 0
 
 
+def _check_data_source(data_source) -> None:
+    if not isinstance(data_source, StreamingDataSource):
+        raise ValueError(
+            f"epic_slime.slime.rollout needs --data-source-path {DATA_SOURCE_PATH} (got "
+            f"{type(data_source).__name__}): it records every consumed prompt for accounting and resume"
+        )
+
+
+async def _collect(args, stream: GroupStream, trainer_version: int, gate: StalenessGate, rollout_id: int):
+    ledger = stream.data_source.ledger
+    groups = await collect_admitted_groups(
+        stream.pop,
+        trainer_version=trainer_version,
+        gate=gate,
+        target=args.rollout_batch_size,
+        on_drop=lambda group: ledger.drop(group_key(group)),
+    )
+    for group in groups:
+        ledger.deliver(group_key(group), rollout_id)
+    # the driver asks for rollout r while r - 1 trains: rollouts <= r - 2 are trained by now
+    ledger.close_rollout(rollout_id - 2)
+    ledger.check(worker_in_flight=stream.held() + len(stream.data_source._returned))
+    return groups, ledger.metrics(), stream.held()
+
+
 def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False):
     if evaluation:
         from slime.rollout.sglang_rollout import generate_rollout as slime_generate_rollout
 
+        # runs on slime's global loop, next to the GroupStream's training groups
         return slime_generate_rollout(args, rollout_id, data_source, evaluation=True)
 
     if getattr(args, "max_staleness", None) == 0:
@@ -80,28 +291,24 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
 
     if not args.rollout_global_dataset:
         raise ValueError("epic_slime.slime.rollout needs slime's global dataset (do not pass --disable-rollout-global-dataset)")
+    _check_data_source(data_source)
     global _first_rollout_id
     if _first_rollout_id is None:
         _first_rollout_id = rollout_id
-    worker = _get_worker(args, data_source)
+    stream = _get_stream(args, data_source)
     trainer_version = trainer_version_for_rollout(rollout_id, _first_rollout_id)
     gate = StalenessGate(getattr(args, "max_staleness", None), getattr(args, "stale_policy", "drop"))
-    groups = run(
-        collect_admitted_groups(
-            # slime's worker hands out (group id, group) pairs
-            lambda limit: [group for _, group in worker.get_completed_groups(limit=limit)],
-            trainer_version=trainer_version,
-            gate=gate,
-            target=args.rollout_batch_size,
-        )
-    )
+    groups, accounting, held = run(_collect(args, stream, trainer_version, gate, rollout_id))
     groups.sort(key=_group_sort_key)
     for key in _totals:
         _totals[key] += getattr(gate, key)
     metrics = gate.metrics(prefix=STALENESS_PREFIX)
     metrics |= {f"{STALENESS_PREFIX}total_{k}": float(v) for k, v in _totals.items()}
     metrics[f"{STALENESS_PREFIX}trainer_version"] = float(trainer_version)
-    metrics[f"{STALENESS_PREFIX}queue_left"] = float(worker.queue_size())
+    metrics[f"{STALENESS_PREFIX}queue_left"] = float(held)
+    metrics |= accounting
+    metrics["rollout/accounting/crash_retries"] = float(stream.crash_retries)
+    metrics["rollout/accounting/abort_resubmits"] = float(stream.abort_resubmits)
     logger.info("rollout %d: %s", rollout_id, {k: v for k, v in metrics.items() if "groups_at" not in k})
     return RolloutFnTrainOutput(samples=groups, metrics=metrics)
 
@@ -123,6 +330,7 @@ def generate_on_policy_rollout(args, rollout_id: int, data_source):
     global _first_rollout_id
     if _first_rollout_id is None:
         _first_rollout_id = rollout_id
+    _check_data_source(data_source)
     trainer_version = trainer_version_for_rollout(rollout_id, _first_rollout_id)
     output = _slime_generate_batch(args, rollout_id, data_source)
     groups = [list(group) for group in output.samples]
@@ -142,8 +350,17 @@ def generate_on_policy_rollout(args, rollout_id: int, data_source):
         )
     for index, staleness in zip(admitted, stalenesses, strict=True):
         annotate_group(groups[index], versions[index], trainer_version, staleness)
+    # accounting: the driver asks for rollout r once r - 1 is trained; nothing else is in flight
+    # (slime's synchronous rollout hands back aborted groups through add_samples only with
+    # --partial-rollout, which K = 0 rejects)
+    ledger = data_source.ledger
+    for group in groups:
+        ledger.deliver(group_key(group), rollout_id)
+    ledger.close_rollout(rollout_id - 1)
+    ledger.check(worker_in_flight=len(data_source._returned))
     metrics = dict(output.metrics or {})
     metrics |= gate.metrics(prefix=STALENESS_PREFIX)
     metrics[f"{STALENESS_PREFIX}trainer_version"] = float(trainer_version)
+    metrics |= ledger.metrics()
     logger.info("rollout %d (synchronous): %d groups on policy version %d", rollout_id, len(groups), trainer_version)
     return type(output)(samples=groups, metrics=metrics)

@@ -26,12 +26,14 @@ Only this schedule lets SGLang and Megatron share GPUs (``--colocate``, ``--offl
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from epic_slime.slime.flags import (
+    ROLLOUT_FUNCTION_PATH,
     ProjectFlagError,
     add_project_arguments,
     check_command_line,
@@ -40,6 +42,77 @@ from epic_slime.slime.flags import (
 )
 
 logger = logging.getLogger("epic_slime.slime.train")
+
+DATA_SOURCE_PATH = "epic_slime.slime.rollout.StreamingDataSource"
+SLIME_DEFAULT_DATA_SOURCE = "slime.rollout.data_source.RolloutDataSourceWithBuffer"
+
+
+def needs_old_logprob_forward(behavior_logprobs: str, use_routing_replay: bool, use_rollout_routing_replay: bool) -> bool:
+    """Whether slime's per-rollout forward that recomputes the old log-probs is needed.
+
+    The project's loss takes log mu from SGLang (``--behavior-logprobs rollout``); the forward is
+    needed only for ``recompute`` and for R2 (``--use-routing-replay`` without R3), which records
+    the MoE routing during it. slime skips it under ``--use-rollout-logprobs``."""
+    return behavior_logprobs == "recompute" or (use_routing_replay and not use_rollout_routing_replay)
+
+
+def driver_argv(argv: Sequence[str]) -> list[str]:
+    """The flags slime parses: ``translate_argv`` plus the driver's own additions.
+
+    - ``--use-rollout-logprobs`` where nothing needs slime's old-log-prob forward (one full forward
+      over the rollout batch saved per rollout);
+    - ``--data-source-path epic_slime.slime.rollout.StreamingDataSource`` with the project's rollout
+      function (its prompt ledger does the accounting and saves in-flight groups for resume).
+    """
+    out = translate_argv(argv)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--behavior-logprobs", default="rollout")
+    parser.add_argument("--use-routing-replay", action="store_true")
+    parser.add_argument("--use-rollout-routing-replay", action="store_true")
+    parser.add_argument("--use-rollout-logprobs", action="store_true")
+    parser.add_argument("--rollout-function-path", default=None)
+    parser.add_argument("--data-source-path", default=None)
+    known, _ = parser.parse_known_args(out)
+    forward = needs_old_logprob_forward(known.behavior_logprobs, known.use_routing_replay, known.use_rollout_routing_replay)
+    if not forward and not known.use_rollout_logprobs:
+        out.append("--use-rollout-logprobs")
+    if known.rollout_function_path == ROLLOUT_FUNCTION_PATH:
+        if known.data_source_path is None:
+            out += ["--data-source-path", DATA_SOURCE_PATH]
+        elif known.data_source_path != DATA_SOURCE_PATH:
+            raise ProjectFlagError(
+                f"--rollout-function-path {ROLLOUT_FUNCTION_PATH} needs --data-source-path {DATA_SOURCE_PATH} "
+                f"(got {known.data_source_path!r}): it records every consumed prompt for accounting and resume"
+            )
+    return out
+
+
+def driver_rss_mb() -> float:
+    """Resident memory of this (driver) process in MiB (Linux /proc; resource's peak elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        import os
+
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def log_driver_metrics(args: Any, rollout_id: int) -> dict[str, float]:
+    """``perf/driver_rss_mb`` every rollout (the paper's Fig. 4b compares driver memory), through
+    slime's tracking when it is importable."""
+    metrics = {"perf/driver_rss_mb": driver_rss_mb(), "rollout/step": float(rollout_id)}
+    logger.info("rollout %d driver: %s", rollout_id, metrics)
+    try:
+        from slime.observability import logging_utils
+    except ImportError:
+        return metrics
+    if getattr(args, "use_wandb", False) or getattr(args, "use_tensorboard", False):
+        logging_utils.log(args, dict(metrics), step_key="rollout/step")
+    return metrics
 
 
 def _periodic(rollout_id: int, interval: int | None, per_epoch: int | None, last: int | None = None) -> bool:
@@ -83,6 +156,7 @@ def async_training_loop(
             trace.append(("save", rollout_id))
         actor_model.update_weights()
         trace.append(("update_weights", rollout_id))
+        log_driver_metrics(args, rollout_id)
         if _periodic(rollout_id, args.eval_interval, num_rollout_per_epoch):
             get(rollout_manager.eval.remote(rollout_id))
             trace.append(("eval", rollout_id))
@@ -164,6 +238,7 @@ def sync_training_loop(
         if offload_rollout:
             get(rollout_manager.onload_kv.remote())
             trace.append(("onload_kv", rollout_id))
+        log_driver_metrics(args, rollout_id)
         if _periodic(rollout_id, args.eval_interval, num_rollout_per_epoch):
             get(rollout_manager.eval.remote(rollout_id))
             trace.append(("eval", rollout_id))
@@ -198,7 +273,7 @@ def parse(argv: Sequence[str]) -> Any:
         print(f"epic_slime.slime.train: override: {override.describe()}", file=sys.stderr)
     from slime.utils.arguments import parse_args
 
-    translated = translate_argv(argv)
+    translated = driver_argv(argv)
     saved = sys.argv
     sys.argv = [saved[0] if saved else "epic_slime.slime.train", *translated]
     try:
