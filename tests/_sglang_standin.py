@@ -9,7 +9,9 @@ max_new_tokens / stop_token_ids, ``return_logprob``; answers ``text``, ``output_
 finish_reason abort and the tokens generated so far; new requests wait until
 ``/continue_generation``), ``GET /flush_cache``, ``POST /update_weights_from_disk``
 (``model_path``: a torch state dict), ``POST /update_weight_version`` (``new_version``),
-``GET /health_generate``, ``GET /workers`` (router view), ``GET /stats`` (counters for tests).
+``POST /abort_request`` (``abort_all``, as slime's synchronous rollout ends a batch), ``GET
+/v1/loads`` (running and waiting requests), ``GET /health_generate``, ``GET /workers`` (router
+view), ``GET /stats`` (counters for tests).
 
 Batching: requests with equal (temperature, top_p) are decoded together, up to ``max_batch``,
 one token per forward with a KV cache. log-prob convention: log_softmax(logits / T)[token].
@@ -190,6 +192,24 @@ class Engine:
         self.paused = False
         self.wakeup.set()
 
+    async def abort_all(self) -> None:
+        """SGLang's ``/abort_request`` with ``abort_all``: waiting requests end with no tokens, the
+        running batch with the tokens generated so far, all with finish_reason abort."""
+        for r in list(self.pending):
+            self.pending.remove(r)
+            r.finish = ABORT
+            self.stats["aborted"] += 1
+            if not r.future.done():
+                r.future.set_result(self._answer(r))
+        if self.running:
+            self.abort_now = True
+            await self.idle.wait()
+            self.abort_now = False
+        self.stats["abort_requests"] += 1
+
+    def load(self) -> dict:
+        return {"num_running_reqs": self.running, "num_waiting_reqs": len(self.pending)}
+
     async def load_weights(self, path: str) -> None:
         state = torch.load(path, weights_only=True)
         await asyncio.get_running_loop().run_in_executor(self.pool, self.model.load_state_dict, state)
@@ -236,6 +256,16 @@ def make_app(engine: Engine):
     async def health(request):
         return web.Response(text="ok")
 
+    async def abort_request(request):
+        payload = await request.json()
+        if not payload.get("abort_all"):
+            return web.json_response({"error": "the stand-in aborts only with abort_all"}, status=400)
+        await engine.abort_all()
+        return web.Response(text="ok")
+
+    async def loads(request):
+        return web.json_response(engine.load())
+
     async def workers(request):
         host = request.host
         return web.json_response({"workers": [{"url": f"http://{host}"}]})
@@ -252,6 +282,8 @@ def make_app(engine: Engine):
         web.post("/flush_cache", flush),
         web.post("/update_weights_from_disk", update_from_disk),
         web.post("/update_weight_version", update_version),
+        web.post("/abort_request", abort_request),
+        web.get("/v1/loads", loads),
         web.get("/health_generate", health),
         web.get("/health", health),
         web.get("/workers", workers),

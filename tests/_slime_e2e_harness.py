@@ -497,7 +497,10 @@ def session(config: dict) -> None:
         manager.load.remote(args.start_rollout_id - 1).result()
     num_rollout_per_epoch = len(manager.data_source) // args.rollout_batch_size
     actor.update_weights()
-    loop = load_function(config.get("loop", "epic_slime.slime.train.async_training_loop"))
+    # the driver's own choice of schedule (--max-staleness 0: synchronous) unless a test names a loop
+    from epic_slime.slime.train import training_loop_for
+
+    loop = load_function(config["loop"]) if config.get("loop") else training_loop_for(args)
     started = time.time()
     loop(args, manager, actor, num_rollout_per_epoch, lambda fut: fut.result(timeout=300))
     source = manager.data_source
@@ -533,7 +536,7 @@ def run_session(config: dict, timeout: float = 300) -> int:
 
 
 def standard_argv(workdir: str, *, num_rollout: int, save_interval: int | None, load: str | None = None,
-                  extra: list[str] = ()) -> list[str]:
+                  extra: list[str] = (), max_staleness: int = 2) -> list[str]:
     """The issue's scale: 12 permits (--sglang-server-concurrency 12, one engine), 2 groups x 4
     samples = 8 training samples in flight, 10 eval prompts x 4 = 40 eval samples every rollout."""
     argv = [
@@ -548,12 +551,14 @@ def standard_argv(workdir: str, *, num_rollout: int, save_interval: int | None, 
         "--rollout-function-path", "epic_slime.slime.rollout.generate_rollout",
         "--loss-type", "custom_loss", "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
         "--policy-loss", "epic", "--update-depth", "2",
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--async-groups-in-flight", "2",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
         "--rollout-max-response-len", "12", "--rollout-temperature", "1.0",
         "--rollout-num-gpus", "1", "--rollout-num-gpus-per-engine", "1", "--sglang-server-concurrency", "12",
-        "--max-staleness", "2", "--num-rollout", str(num_rollout), "--lr", "1e-3",
+        "--max-staleness", str(max_staleness), "--num-rollout", str(num_rollout), "--lr", "1e-3",
         "--save", os.path.join(workdir, "ckpt"),
     ]
+    if max_staleness != 0:   # the background stream's depth; the synchronous schedule has none
+        argv += ["--async-groups-in-flight", "2"]
     if save_interval is not None:
         argv += ["--save-interval", str(save_interval)]
     if load is not None:
@@ -582,7 +587,8 @@ def main(argv=None) -> int:
         try:
             trace = os.path.join(workdir, "measure.jsonl")
             rc = run_session({"trace": trace, "port": server.port, "dist_file": os.path.join(workdir, "dist"),
-                              "argv": standard_argv(workdir, num_rollout=12, save_interval=None, extra=argv[1:])})
+                              "argv": standard_argv(workdir, num_rollout=12, save_interval=None, extra=argv[1:],
+                                                    max_staleness=int(os.environ.get("MAX_STALENESS", "2")))})
             events = read_trace(trace)
             trained = sum(len(e["pids"]) for e in events if e["event"] == "train")
             done = [e for e in events if e["event"] == "done"]

@@ -157,3 +157,59 @@ def test_harness_args_match_slime_parser(tmp_path, monkeypatch):
     differ = {k: (v, real[k]) for k, v in ours.items()
               if k in real and k not in ("eval_datasets", "rank", "world_size") and v != real[k]}
     assert not differ, differ
+
+
+# ---- the synchronous schedule (--max-staleness 0, issue 14): the same stand-ins, the driver's own
+# choice of loop (sync_training_loop), slime's own synchronous generate_rollout for training batches
+
+@pytest.fixture(scope="module")
+def e2e_sync(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("slime_e2e_sync"))
+    h.prepare_workdir(workdir)
+    server = h.Server(workdir, os.path.join(workdir, "init.pt"))
+    try:
+        first = os.path.join(workdir, "first.jsonl")
+        argv = dict(num_rollout=NUM_ROLLOUT, save_interval=SAVE_INTERVAL, max_staleness=0)
+        rc_first = h.run_session({
+            "trace": first, "port": server.port, "dist_file": os.path.join(workdir, "dist1"),
+            "argv": h.standard_argv(workdir, **argv), "kill_after_train": KILL_AFTER_TRAIN,
+        })
+        resumed = os.path.join(workdir, "resumed.jsonl")
+        rc_resumed = h.run_session({
+            "trace": resumed, "port": server.port, "dist_file": os.path.join(workdir, "dist2"),
+            "argv": h.standard_argv(workdir, load=os.path.join(workdir, "ckpt"), **argv),
+        })
+    finally:
+        server.stop()
+    return {"rc": (rc_first, rc_resumed), "first": h.read_trace(first), "resumed": h.read_trace(resumed),
+            "workdir": workdir}
+
+
+def test_sync_schedule_generates_after_each_push_and_trains_on_policy(e2e_sync):
+    assert e2e_sync["rc"] == (-9, 0), f"logs in {e2e_sync['workdir']}"
+    for trace in (e2e_sync["first"], e2e_sync["resumed"]):
+        core = [(e["event"], e["rollout_id"]) for e in trace if e["event"] in ("generate", "train")]
+        # generate r, train r, then r + 1: never two rollouts generated before one is trained
+        assert [name for name, _ in core] == ["generate", "train"] * (len(core) // 2), core
+        for e in _events(trace, "generate"):
+            m = e["metrics"]
+            assert m["rollout/staleness/max"] == 0.0 and m["rollout/staleness/dropped_groups"] == 0.0
+            assert m["rollout/accounting/consumed_groups"] == (
+                m["rollout/accounting/trained_groups"] + m["rollout/accounting/in_flight_groups"])
+            assert m["rollout/accounting/in_flight_groups"] == 2   # only this rollout's groups
+        for e in _events(trace, "train"):
+            assert set(e["staleness"]) == {0} and len(e["pids"]) == 2
+            assert e["forwards"] == {"train": DEPTH}, e["forwards"]
+        counts = trace[-1]["log_counts"]
+        assert counts.get("crashed_group_tasks", 0) == 0 and counts.get("http_retries", 0) == 0, counts
+    assert all(e["samples"] == {"synthetic": 40} for e in _events(e2e_sync["first"], "eval"))
+
+
+def test_sync_resume_trains_every_prompt_exactly_once(e2e_sync):
+    saved = max(e["rollout_id"] for e in _events(e2e_sync["first"], "save"))
+    before = [p for e in _events(e2e_sync["first"], "train") if e["rollout_id"] <= saved for p in e["pids"]]
+    after = [p for e in _events(e2e_sync["resumed"], "train") for p in e["pids"]]
+    trained = before + after
+    assert not [p for p, n in Counter(trained).items() if n > 1], f"trained twice: {sorted(trained)}"
+    assert sorted(trained) == list(range(2 * NUM_ROLLOUT))   # the file's order, nothing skipped
+    assert _events(e2e_sync["resumed"], "done")[-1]["pending_pids"] == []
