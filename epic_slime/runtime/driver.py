@@ -374,7 +374,7 @@ class Run:
         t0 = time.time()
         init_state, provenance = load_or_train_warm_start(
             cfg.model, self.task, steps=cfg.warm_start_steps, lr=cfg.warm_start_lr,
-            batch_size=cfg.warm_start_batch_size, seed=cfg.seed, cache_dir=cfg.warm_start_cache_dir,
+            batch_size=cfg.warm_start_batch_size, seed=cfg.warm_start_seed_or_seed, cache_dir=cfg.warm_start_cache_dir,
             answer_noise=cfg.warm_start_answer_noise)
         warm_s = time.time() - t0
         resume_path = resolve_checkpoint(cfg.load) if cfg.load else None
