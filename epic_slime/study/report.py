@@ -184,10 +184,9 @@ def findings(rows: list[dict], diag: dict[str, dict], results: list[dict]) -> li
     return out
 
 
-def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: float) -> Path:
-    from .runner import REPO, plan
+def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: float, commit: str) -> Path:
+    from .runner import plan
 
-    commit = git_commit(REPO)
     planned = plan(cfg)
     profile = _entropy_profile(cfg, out)
     figures.entropy_profile_figure(profile, out / "entropy_profile.png")

@@ -248,6 +248,9 @@ def main(argv: list[str]) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     command = "epic-slime study " + " ".join(argv)
+    from .report import git_commit, write_report
+
+    commit = git_commit(REPO)      # the code that runs, taken before the runs (edits meanwhile do not count)
     t0 = time.time()
     if args.analyze_only:
         results = [json.loads((out / "runs" / s.name / RESULT).read_text()) for s in plan(cfg)
@@ -259,8 +262,6 @@ def main(argv: list[str]) -> int:
         except ConfigError as e:
             print(f"epic-slime study: error: a run's train settings are invalid: {e}", file=sys.stderr)
             return 2
-    from .report import write_report
-
-    write_report(cfg, out, results, command=command.strip(), study_s=time.time() - t0)
+    write_report(cfg, out, results, command=command.strip(), study_s=time.time() - t0, commit=commit)
     print(f"[study] wrote {out / 'study.md'} and its figures in {time.time() - t0:.0f}s")
     return 0
