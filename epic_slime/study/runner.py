@@ -214,7 +214,8 @@ def execute(cfg: StudyConfig, out: Path, log=print) -> list[dict]:
             finish_run(cfg, spec, run_cfg, run_dir, time.time() - t)
             durations.append(time.time() - t)
             done = len(specs) - len(todo) + i + 1
-            left = statistics.fmean(durations) * (len(todo) - i - 1)
+            typical = durations[1:] or durations     # the first run also trains the warm start
+            left = statistics.fmean(typical) * (len(todo) - i - 1)
             log(f"[study] {done}/{len(specs)} done: {spec.name} in {durations[-1]:.0f}s; "
                 f"elapsed {time.time() - t0:.0f}s, about {left / 60:.1f} min left")
     finally:
