@@ -188,7 +188,7 @@ def finish_run(cfg: StudyConfig, spec: RunSpec, run_cfg, run_dir: Path, wall_s: 
     return result
 
 
-def execute(cfg: StudyConfig, out: Path, log=print) -> list[dict]:
+def execute(cfg: StudyConfig, out: Path, log=print, provenance: tuple[str, str] | None = None) -> list[dict]:
     """Run every planned run that has no result yet; returns every run's result."""
     from epic_slime.runtime.config import parse_config
     from epic_slime.runtime.driver import init_local_ray, run_training
@@ -201,6 +201,9 @@ def execute(cfg: StudyConfig, out: Path, log=print) -> list[dict]:
         parse_config(run_argv(cfg, spec, out / "runs" / spec.name, cache_dir))
     t0, durations = time.time(), []
     if todo:
+        if provenance is not None:
+            from .report import record_provenance
+            record_provenance(out, *provenance, runs_executed=len(todo))
         init_local_ray(num_cpus=4)
     try:
         for i, spec in enumerate(todo):
@@ -259,7 +262,7 @@ def main(argv: list[str]) -> int:
     else:
         from epic_slime.runtime.config import ConfigError
         try:
-            results = execute(cfg, out)
+            results = execute(cfg, out, provenance=(command.strip(), commit))
         except ConfigError as e:
             print(f"epic-slime study: error: a run's train settings are invalid: {e}", file=sys.stderr)
             return 2
