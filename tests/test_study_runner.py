@@ -86,7 +86,8 @@ def test_tiny_study_end_to_end_and_resume(tmp_path, capsys):
         run = out / "runs" / "d2" / f"{method}_s1"
         r = json.loads((run / RESULT).read_text())
         evals = [json.loads(ln) for ln in (run / "eval_metrics.jsonl").read_text().splitlines()]
-        assert [e["eval/version"] for e in evals] == [0, 1, 2]
+        versions = [e["eval/version"] for e in evals]    # the runtime skips an evaluation while one is in flight
+        assert versions[0] == 0 and versions[-1] == 2 and set(versions) <= {0, 1, 2}
         best = max(e["eval/heldout/mean@2"] for e in evals)
         assert r["validation_at_selected"] == best
         assert r["selected_version"] == min(e["eval/version"] for e in evals if e["eval/heldout/mean@2"] == best)
