@@ -155,3 +155,35 @@ def test_checkpoint_selection_prefers_the_earliest_best():
     assert analysis.select_checkpoint([(0, 0.1), (4, 0.3), (8, 0.3), (12, 0.2)]) == (4, 0.3)
     with pytest.raises(ValueError, match="no evaluations"):
         analysis.select_checkpoint([])
+
+
+def test_trainer_logs_the_policy_entropy_of_its_batch():
+    """train/entropy with update depth 1 is the starting policy's entropy on the batch (float64 reference)."""
+    from epic_slime.runtime.model import ModelConfig, build_policy
+    from epic_slime.runtime.rollout import PolicyEngine
+    from epic_slime.runtime.trainer import PolicyTrainer, group_advantages
+
+    tok = Tokenizer()
+    torch.set_num_threads(1)
+    model = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=0)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    groups = PolicyEngine(ModelConfig(), state, 0).generate(
+        [(i, runtime_train_problem(i, 0, TaskConfig())) for i in range(2)], n_samples=4, temperature=1.0,
+        top_p=1.0, max_new_tokens=10, seed=0)
+    samples = [{**s, "advantage": a} for g in groups
+               for s, a in zip(g.samples, group_advantages([float(j % 2) for j in range(len(g))]))]
+    trainer = PolicyTrainer(model_cfg=ModelConfig(), init_state=state, policy_loss="epic", policy_loss_params={},
+                            policy_loss_aggregation=None, update_depth=1, lr=1e-3, weight_decay=0.0, clip_grad=1.0,
+                            kl_loss_coef=0.0, temperature=1.0, seed=0)
+    m = trainer.train_step(samples)
+    ref, n = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s["prompt_ids"] + s["response_ids"]])
+            logits = model(input_ids=ids).logits[0].double()
+            for t in range(len(s["response_ids"])):
+                p = torch.softmax(logits[len(s["prompt_ids"]) - 1 + t], -1)
+                ref += float(-(p * p.log()).sum())
+                n += 1
+    assert m["train/entropy"] == pytest.approx(ref / n, rel=1e-4)
