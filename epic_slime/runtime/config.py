@@ -83,6 +83,8 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "warm_start_answer_noise": (float, 0.8, lambda v: isinstance(v, float) and 0.0 <= v < 1.0, None,
                                 "share of warm-start solutions whose final answer is off by 1..3 (a sloppy base model)"),
     "warm_start_batch_size": (int, 64, _positive_int, None, "warm-start batch size"),
+    "warm_start_seed": (int, None, _nonneg_int, None, "seed of the warm start (default: --seed); one value for "
+                        "several seeds gives them the same base policy"),
     "warm_start_cache_dir": (str, None, None, None, "cache of warm-start weights keyed by config hash (default: ~/.cache/epic-slime/warm_start)"),
     # --- model ---
     "model_hidden_size": (int, 64, _positive_int, None, "tiny Qwen3-MoE hidden size"),
@@ -92,7 +94,9 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "model_num_experts": (int, 4, _positive_int, None, "experts per MoE layer"),
     "model_top_k": (int, 2, _positive_int, None, "experts per token"),
     "model_moe_intermediate_size": (int, 64, _positive_int, None, "expert MLP width"),
+    "model_max_positions": (int, 64, _positive_int, None, "longest prompt + response the model takes"),
     # --- task ---
+    "task_name": (str, "arith", None, ("arith", "chain"), "arith: short chains; chain: the study's ~70-token chains"),
     "task_min_operands": (int, 2, _positive_int, None, "fewest operands per problem"),
     "task_max_operands": (int, 3, _positive_int, None, "most operands per problem"),
     "task_max_operand": (int, 9, _positive_int, None, "operands are drawn from 0..this"),
@@ -134,13 +138,17 @@ class RuntimeConfig:
                            num_heads=self.model_num_heads, num_kv_heads=self.model_num_kv_heads,
                            num_experts=self.model_num_experts, top_k=self.model_top_k,
                            moe_intermediate_size=self.model_moe_intermediate_size,
-                           max_positions=64)
+                           max_positions=self.model_max_positions)
 
     @property
     def task(self) -> TaskConfig:
         return TaskConfig(min_operands=self.task_min_operands, max_operands=self.task_max_operands,
                           max_operand=self.task_max_operand, ops=self.task_ops,
-                          eval_num_prompts=self.task_eval_num_prompts)
+                          eval_num_prompts=self.task_eval_num_prompts, name=self.task_name)
+
+    @property
+    def warm_start_seed_or_seed(self) -> int:
+        return self.seed if self.warm_start_seed is None else self.warm_start_seed
 
     @property
     def samples_per_step(self) -> int:
@@ -270,7 +278,7 @@ def _validate(cfg: RuntimeConfig) -> None:
     for name, (typ, _d, check, choices, _h) in FIELDS.items():
         val = v[name]
         if val is None:
-            if name in ("save", "load", "warm_start_cache_dir", "debug_kill_rollout_worker_at_step"):
+            if name in ("save", "load", "warm_start_cache_dir", "warm_start_seed", "debug_kill_rollout_worker_at_step"):
                 continue
             raise ConfigError(f"{name} must be set (got null)")
         if typ is bool and not isinstance(val, bool):
@@ -297,9 +305,10 @@ def _validate(cfg: RuntimeConfig) -> None:
     if v["policy_loss_topk"] > len(VOCAB):
         raise ConfigError(f"policy_loss_topk={v['policy_loss_topk']} exceeds the vocabulary size {len(VOCAB)}")
     longest = 1 + 3 * v["task_max_operands"] + v["rollout_max_response_len"]
-    if longest > 64:
+    if longest > v["model_max_positions"]:
         raise ConfigError(f"rollout_max_response_len={v['rollout_max_response_len']} with task_max_operands="
-                          f"{v['task_max_operands']} exceeds the model's 64 positions")
+                          f"{v['task_max_operands']} exceeds the model's {v['model_max_positions']} positions "
+                          f"(model_max_positions)")
 
 
 def parse_config(argv: list[str], prog: str = "epic-slime train") -> RuntimeConfig:

@@ -513,7 +513,7 @@ class Run:
         t0 = time.time()
         init_state, provenance = load_or_train_warm_start(
             cfg.model, self.task, steps=cfg.warm_start_steps, lr=cfg.warm_start_lr,
-            batch_size=cfg.warm_start_batch_size, seed=cfg.seed, cache_dir=cfg.warm_start_cache_dir,
+            batch_size=cfg.warm_start_batch_size, seed=cfg.warm_start_seed_or_seed, cache_dir=cfg.warm_start_cache_dir,
             answer_noise=cfg.warm_start_answer_noise, progress=cfg.progress)
         warm_s = time.time() - t0
         self.wandb = _open_wandb(cfg)

@@ -71,10 +71,14 @@ class TaskConfig:
     ops: str = "+-"               # any of "+-*"
     eval_num_prompts: int = 64    # size of the held-out split actually evaluated
     eval_fraction: float = 0.1    # share of all problems reserved for held-out evaluation
+    name: str = "arith"           # "chain": the study's long-response task (epic_slime.study.task)
 
     def validate(self) -> None:
-        if not 2 <= self.min_operands <= self.max_operands <= 6:
-            raise ValueError(f"task: need 2 <= task_min_operands ({self.min_operands}) <= task_max_operands ({self.max_operands}) <= 6")
+        if self.name not in ("arith", "chain"):
+            raise ValueError(f"task_name must be 'arith' or 'chain', got {self.name!r}")
+        most = 14 if self.name == "chain" else 6
+        if not 2 <= self.min_operands <= self.max_operands <= most:
+            raise ValueError(f"task: need 2 <= task_min_operands ({self.min_operands}) <= task_max_operands ({self.max_operands}) <= {most}")
         if not 1 <= self.max_operand <= 99:
             raise ValueError(f"task_max_operand must be in [1, 99], got {self.max_operand}")
         if not self.ops or any(o not in "+-*" for o in self.ops):
@@ -121,6 +125,9 @@ def is_heldout(prompt: str, cfg: TaskConfig) -> bool:
 
 def train_problem(index: int, seed: int, cfg: TaskConfig) -> Problem:
     """The index-th training problem of a seed (rejection-samples away from the held-out split)."""
+    if cfg.name == "chain":
+        from epic_slime.study.task import train_problem as chain_train_problem
+        return chain_train_problem(index, seed, cfg)
     rng = random.Random(f"train/{seed}/{index}")
     while True:
         p = _random_problem(rng, cfg)
@@ -130,7 +137,11 @@ def train_problem(index: int, seed: int, cfg: TaskConfig) -> Problem:
 
 def eval_problems(cfg: TaskConfig) -> list[Problem]:
     """The held-out split: fixed for a task config (seed-independent), distinct prompts, stratified by
-    operand count in the training proportions (as far as a stratum has enough held-out problems)."""
+    operand count in the training proportions (as far as a stratum has enough held-out problems).
+    The chain task's held-out split is its validation split (its test split is the study's)."""
+    if cfg.name == "chain":
+        from epic_slime.study.task import split_problems
+        return split_problems("validation", cfg)
     rng = random.Random("heldout")
     counts = list(range(cfg.min_operands, cfg.max_operands + 1))
     strata: dict[int, dict[str, Problem]] = {n: {} for n in counts}

@@ -59,6 +59,13 @@ def topk_loss_inputs(samples: list[dict], responses: list[list[int]], behavior: 
     return {"behavior_topk_log_probs": behavior_topk, "current_topk_log_probs": current, "topk_mask": topk_mask}
 
 
+def mean_token_entropy(log_probs_all: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over valid tokens of the policy's entropy -sum_v p_v log p_v ([B, T, V] log-softmax, [B, T] mask)."""
+    p_log_p = torch.where(log_probs_all > -torch.inf, log_probs_all.exp() * log_probs_all, 0.0)
+    entropy = -p_log_p.sum(-1)
+    return (entropy * mask).sum() / mask.sum().clamp(min=1)
+
+
 def _scalar(v) -> float:
     return float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
 
@@ -134,7 +141,7 @@ class PolicyTrainer:
             prompts = [s["prompt_ids"] for s in mb]
             responses = [s["response_ids"] for s in mb]
             log_probs, mask, *all_lp = response_log_probs(self.model, prompts, responses, self.temperature,
-                                                          self.tok.pad_id, return_all=needs_topk)
+                                                          self.tok.pad_id, return_all=True)
             T = log_probs.shape[1]
             behavior = pad_rows([s["behavior_log_probs"] for s in mb], T)
             adv = torch.tensor([s["advantage"] for s in mb], dtype=torch.float32)
@@ -147,6 +154,7 @@ class PolicyTrainer:
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"policy loss {self.policy_loss} is {float(loss)} at version {self.version}, minibatch {d}")
             add("loss/pg_loss", loss)
+            add("train/entropy", mean_token_entropy(all_lp[0].detach(), mask))   # Fig. 6 of the paper
             for k, v in out.metrics.items():
                 if k == "bad_tokens":
                     continue   # a count: summed over the step below, not averaged

@@ -1,0 +1,102 @@
+"""The study's PNG figures, one per diagnostic, from the runs' own records (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .analysis import POSITION_BINS, mean_curve
+
+# the paper's Fig. 6 / Fig. 7 quantities: file stem -> (metrics.jsonl key, axis label)
+CURVES = {
+    "fig6_clipfrac": ("train/policy/clipfrac", "clip fraction"),
+    "fig6_entropy": ("train/entropy", "policy entropy (nats / token)"),
+    "fig6_grad_norm": ("train/grad_norm", "gradient norm (before clipping)"),
+    "fig6_logprob_gap": ("train/logprob_abs_diff_step_start", "train-rollout |log pi - log mu| (first minibatch)"),
+    "fig7_abs_log_r_pre": ("train/policy/abs_L_mean", "mean |log r_pre| = |L_t| (pre-clip log prefix ratio)"),
+}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    _plt().close(fig)
+    return path
+
+
+def entropy_profile_figure(profile: dict, path: Path) -> Path:
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    a.bar(range(POSITION_BINS), profile["entropy_by_relative_bin"])
+    a.set_xlabel("relative position bin (t - 1) / T"); a.set_ylabel("entropy (nats)")
+    a.set_title(f"warm start: CV across bins {profile['relative_bin_cv']:.2f}", fontsize=9)
+    b.plot(profile["entropy_by_position"], lw=1)
+    b.set_xlabel("response position t"); b.set_ylabel("entropy (nats)")
+    b.set_title(f"mean length {profile['mean_length']:.1f} tokens", fontsize=9)
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def table1_figure(rows: list[dict], setting: str, path: Path) -> Path:
+    """Selected checkpoint's test mean@k per method: mean over seeds, one dot per seed."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for i, r in enumerate(rows):
+        ax.bar(i, r["test_mean"], color="tab:blue" if r["method"] == "epic" else "tab:gray", alpha=0.7)
+        ax.scatter([i] * len(r["test_by_seed"]), list(r["test_by_seed"].values()), color="k", s=10, zorder=3)
+    ax.set_xticks(range(len(rows)), [r["method"] for r in rows], rotation=30, fontsize=8)
+    ax.set_ylabel(f"test mean@{rows[0]['k']} (selected on validation)")
+    ax.set_title(f"Table 1 at toy scale, setting {setting} (dots: seeds)", fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+def position_figure(profiles: dict[str, dict], setting: str, path: Path, title: str) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for method, prof in profiles.items():
+        ax.plot(range(POSITION_BINS), prof["bins"], marker="o", ms=3, lw=1.2,
+                label=f"{method} (CV {prof['cv']:.2f})")
+    ax.set_xlabel("relative position bin (t - 1) / T"); ax.set_ylabel("late-stage clip fraction")
+    ax.set_title(f"{title}, setting {setting}", fontsize=9); ax.legend(fontsize=7); ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def rawprob_figure(profiles: dict[str, dict], setting: str, path: Path) -> Path:
+    """Fig. 3c: EPIC vs its raw-probability ablation (and the cumulative one): position profile and
+    the share of tokens with a finite lower bound."""
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    for method, prof in profiles.items():
+        a.plot(range(POSITION_BINS), prof["bins"], marker="o", ms=3, lw=1.2, label=f"{method} (CV {prof['cv']:.2f})")
+    a.set_xlabel("relative position bin"); a.set_ylabel("late-stage clip fraction"); a.legend(fontsize=7)
+    names = list(profiles)
+    b.bar(range(len(names)), [profiles[m]["finite_lower_frac"] for m in names])
+    b.set_xticks(range(len(names)), names, fontsize=8); b.set_ylabel("finite lower bound coverage")
+    b.set_ylim(0, 1.05)
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"raw-prob vs EPIC, setting {setting}", fontsize=9)
+    return _save(fig, path)
+
+
+def curve_figure(runs_by_method: dict[str, list[list[dict]]], key: str, label: str, setting: str,
+                 path: Path) -> Path:
+    """One metric over training, mean over seeds, one line per method."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for method, runs in runs_by_method.items():
+        steps, values = mean_curve(runs, key)
+        ax.plot(steps, values, lw=1.2, label=method)
+    ax.set_xlabel("step"); ax.set_ylabel(label, fontsize=8)
+    ax.set_title(f"{label.split(' (')[0]}, mean over seeds, setting {setting}", fontsize=9)
+    ax.legend(fontsize=7); ax.grid(alpha=0.3)
+    return _save(fig, path)

@@ -1,0 +1,189 @@
+"""The study: its task, the runtime hooks it uses (task choice, entropy), and its pure analysis."""
+
+import math
+import random
+import re
+import statistics
+
+import pytest
+import torch
+
+from epic_slime.runtime.config import ConfigError, parse_config
+from epic_slime.runtime.task import TaskConfig, Tokenizer, answer_reward, eval_problems
+from epic_slime.runtime.task import train_problem as runtime_train_problem
+from epic_slime.runtime.trainer import mean_token_entropy
+from epic_slime.study import analysis
+from epic_slime.study.entropy import position_entropy
+from epic_slime.study.task import make_chain_problem, split_of, split_problems, train_problem
+
+CHAIN = TaskConfig(min_operands=12, max_operands=13, eval_num_prompts=32, name="chain")
+
+
+def _mod10_reference(prompt: str) -> tuple[int, list[tuple[int, str, int, int]]]:
+    """Independent evaluation of a chain prompt: digits and operators read off the text."""
+    digits = [int(c) for c in prompt if c.isdigit()]
+    ops = [c for c in prompt if c in "+-"]
+    acc, steps = digits[0], []
+    for op, b in zip(ops, digits[1:]):
+        new = (acc + b if op == "+" else acc - b) % 10
+        steps.append((acc, op, b, new))
+        acc = new
+    return acc, steps
+
+
+def test_chain_problems_are_exact_and_long():
+    tok = Tokenizer()
+    lengths = []
+    for i in range(400):
+        p = train_problem(i, seed=5, cfg=CHAIN)
+        answer, steps = _mod10_reference(p.prompt)
+        assert p.answer == answer
+        got = [(int(a), op, int(b), int(c)) for a, op, b, c in re.findall(r"(\d)([+-])(\d)=(\d);", p.solution)]
+        assert got == steps and 12 <= len(steps) + 1 <= 13
+        ids = tok.encode(p.solution) + [tok.eos_id]
+        assert answer_reward(ids, p.answer, tok) == 1.0
+        assert answer_reward(ids[:-3] + [tok.eos_id], p.answer, tok) == 0.0
+        lengths.append(len(ids))
+    assert statistics.fmean(lengths) >= 64          # the issue's "at least 64 generated tokens"
+    with pytest.raises(ValueError, match="operands must be digits"):
+        make_chain_problem([3, 12], ["+"])
+
+
+def test_chain_splits_are_disjoint_fixed_and_the_runtime_uses_them():
+    val, test = split_problems("validation", CHAIN), split_problems("test", CHAIN)
+    assert len(val) == len({p.prompt for p in val}) == 32
+    assert all(split_of(p.prompt) == "validation" for p in val)
+    assert all(split_of(p.prompt) == "test" for p in test)
+    assert not {p.prompt for p in val} & {p.prompt for p in test}
+    train = {train_problem(i, s, CHAIN).prompt for s in (1, 2) for i in range(2000)}
+    assert not train & ({p.prompt for p in val} | {p.prompt for p in test})
+    # the runtime's held-out split is the validation split, its train stream the chain stream
+    assert eval_problems(CHAIN) == val
+    assert runtime_train_problem(7, 3, CHAIN) == train_problem(7, 3, CHAIN)
+    assert split_problems("test", CHAIN) == test                # seed-independent, fixed
+    with pytest.raises(ValueError, match="split must be"):
+        split_problems("train", CHAIN)
+
+
+def test_chain_task_config_fields_and_errors():
+    cfg = parse_config(["--task-name", "chain", "--task-min-operands", "12", "--task-max-operands", "13",
+                        "--model-max-positions", "144", "--rollout-max-response-len", "96", "--warm-start-seed", "0"])
+    assert cfg.task.name == "chain" and cfg.model.max_positions == 144 and cfg.warm_start_seed_or_seed == 0
+    assert parse_config(["--seed", "4"]).warm_start_seed_or_seed == 4
+    with pytest.raises(ConfigError, match="model_max_positions"):
+        parse_config(["--task-name", "chain", "--task-min-operands", "12", "--task-max-operands", "13",
+                      "--rollout-max-response-len", "96"])
+    with pytest.raises(ConfigError, match="<= 6"):
+        parse_config(["--task-max-operands", "8"])                # the default task keeps its limit
+    with pytest.raises(SystemExit):
+        parse_config(["--task-name", "poetry"])
+
+
+def test_mean_token_entropy_matches_float64_reference():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 19, generator=g) * 3
+    logits[0, 0, 4] = -float("inf")                            # a zero-probability token contributes 0
+    lp = torch.log_softmax(logits, -1)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    ref, n = 0.0, 0
+    for b in range(3):
+        for t in range(5):
+            if mask[b, t]:
+                p = torch.softmax(logits[b, t].double(), -1)
+                ref += float(-sum(pi * math.log(pi) for pi in p.tolist() if pi > 0))
+                n += 1
+    assert float(mean_token_entropy(lp, mask)) == pytest.approx(ref / n, rel=1e-5)
+
+
+def test_position_entropy_bins_like_the_loss_core():
+    entropy = torch.arange(1.0, 21.0).reshape(2, 10)
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[1, 5:] = False                       # a 5-token response: tokens at bins 0, 2, 4, 6, 8
+    bins = position_entropy(entropy, mask)
+    expect = [statistics.fmean([entropy[0, b].item()] + ([entropy[1, b // 2].item()] if b % 2 == 0 else []))
+              for b in range(10)]
+    assert bins == pytest.approx(expect)
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 5, 9, 29])
+def test_t_quantiles_against_mpmath(df):
+    mpmath = pytest.importorskip("mpmath")
+    q = analysis.t_quantile_975(df)
+    # Student-t CDF: 1 - I_{df/(df+t^2)}(df/2, 1/2) / 2
+    cdf = 1 - mpmath.betainc(df / 2, 0.5, 0, df / (df + q * q), regularized=True) / 2
+    assert float(cdf) == pytest.approx(0.975, abs=2e-6)
+
+
+def test_paired_difference_against_a_direct_computation():
+    method = {1: 0.30, 2: 0.42, 3: 0.35, 4: 0.50}
+    base = {1: 0.25, 2: 0.40, 3: 0.37, 4: 0.41, 9: 0.9}     # seed 9 has no partner: ignored
+    d = [0.05, 0.02, -0.02, 0.09]
+    mean = sum(d) / 4
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 3)
+    half = 3.18245 * sd / 2
+    out = analysis.paired_difference(method, base)
+    assert out["n"] == 4 and out["seeds"] == [1, 2, 3, 4]
+    assert out["mean"] == pytest.approx(mean) and out["low"] == pytest.approx(mean - half, rel=1e-4)
+    assert out["high"] == pytest.approx(mean + half, rel=1e-4)
+    assert not analysis.interval_excludes_zero(out)
+    one = analysis.paired_difference({1: 0.3}, {1: 0.2})
+    assert one["low"] is None and not analysis.interval_excludes_zero(one)
+    assert analysis.interval_excludes_zero(analysis.paired_difference({1: 0.5, 2: 0.6}, {1: 0.1, 2: 0.21}))
+    with pytest.raises(ValueError, match="no seed in common"):
+        analysis.paired_difference({1: 0.1}, {2: 0.1})
+
+
+def test_position_profile_uses_the_late_quarter_and_population_cv():
+    rng = random.Random(0)
+    rows = []
+    for step in range(1, 9):
+        bins = [rng.random() for _ in range(10)]
+        rows.append({"step": step, "train/policy/clipfrac": step / 100, "train/policy/finite_lower_frac": 0.5,
+                     **{f"train/policy/clipfrac_position_bin_{i}": b for i, b in enumerate(bins)}})
+    prof = analysis.position_profile(rows)
+    tail = rows[6:]                                                   # last 25% of 8 steps
+    means = [statistics.fmean(r[f"train/policy/clipfrac_position_bin_{i}"] for r in tail) for i in range(10)]
+    assert prof["bins"] == pytest.approx(means) and prof["steps"] == 2
+    assert prof["cv"] == pytest.approx(statistics.pstdev(means) / statistics.fmean(means))
+    assert prof["clipfrac"] == pytest.approx(0.075)
+    assert analysis.coefficient_of_variation([0.0] * 10) == 0.0
+    with pytest.raises(ValueError, match="fraction"):
+        analysis.late_stage(rows, 0.0)
+
+
+def test_checkpoint_selection_prefers_the_earliest_best():
+    assert analysis.select_checkpoint([(0, 0.1), (4, 0.3), (8, 0.3), (12, 0.2)]) == (4, 0.3)
+    with pytest.raises(ValueError, match="no evaluations"):
+        analysis.select_checkpoint([])
+
+
+def test_trainer_logs_the_policy_entropy_of_its_batch():
+    """train/entropy with update depth 1 is the starting policy's entropy on the batch (float64 reference)."""
+    from epic_slime.runtime.model import ModelConfig, build_policy
+    from epic_slime.runtime.rollout import PolicyEngine
+    from epic_slime.runtime.trainer import PolicyTrainer, group_advantages
+
+    tok = Tokenizer()
+    torch.set_num_threads(1)
+    model = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=0)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    groups = PolicyEngine(ModelConfig(), state, 0).generate(
+        [(i, runtime_train_problem(i, 0, TaskConfig())) for i in range(2)], n_samples=4, temperature=1.0,
+        top_p=1.0, max_new_tokens=10, seed=0)
+    samples = [{**s, "advantage": a} for g in groups
+               for s, a in zip(g.samples, group_advantages([float(j % 2) for j in range(len(g))]))]
+    trainer = PolicyTrainer(model_cfg=ModelConfig(), init_state=state, policy_loss="epic", policy_loss_params={},
+                            policy_loss_aggregation=None, update_depth=1, lr=1e-3, weight_decay=0.0, clip_grad=1.0,
+                            kl_loss_coef=0.0, temperature=1.0, seed=0)
+    m = trainer.train_step(samples)
+    ref, n = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s["prompt_ids"] + s["response_ids"]])
+            logits = model(input_ids=ids).logits[0].double()
+            for t in range(len(s["response_ids"])):
+                p = torch.softmax(logits[len(s["prompt_ids"]) - 1 + t], -1)
+                ref += float(-(p * p.log()).sum())
+                n += 1
+    assert m["train/entropy"] == pytest.approx(ref / n, rel=1e-4)

@@ -1,0 +1,115 @@
+"""`epic-slime study`: its config, its plan (paired by seed), and a tiny end-to-end study that is
+killed half-way (one run's result removed) and resumed."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from epic_slime.cli import main as cli_main
+from epic_slime.runtime.config import parse_config
+from epic_slime.study.runner import (DEFAULT_CONFIG, QUICK_CONFIG, RESULT, StudyConfigError, load_study_config, plan,
+                                     run_argv)
+
+TINY_TRAIN = {"task_name": "chain", "task_min_operands": 12, "task_max_operands": 12, "model_max_positions": 144,
+              "rollout_max_response_len": 80, "task_eval_num_prompts": 4, "n_samples_per_eval_prompt": 2,
+              "rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_rollout": 2, "eval_interval": 1,
+              "num_rollout_workers": 1, "lr": 1.0e-4, "warm_start_steps": 5, "warm_start_batch_size": 8,
+              "warm_start_answer_noise": 0.0, "warm_start_seed": 0}
+
+
+def _write(tmp_path: Path, **over) -> Path:
+    data = {"seeds": [1], "methods": ["epic", "grpo"], "test_prompts": 4, "train": dict(TINY_TRAIN),
+            "settings": [{"name": "d2", "update_depth": 2, "rollout_mode": "sync", "max_staleness": 0}], **over}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_shipped_configs_parse_into_valid_runs(tmp_path):
+    for path in (QUICK_CONFIG, DEFAULT_CONFIG):
+        cfg = load_study_config(path)
+        assert {"epic", "grpo", "dapo", "gspo", "ctpo", "ripo", "epic_raw_prob", "epic_cumulative"} == set(cfg.methods)
+        for spec in plan(cfg):
+            parse_config(run_argv(cfg, spec, tmp_path / spec.name, tmp_path / "ws"))
+
+
+def test_runs_of_one_seed_differ_only_in_the_method(tmp_path):
+    cfg = load_study_config(DEFAULT_CONFIG)
+    specs = plan(cfg)
+    assert len(specs) == len(cfg.seeds) * len(cfg.settings) * len(cfg.methods)
+    assert [s.seed for s in specs] == sorted(s.seed for s in specs)         # seed-major: pairs complete first
+    by_seed = {}
+    for spec in specs:
+        if spec.setting != "d8":
+            continue
+        run = parse_config(run_argv(cfg, spec, tmp_path / "x", tmp_path / "ws")).to_dict()
+        keep = {k: v for k, v in run.items() if not k.startswith(("policy_loss", "epic_", "grpo_", "dapo_", "gspo_",
+                                                                  "ctpo_", "ripo_"))}
+        by_seed.setdefault(spec.seed, []).append(keep)
+    for seed, runs in by_seed.items():
+        assert all(r == runs[0] for r in runs), f"seed {seed}: runs differ beyond the method"
+        assert runs[0]["warm_start_seed"] == 0 and runs[0]["seed"] == seed
+    assert by_seed[1][0]["seed"] != by_seed[2][0]["seed"]
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"methods": ["grpo"]}, "must include 'epic'"),
+    ({"methods": ["epic", "nope"]}, "loss modes"),
+    ({"seeds": [1, 1]}, "distinct"),
+    ({"extra": 1}, "unknown keys"),
+    ({"train": {**TINY_TRAIN, "seed": 3}}, "sets \\['seed'\\]"),
+    ({"test_prompts": 0}, "test_prompts"),
+])
+def test_bad_study_configs_are_clear_errors(tmp_path, over, match):
+    with pytest.raises(StudyConfigError, match=match):
+        load_study_config(_write(tmp_path, **over))
+
+
+def test_bad_train_value_is_reported_before_any_run(tmp_path, capsys):
+    path = _write(tmp_path, train={**TINY_TRAIN, "rollout_max_response_len": 200})
+    assert cli_main(["study", "--config", str(path), "--output-dir", str(tmp_path / "out")]) == 2
+    assert "model_max_positions" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+@pytest.mark.slow
+def test_tiny_study_end_to_end_and_resume(tmp_path, capsys):
+    path = _write(tmp_path)
+    out = tmp_path / "out"
+    assert cli_main(["study", "--config", str(path), "--output-dir", str(out)]) == 0
+    log = capsys.readouterr().out
+    assert "2 runs planned, 0 already finished, 2 to run" in log and "2/2 done" in log
+    results = {}
+    for method in ("epic", "grpo"):
+        run = out / "runs" / "d2" / f"{method}_s1"
+        r = json.loads((run / RESULT).read_text())
+        evals = [json.loads(ln) for ln in (run / "eval_metrics.jsonl").read_text().splitlines()]
+        versions = [e["eval/version"] for e in evals]    # the runtime skips an evaluation while one is in flight
+        assert versions[0] == 0 and versions[-1] == 2 and set(versions) <= {0, 1, 2}
+        best = max(e["eval/heldout/mean@2"] for e in evals)
+        assert r["validation_at_selected"] == best
+        assert r["selected_version"] == min(e["eval/version"] for e in evals if e["eval/heldout/mean@2"] == best)
+        assert len(r["test_correct_at_selected"]) == 4 and 0 <= r["test_at_selected"] <= 1
+        assert not (run / "checkpoints").exists()
+        rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+        assert all(0 < row["train/entropy"] < 3.0 for row in rows)       # logged, below log(19) = 2.94
+        results[method] = r
+    # same warm start and evaluation streams: version 0 scores agree across methods
+    assert results["epic"]["validation_curve"][0] == results["grpo"]["validation_curve"][0]
+    md = (out / "study.md").read_text()
+    assert "| epic |" in md and "| grpo |" in md and "one seed no paired interval" in md
+    for png in ("entropy_profile.png", "table1_d2.png", "fig3a_position_d2.png", "fig3c_rawprob_d2.png",
+                "fig6_entropy_d2.png", "fig7_abs_log_r_pre_d2.png"):
+        assert (out / png).stat().st_size > 1000, png
+
+    # a killed study: grpo's run has no result (its directory is half-written); a restart reruns only it
+    (out / "runs" / "d2" / "grpo_s1" / RESULT).unlink()
+    epic_mtime = (out / "runs" / "d2" / "epic_s1" / RESULT).stat().st_mtime_ns
+    assert cli_main(["study", "--config", str(path), "--output-dir", str(out)]) == 0
+    log = capsys.readouterr().out
+    assert "2 runs planned, 1 already finished, 1 to run" in log and "2/2 done: d2/grpo_s1" in log
+    assert (out / "runs" / "d2" / "epic_s1" / RESULT).stat().st_mtime_ns == epic_mtime
+    again = json.loads((out / "runs" / "d2" / "grpo_s1" / RESULT).read_text())
+    assert again["validation_curve"] == results["grpo"]["validation_curve"]    # a rerun is the same run
