@@ -100,42 +100,13 @@ DRIVER_ARGS=(
   "${EXTRA_ARGS[@]}"
 )
 
-runtime_env_yaml() {  # $1 = "redact" to print, anything else to submit
-  echo "env_vars:"
-  echo "  PYTHONPATH: \"${MEGATRON_PATH}:${REPO_DIR}\""
-  echo "  CUDA_DEVICE_MAX_CONNECTIONS: \"1\""
-  echo "  PYTHONUNBUFFERED: \"1\""
-  if [[ -n "${WANDB_API_KEY:-}" ]]; then
-    if [[ "$1" == "redact" ]]; then echo "  WANDB_API_KEY: <redacted>"; else echo "  WANDB_API_KEY: \"${WANDB_API_KEY}\""; fi
-  fi
-}
+. "${REPO_DIR}/launch/_submit.sh"
+dry_run_or_check_flags
 
-SUBMIT=(ray job submit --address "http://127.0.0.1:${RAY_DASHBOARD_PORT}" --runtime-env RUNTIME_ENV_YAML
-        -- python3 -m epic_slime.slime.train "${DRIVER_ARGS[@]}")
-
-if [[ "${DRY_RUN}" == "1" ]]; then
-  echo "# runtime env (RUNTIME_ENV_YAML):"
-  runtime_env_yaml redact | sed 's/^/#   /'
-  echo "# ${RUN_CONFIG} (written at submission):"
-  run_config_yaml | sed 's/^/#   /'
-  printf '%q ' "${SUBMIT[@]}"; echo
-  cd "${REPO_DIR}"
-  exec "${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}"
-fi
-
-"${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}" >/dev/null
 if ! ray status >/dev/null 2>&1; then
   ray start --head --node-ip-address 127.0.0.1 --num-gpus 1 --disable-usage-stats \
     --dashboard-host 127.0.0.1 --dashboard-port "${RAY_DASHBOARD_PORT}"
 fi
 gpus=$(ray status 2>/dev/null | awk '/GPU/ {split($1, a, "/"); print int(a[2]); exit}')
 [[ "${gpus:-0}" -ge 1 ]] || die "the Ray cluster has no GPU"
-mkdir -p "${SAVE_DIR}"
-run_config_yaml > "${RUN_CONFIG}"
-umask 077
-RUNTIME_ENV_FILE="$(mktemp --suffix=.yaml)"
-trap 'rm -f "${RUNTIME_ENV_FILE}"' EXIT
-runtime_env_yaml submit > "${RUNTIME_ENV_FILE}"
-SUBMIT[6]="${RUNTIME_ENV_FILE}"  # the placeholder after --runtime-env
-cd "${REPO_DIR}"
-"${SUBMIT[@]}"
+submit_job

@@ -185,3 +185,19 @@ def test_wandb_key_is_never_printed_and_ray_stays_local():
     assert "WANDB_API_KEY: <redacted>" in result.stdout and "--use-wandb" in result.stdout
     script = (REPO / "launch" / "qwen3_30b_epic.sh").read_text()
     assert "0.0.0.0" not in script and "--dashboard-host 127.0.0.1" in script
+
+
+@pytest.mark.parametrize("script", ["launch/qwen3_30b_epic.sh", "launch/smoke_1gpu.sh"])
+def test_a_real_launch_checks_the_flags_before_ray_starts(tmp_path, script):
+    """Without DRY_RUN a typo fails at once (exit 2), before any Ray command: a stand-in `ray` on the
+    PATH records any call."""
+    calls = tmp_path / "ray_calls"
+    fake_ray = tmp_path / "ray"
+    fake_ray.write_text(f'#!/usr/bin/env bash\necho "$@" >> {calls}\nexit 1\n')
+    fake_ray.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
+    env.update(DRY_RUN="0", PYTHON=sys.executable, PATH=f"{tmp_path}:{env['PATH']}", SAVE_DIR=str(tmp_path / "save"))
+    result = subprocess.run(["bash", script, "--", "--num-rollouts", "3"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "--num-rollout" in result.stderr and not calls.exists()
