@@ -100,11 +100,12 @@ def _apply(a: int, op: str, b: int) -> int:
     return a + b if op == "+" else a - b if op == "-" else a * b
 
 
-def make_problem(operands: list[int], ops: list[str]) -> Problem:
-    """Left-to-right evaluation, one step per operator (no precedence: the steps say the order)."""
+def make_problem(operands: list[int], ops: list[str], modulus: int | None = None) -> Problem:
+    """Left-to-right evaluation, one step per operator (no precedence: the steps say the order);
+    with ``modulus`` every step's result is reduced modulo it (the study's chain task)."""
     steps, acc = [], operands[0]
     for op, b in zip(ops, operands[1:]):
-        new = _apply(acc, op, b)
+        new = _apply(acc, op, b) if modulus is None else _apply(acc, op, b) % modulus
         steps.append(f"{acc}{op}{b}={new};")
         acc = new
     prompt = str(operands[0]) + "".join(f"{op}{b}" for op, b in zip(ops, operands[1:])) + "="

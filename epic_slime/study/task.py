@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from epic_slime.runtime.task import ANSWER, Problem, TaskConfig
+from epic_slime.runtime.task import Problem, TaskConfig, make_problem
 
 TASK_NAME = "chain"
 SPLITS = ("train", "validation", "test")
@@ -32,13 +32,7 @@ def make_chain_problem(operands: list[int], ops: list[str]) -> Problem:
     """Left-to-right evaluation modulo 10 (operands 0..9), one `a op b = c;` step per operator."""
     if any(not 0 <= x <= 9 for x in operands) or any(o not in "+-" for o in ops) or len(ops) != len(operands) - 1:
         raise ValueError(f"chain problem: operands must be digits and ops '+'/'-', one fewer op; got {operands}, {ops}")
-    steps, acc = [], operands[0]
-    for op, b in zip(ops, operands[1:]):
-        new = (acc + b) % 10 if op == "+" else (acc - b) % 10
-        steps.append(f"{acc}{op}{b}={new};")
-        acc = new
-    prompt = str(operands[0]) + "".join(f"{op}{b}" for op, b in zip(ops, operands[1:])) + "="
-    return Problem(prompt=prompt, solution="".join(steps) + f"{ANSWER}{acc}", answer=acc)
+    return make_problem(operands, ops, modulus=10)
 
 
 def _random_problem(rng: random.Random, cfg: TaskConfig) -> Problem:
