@@ -112,4 +112,9 @@ def test_tiny_study_end_to_end_and_resume(tmp_path, capsys):
     assert "2 runs planned, 1 already finished, 1 to run" in log and "2/2 done: d2/grpo_s1" in log
     assert (out / "runs" / "d2" / "epic_s1" / RESULT).stat().st_mtime_ns == epic_mtime
     again = json.loads((out / "runs" / "d2" / "grpo_s1" / RESULT).read_text())
-    assert again["validation_curve"] == results["grpo"]["validation_curve"]    # a rerun is the same run
+    # a rerun is the same run: the same validation value at every version both runs evaluated. The
+    # runtime may skip an intermediate evaluation while another is in flight (asserted above for the
+    # first run: versions within {0, 1, 2}); the warm start (0) and the last version (2) never are.
+    first, rerun = dict(map(tuple, results["grpo"]["validation_curve"])), dict(map(tuple, again["validation_curve"]))
+    common = first.keys() & rerun.keys()
+    assert {0, 2} <= common and all(first[v] == rerun[v] for v in common), (first, rerun)
