@@ -5,8 +5,9 @@ Endpoints: ``POST /generate`` (``input_ids``, ``sampling_params`` with temperatu
 max_new_tokens / stop_token_ids, ``return_logprob``; answers ``text``, ``output_ids`` and
 ``meta_info`` with ``output_token_logprobs`` ``[[logprob, token, None], ...]``, ``finish_reason``
 ``{"type": "stop" | "length" | "abort"}``, ``weight_version``, token counts), ``POST
-/pause_generation`` (SGLang's default abort mode: the running batch ends now with
-finish_reason abort and the tokens generated so far; new requests wait until
+/pause_generation`` (SGLang's default abort mode, ``abort_request(abort_all=True)``: every
+request it holds ends now with finish_reason abort, the running batch with the tokens generated
+so far, waiting ones with none; requests that arrive while paused wait until
 ``/continue_generation``), ``GET /flush_cache``, ``POST /update_weights_from_disk``
 (``model_path``: a torch state dict), ``POST /update_weight_version`` (``new_version``),
 ``POST /abort_request`` (``abort_all``, as slime's synchronous rollout ends a batch), ``GET
@@ -15,6 +16,15 @@ view), ``GET /stats`` (counters for tests).
 
 Batching: requests with equal (temperature, top_p) are decoded together, up to ``max_batch``,
 one token per forward with a KV cache. log-prob convention: log_softmax(logits / T)[token].
+
+A slow request on demand (``--hold-max-new-tokens N``): whether a weight push meets requests in
+flight depends on how fast this CPU decodes against how fast the trainer steps (on a 2-core CI
+machine generation finished before every push, so no push met a request). To make that case
+certain, after each ``/continue_generation`` (and at start) the first request with
+``max_new_tokens == N`` and a prompt never seen before is held, not decoded, until the next
+pause aborts it: a request still running when the weights arrive, as on a busy cluster.
+Resubmissions (a prompt seen before) and other requests (eval, with another length) are never held,
+so nothing waits on a pause that waits on them.
 
 Run: ``python tests/_sglang_standin.py --port-file F --weights W`` (binds 127.0.0.1 on a free port,
 writes it to F).
@@ -52,6 +62,7 @@ class Request:
         if "input_ids" not in payload:
             raise ValueError("this stand-in takes input_ids only (slime sends them for text prompts)")
         self.input_ids = [int(t) for t in payload["input_ids"]]
+        self.held = False
         self.temperature = float(params.get("temperature", 1.0))
         self.top_p = float(params.get("top_p", 1.0))
         self.max_new_tokens = int(params.get("max_new_tokens", 16))
@@ -67,8 +78,11 @@ class Request:
 
 
 class Engine:
-    def __init__(self, model, tokenizer, max_batch: int):
+    def __init__(self, model, tokenizer, max_batch: int, hold_max_new_tokens: int | None = None):
         self.model, self.tok, self.max_batch = model, tokenizer, max_batch
+        self.hold_max_new_tokens = hold_max_new_tokens
+        self.hold_armed = hold_max_new_tokens is not None
+        self.seen_prompts: set[tuple[int, ...]] = set()
         self.pending: list[Request] = []
         self.paused = False
         self.version = "default"
@@ -83,6 +97,11 @@ class Engine:
 
     async def generate(self, payload: dict) -> dict:
         req = Request(payload, asyncio.get_running_loop().create_future())
+        prompt = tuple(req.input_ids)
+        if self.hold_armed and req.max_new_tokens == self.hold_max_new_tokens and prompt not in self.seen_prompts:
+            req.held, self.hold_armed = True, False
+            self.stats["held"] += 1
+        self.seen_prompts.add(prompt)
         self.pending.append(req)
         self.stats["requests"] += 1
         self.stats["max_waiting"] = max(self.stats["max_waiting"], len(self.pending))
@@ -106,12 +125,13 @@ class Engine:
     async def scheduler(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self.pending or self.paused:
+            ready = [r for r in self.pending if not r.held]
+            if not ready or self.paused:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            head = self.pending[0].key
-            batch = [r for r in self.pending if r.key == head][: self.max_batch]
+            head = ready[0].key
+            batch = [r for r in ready if r.key == head][: self.max_batch]
             for r in batch:
                 self.pending.remove(r)
             self.idle.clear()
@@ -183,19 +203,19 @@ class Engine:
 
     async def pause(self) -> None:
         self.paused = True
-        self.abort_now = True
-        await self.idle.wait()
-        self.abort_now = False
-        self.stats["pauses"] += 1
+        await self.abort_all(counter="pauses")
 
     def resume(self) -> None:
         self.paused = False
+        self.hold_armed = self.hold_max_new_tokens is not None
         self.wakeup.set()
 
-    async def abort_all(self) -> None:
+    async def abort_all(self, counter: str = "abort_requests") -> None:
         """SGLang's ``/abort_request`` with ``abort_all``: waiting requests end with no tokens, the
         running batch with the tokens generated so far, all with finish_reason abort."""
         for r in list(self.pending):
+            if r.held:
+                self.stats["held_aborted"] += 1
             self.pending.remove(r)
             r.finish = ABORT
             self.stats["aborted"] += 1
@@ -205,7 +225,7 @@ class Engine:
             self.abort_now = True
             await self.idle.wait()
             self.abort_now = False
-        self.stats["abort_requests"] += 1
+        self.stats[counter] += 1
 
     def load(self) -> dict:
         return {"num_running_reqs": self.running, "num_waiting_reqs": len(self.pending)}
@@ -292,12 +312,12 @@ def make_app(engine: Engine):
     return app
 
 
-async def _serve(port_file: str, weights: str | None, max_batch: int) -> None:
+async def _serve(port_file: str, weights: str | None, max_batch: int, hold_max_new_tokens: int | None) -> None:
     from aiohttp import web
 
     torch.set_num_threads(1)
     model, tok = build_model(weights)
-    engine = Engine(model, tok, max_batch)
+    engine = Engine(model, tok, max_batch, hold_max_new_tokens)
     runner = web.AppRunner(make_app(engine), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -315,8 +335,10 @@ def main(argv=None) -> int:
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--weights", default=None)
     parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--hold-max-new-tokens", type=int, default=None,
+                        help="hold one new training request per weight version until the next pause (see above)")
     args = parser.parse_args(argv)
-    asyncio.run(_serve(args.port_file, args.weights, args.max_batch))
+    asyncio.run(_serve(args.port_file, args.weights, args.max_batch, args.hold_max_new_tokens))
     return 0
 
 

@@ -431,12 +431,14 @@ def read_trace(path: str) -> list[dict]:
 class Server:
     """The SGLang stand-in in its own process, stopped by its pid."""
 
-    def __init__(self, workdir: str, weights: str | None = None):
+    def __init__(self, workdir: str, weights: str | None = None, hold_max_new_tokens: int | None = None):
         port_file = os.path.join(workdir, "standin.port")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         cmd = [sys.executable, str(TESTS / "_sglang_standin.py"), "--port-file", port_file]
         if weights:
             cmd += ["--weights", weights]
+        if hold_max_new_tokens is not None:
+            cmd += ["--hold-max-new-tokens", str(hold_max_new_tokens)]
         self.log = open(os.path.join(workdir, "standin.log"), "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120
@@ -535,6 +537,10 @@ def run_session(config: dict, timeout: float = 300) -> int:
             raise
 
 
+ROLLOUT_MAX_RESPONSE_LEN = 12
+EVAL_MAX_RESPONSE_LEN = 10   # differs from the rollout's, so the stand-in's hold never takes an eval request
+
+
 def standard_argv(workdir: str, *, num_rollout: int, save_interval: int | None, load: str | None = None,
                   extra: list[str] = (), max_staleness: int = 2) -> list[str]:
     """The issue's scale: 12 permits (--sglang-server-concurrency 12, one engine), 2 groups x 4
@@ -544,7 +550,7 @@ def standard_argv(workdir: str, *, num_rollout: int, save_interval: int | None, 
         "--prompt-data", os.path.join(workdir, "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label", "--metadata-key", "metadata",
         "--eval-prompt-data", "synthetic", os.path.join(workdir, "eval.jsonl"),
-        "--n-samples-per-eval-prompt", "4", "--eval-max-response-len", "12", "--eval-interval", "1",
+        "--n-samples-per-eval-prompt", "4", "--eval-max-response-len", str(EVAL_MAX_RESPONSE_LEN), "--eval-interval", "1",
         "--eval-temperature", "1.0",
         "--custom-rm-path", "_slime_e2e_harness.reward",
         "--custom-eval-rollout-log-function-path", "epic_slime.slime.eval_hooks.log_eval_rollout",
@@ -552,7 +558,7 @@ def standard_argv(workdir: str, *, num_rollout: int, save_interval: int | None, 
         "--loss-type", "custom_loss", "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
         "--policy-loss", "epic", "--update-depth", "2",
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
-        "--rollout-max-response-len", "12", "--rollout-temperature", "1.0",
+        "--rollout-max-response-len", str(ROLLOUT_MAX_RESPONSE_LEN), "--rollout-temperature", "1.0",
         "--rollout-num-gpus", "1", "--rollout-num-gpus-per-engine", "1", "--sglang-server-concurrency", "12",
         "--max-staleness", str(max_staleness), "--num-rollout", str(num_rollout), "--lr", "1e-3",
         "--save", os.path.join(workdir, "ckpt"),
