@@ -199,3 +199,24 @@ def test_sigint_checkpoints_and_the_resumed_sync_run_equals_an_uninterrupted_one
     evals = {e["eval/version"]: e["eval/heldout/mean@2"] for e in read_jsonl(Path(cfg.output_dir) / "eval_metrics.jsonl")}
     ref_evals = {e["eval/version"]: e["eval/heldout/mean@2"] for e in read_jsonl(Path(ref.output_dir) / "eval_metrics.jsonl")}
     assert evals == ref_evals and set(evals) == {0, 4}
+
+
+def test_every_due_evaluation_runs_on_the_weights_it_was_due_on(root):
+    """Evaluation far slower than a training step (256 eval samples against 16 trained, every
+    step): each due evaluation is queued with its weights, none is skipped or replaced by a newer
+    version, and each version's records are one full evaluation. Before the queue, an evaluation
+    due while one was in flight later ran on the newest weights, so versions went missing."""
+    cfg = tiny_config(root, "--num-rollout", "4", "--eval-interval", "1", "--task-eval-num-prompts", "64",
+                      "--n-samples-per-eval-prompt", "4", "--rollout-mode", "async", name="eval_queue")
+    run_training(cfg)
+    out = Path(cfg.output_dir)
+    k = cfg.n_samples_per_eval_prompt
+    evals = read_jsonl(out / "eval_metrics.jsonl")
+    assert [e["eval/version"] for e in evals] == [0, 1, 2, 3, 4]
+    per_version = {}
+    for rec in read_jsonl(out / "eval_records.jsonl"):
+        per_version[rec["step"]] = per_version.get(rec["step"], 0) + 1
+    assert per_version == {v: 64 * k for v in range(5)}
+    # eval step lines carry the newest finished evaluation; every version is in eval_metrics.jsonl
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert rows[-1]["eval/version"] == 4

@@ -86,8 +86,8 @@ def test_tiny_study_end_to_end_and_resume(tmp_path, capsys):
         run = out / "runs" / "d2" / f"{method}_s1"
         r = json.loads((run / RESULT).read_text())
         evals = [json.loads(ln) for ln in (run / "eval_metrics.jsonl").read_text().splitlines()]
-        versions = [e["eval/version"] for e in evals]    # the runtime skips an evaluation while one is in flight
-        assert versions[0] == 0 and versions[-1] == 2 and set(versions) <= {0, 1, 2}
+        # every due evaluation runs, on the weights it was due on, even while another is in flight
+        assert [e["eval/version"] for e in evals] == [0, 1, 2]
         best = max(e["eval/heldout/mean@2"] for e in evals)
         assert r["validation_at_selected"] == best
         assert r["selected_version"] == min(e["eval/version"] for e in evals if e["eval/heldout/mean@2"] == best)
@@ -112,9 +112,5 @@ def test_tiny_study_end_to_end_and_resume(tmp_path, capsys):
     assert "2 runs planned, 1 already finished, 1 to run" in log and "2/2 done: d2/grpo_s1" in log
     assert (out / "runs" / "d2" / "epic_s1" / RESULT).stat().st_mtime_ns == epic_mtime
     again = json.loads((out / "runs" / "d2" / "grpo_s1" / RESULT).read_text())
-    # a rerun is the same run: the same validation value at every version both runs evaluated. The
-    # runtime may skip an intermediate evaluation while another is in flight (asserted above for the
-    # first run: versions within {0, 1, 2}); the warm start (0) and the last version (2) never are.
-    first, rerun = dict(map(tuple, results["grpo"]["validation_curve"])), dict(map(tuple, again["validation_curve"]))
-    common = first.keys() & rerun.keys()
-    assert {0, 2} <= common and all(first[v] == rerun[v] for v in common), (first, rerun)
+    # a rerun is the same run: the same validation value at every version
+    assert again["validation_curve"] == results["grpo"]["validation_curve"]

@@ -31,7 +31,6 @@ from pathlib import Path
 from epic_slime.evaluation.records import EvalRecord, write_records
 from epic_slime import metric_names as names
 from epic_slime.metric_names import runtime_to_shared
-from .config import RuntimeConfig
 from .config import ConfigError, RuntimeConfig, resume_differences
 from .progress import Progress, say
 from .staleness import Accounting, Group, select_batch
@@ -195,7 +194,8 @@ class Run:
         self.worker_versions: list[int] = []
         self.weights_ref = None
         self.eval_future = None
-        self.eval_due = False
+        self.eval_queue: deque = deque()       # (weights ref, version) due and not yet started
+        self.eval_future_version: int | None = None
         self.eval_ready: list[dict] = []
         self.t_start = None
         self.step_t = None
@@ -377,13 +377,23 @@ class Run:
 
     # ---------------- eval ----------------
     def _maybe_submit_eval(self, force: bool = False) -> None:
-        if self.eval_future is not None or (self.eval_ready and not force):
-            self.eval_due = self.eval_due or force
-            return
-        if force or self.eval_due:
-            self.eval_due = False
-            self.eval_future = self.eval_worker.evaluate.remote(self.weights_ref, self.version, self.eval_set,
+        """``force``: an evaluation is due now, on the current weights. Every due one is queued with
+        the weights it was due on and run in order on the one eval worker, so a slow evaluation
+        never lets a later version stand in for an earlier one (checkpoint selection compares
+        exactly the versions that were asked for)."""
+        if force and self.version not in self._eval_versions_pending():
+            self.eval_queue.append((self.weights_ref, self.version))
+        if self.eval_future is None and self.eval_queue:
+            weights_ref, version = self.eval_queue.popleft()
+            self.eval_future_version = version
+            self.eval_future = self.eval_worker.evaluate.remote(weights_ref, version, self.eval_set,
                                                                 self._eval_sampling())
+
+    def _eval_versions_pending(self) -> set[int]:
+        pending = {version for _, version in self.eval_queue}
+        if self.eval_future is not None:
+            pending.add(self.eval_future_version)
+        return pending
 
     def _collect_eval(self) -> None:
         import ray
@@ -454,8 +464,8 @@ class Run:
         return open(self.out / "metrics.jsonl", "a")
 
     def _write_metrics(self, f, m: dict) -> None:
-        # the newest evaluation goes on this step's line (eval_metrics.jsonl keeps every one); the
-        # next evaluation is not started before this one is logged, so normally none is skipped
+        # the newest evaluation goes on this step's line; eval_metrics.jsonl and eval_records.jsonl
+        # keep every one (two can finish within one step when evaluations queue up)
         if self.eval_ready:
             m.update(self.eval_ready[-1])
         self.eval_ready = []
