@@ -40,35 +40,34 @@ KILL_AFTER_TRAIN = 3     # trained, not saved: must be trained again after the r
 DEPTH = 2
 
 
-@pytest.fixture(scope="module")
-def e2e(tmp_path_factory):
-    workdir = str(tmp_path_factory.mktemp("slime_e2e"))
+def _kill_and_resume(workdir: str, hold_max_new_tokens: int | None = None, **argv) -> dict:
+    """Two driver sessions against one stand-in: the first killed (SIGKILL) after training rollout
+    KILL_AFTER_TRAIN, the second resumed from the save; their traces and the server's counters."""
     h.prepare_workdir(workdir)
-    # one new training request per weight version is still running when the next push comes
-    server = h.Server(workdir, os.path.join(workdir, "init.pt"), hold_max_new_tokens=h.ROLLOUT_MAX_RESPONSE_LEN)
+    server = h.Server(workdir, os.path.join(workdir, "init.pt"), hold_max_new_tokens=hold_max_new_tokens)
+    argv = dict(num_rollout=NUM_ROLLOUT, save_interval=SAVE_INTERVAL, **argv)
     try:
         first = os.path.join(workdir, "first.jsonl")
         rc_first = h.run_session({
             "trace": first, "port": server.port, "dist_file": os.path.join(workdir, "dist1"),
-            "argv": h.standard_argv(workdir, num_rollout=NUM_ROLLOUT, save_interval=SAVE_INTERVAL),
-            "kill_after_train": KILL_AFTER_TRAIN,
+            "argv": h.standard_argv(workdir, **argv), "kill_after_train": KILL_AFTER_TRAIN,
         })
         resumed = os.path.join(workdir, "resumed.jsonl")
         rc_resumed = h.run_session({
             "trace": resumed, "port": server.port, "dist_file": os.path.join(workdir, "dist2"),
-            "argv": h.standard_argv(workdir, num_rollout=NUM_ROLLOUT, save_interval=SAVE_INTERVAL,
-                                    load=os.path.join(workdir, "ckpt")),
+            "argv": h.standard_argv(workdir, load=os.path.join(workdir, "ckpt"), **argv),
         })
         stats = server.stats()
     finally:
         server.stop()
-    return {
-        "rc": (rc_first, rc_resumed),
-        "first": h.read_trace(first),
-        "resumed": h.read_trace(resumed),
-        "server": stats,
-        "workdir": workdir,
-    }
+    return {"rc": (rc_first, rc_resumed), "first": h.read_trace(first), "resumed": h.read_trace(resumed),
+            "server": stats, "workdir": workdir}
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    # one new training request per weight version is still running when the next push comes
+    return _kill_and_resume(str(tmp_path_factory.mktemp("slime_e2e")), hold_max_new_tokens=h.ROLLOUT_MAX_RESPONSE_LEN)
 
 
 def _events(trace, name):
@@ -169,25 +168,7 @@ def test_harness_args_match_slime_parser(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def e2e_sync(tmp_path_factory):
-    workdir = str(tmp_path_factory.mktemp("slime_e2e_sync"))
-    h.prepare_workdir(workdir)
-    server = h.Server(workdir, os.path.join(workdir, "init.pt"))
-    try:
-        first = os.path.join(workdir, "first.jsonl")
-        argv = dict(num_rollout=NUM_ROLLOUT, save_interval=SAVE_INTERVAL, max_staleness=0)
-        rc_first = h.run_session({
-            "trace": first, "port": server.port, "dist_file": os.path.join(workdir, "dist1"),
-            "argv": h.standard_argv(workdir, **argv), "kill_after_train": KILL_AFTER_TRAIN,
-        })
-        resumed = os.path.join(workdir, "resumed.jsonl")
-        rc_resumed = h.run_session({
-            "trace": resumed, "port": server.port, "dist_file": os.path.join(workdir, "dist2"),
-            "argv": h.standard_argv(workdir, load=os.path.join(workdir, "ckpt"), **argv),
-        })
-    finally:
-        server.stop()
-    return {"rc": (rc_first, rc_resumed), "first": h.read_trace(first), "resumed": h.read_trace(resumed),
-            "workdir": workdir}
+    return _kill_and_resume(str(tmp_path_factory.mktemp("slime_e2e_sync")), max_staleness=0)
 
 
 def test_sync_schedule_generates_after_each_push_and_trains_on_policy(e2e_sync):
