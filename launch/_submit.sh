@@ -1,6 +1,37 @@
-# Sourced by the launchers (launch/qwen3_30b_epic.sh, launch/smoke_1gpu.sh): the Ray job submission
-# they share. Needs DRIVER_ARGS, REPO_DIR, MEGATRON_PATH, RAY_DASHBOARD_PORT, RUN_CONFIG, SAVE_DIR,
-# PYTHON, DRY_RUN and a run_config_yaml function. The job API is addressed on 127.0.0.1 only.
+# Sourced by the launchers (launch/qwen3_30b_epic.sh, launch/smoke_1gpu.sh) once REPO_DIR, PYTHON
+# and die are set: the run setup and the Ray job submission they share. The functions read the
+# launcher's settings when called (RUN_NAME, METHOD, EVAL_RECORDS, DATA_DIR, WANDB_PROJECT,
+# DRIVER_ARGS, MEGATRON_PATH, RAY_DASHBOARD_PORT, RUN_CONFIG, SAVE_DIR, DRY_RUN). The job API is
+# addressed on 127.0.0.1 only.
+
+# Run identity for the evaluation hook, as top-level keys of slime's --custom-config-path (every
+# Ray actor sees them on args). Written next to the checkpoints, which every node must mount.
+run_config_yaml() {
+  echo "epic_run_name: \"${RUN_NAME}\""
+  echo "epic_method: \"${METHOD}\""
+  echo "epic_eval_records_path: \"${EVAL_RECORDS}\""
+}
+
+# read_config_args FILE...: the driver flags the YAML configs set (later files win) into CONFIG_ARGS.
+read_config_args() {
+  CONFIG_ARGS=()
+  local arg
+  while IFS= read -r -d '' arg; do CONFIG_ARGS+=("${arg}"); done < <(
+    cd "${REPO_DIR}" && "${PYTHON}" -m epic_slime.slime.config_flags -0 "$@"
+  )
+  [[ ${#CONFIG_ARGS[@]} -gt 0 ]] || die "reading the YAML configs failed"
+}
+
+# The shared driver flags: the four benchmarks of `epic-slime prepare-data`, and W&B when
+# WANDB_API_KEY is set (the key itself only travels in the job's private runtime env).
+shared_driver_args() {
+  EVAL_DATA_ARGS=(--eval-prompt-data aime_2024 "${DATA_DIR}/eval/aime_2024.jsonl" aime_2025 "${DATA_DIR}/eval/aime_2025.jsonl"
+                  amc_2023 "${DATA_DIR}/eval/amc_2023.jsonl" hmmt_feb_2025 "${DATA_DIR}/eval/hmmt_feb_2025.jsonl")
+  WANDB_ARGS=()
+  if [[ -n "${WANDB_API_KEY:-}" ]]; then
+    WANDB_ARGS=(--use-wandb --wandb-project "${WANDB_PROJECT}" --wandb-group "${RUN_NAME}")
+  fi
+}
 
 runtime_env_yaml() {  # $1 = "redact" to print, anything else to submit
   echo "env_vars:"
@@ -12,13 +43,16 @@ runtime_env_yaml() {  # $1 = "redact" to print, anything else to submit
   fi
 }
 
-SUBMIT=(ray job submit --address "http://127.0.0.1:${RAY_DASHBOARD_PORT}" --runtime-env RUNTIME_ENV_YAML
-        -- python3 -m epic_slime.slime.train "${DRIVER_ARGS[@]}")
+submit_command() {  # into SUBMIT; RUNTIME_ENV_YAML is replaced by the runtime-env file at submission
+  SUBMIT=(ray job submit --address "http://127.0.0.1:${RAY_DASHBOARD_PORT}" --runtime-env RUNTIME_ENV_YAML
+          -- python3 -m epic_slime.slime.train "${DRIVER_ARGS[@]}")
+}
 
 # Before Ray starts: validate the driver's flags (a typo fails in seconds, not after the nodes
 # joined). DRY_RUN=1: print the runtime env (W&B key redacted), the run config and the command, then
 # let the flag checker validate and exit with its status.
 dry_run_or_check_flags() {
+  submit_command
   if [[ "${DRY_RUN}" != "1" ]]; then
     "${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}" >/dev/null
     return
@@ -34,6 +68,7 @@ dry_run_or_check_flags() {
 
 # Write the run config, hand the runtime env over in a private file, submit.
 submit_job() {
+  submit_command
   mkdir -p "${SAVE_DIR}"
   run_config_yaml > "${RUN_CONFIG}"
   umask 077

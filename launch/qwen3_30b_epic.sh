@@ -51,6 +51,7 @@ MEGATRON_PATH="${MEGATRON_PATH:-/root/Megatron-LM}"
 EXTRA_ARGS=()
 
 die() { echo "qwen3_30b_epic.sh: error: $*" >&2; exit 2; }
+. "${REPO_DIR}/launch/_submit.sh"
 need_value() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
 
 while [[ $# -gt 0 ]]; do
@@ -97,23 +98,11 @@ REF_LOAD="${REF_LOAD:-${HF_CHECKPOINT}_torch_dist}"
 RUN_NAME="qwen3-30b-a3b-${METHOD}-d${UPDATE_DEPTH}-k${MAX_STALENESS}-s${SEED}"
 SAVE_DIR="${SAVE_DIR:-/root/checkpoints/${RUN_NAME}}"
 EVAL_RECORDS="${EVAL_RECORDS:-${SAVE_DIR}/eval_records.jsonl}"
-# Run identity for the evaluation hook, as top-level keys of slime's --custom-config-path (every
-# Ray actor sees them on args). Written next to the checkpoints, which every node must mount.
-RUN_CONFIG="${SAVE_DIR}/epic_run.yaml"
-run_config_yaml() {
-  echo "epic_run_name: \"${RUN_NAME}\""
-  echo "epic_method: \"${METHOD}\""
-  echo "epic_eval_records_path: \"${EVAL_RECORDS}\""
-}
+RUN_CONFIG="${SAVE_DIR}/epic_run.yaml"   # the run identity (run_config_yaml), next to the checkpoints
 
 # Settings from YAML: the paper's shared settings (Table 2), the model and its parallelism,
 # then the method (its clip parameters and any routing-replay flags).
-CONFIG_ARGS=()
-while IFS= read -r -d '' arg; do CONFIG_ARGS+=("${arg}"); done < <(
-  cd "${REPO_DIR}" && "${PYTHON}" -m epic_slime.slime.config_flags -0 \
-    configs/paper/table2.yaml configs/models/qwen3_30b_a3b.yaml "${METHOD_CONFIG}"
-)
-[[ ${#CONFIG_ARGS[@]} -gt 0 ]] || die "reading the YAML configs failed"
+read_config_args configs/paper/table2.yaml configs/models/qwen3_30b_a3b.yaml "${METHOD_CONFIG}"
 
 STALENESS_ARGS=(--stale-policy "${STALE_POLICY}")
 if [[ "${MAX_STALENESS}" != "none" ]]; then
@@ -121,10 +110,7 @@ if [[ "${MAX_STALENESS}" != "none" ]]; then
   STALENESS_ARGS+=(--max-staleness "${MAX_STALENESS}")
 fi
 
-WANDB_ARGS=()
-if [[ -n "${WANDB_API_KEY:-}" ]]; then
-  WANDB_ARGS=(--use-wandb --wandb-project "${WANDB_PROJECT}" --wandb-group "${RUN_NAME}")
-fi
+shared_driver_args   # EVAL_DATA_ARGS, WANDB_ARGS
 
 DRIVER_ARGS=(
   --actor-num-nodes "${ACTOR_NODES}"
@@ -136,8 +122,7 @@ DRIVER_ARGS=(
   --load "${SAVE_DIR}"
   --save "${SAVE_DIR}"
   --prompt-data "${DATA_DIR}/train/dapo_math_17k.jsonl"
-  --eval-prompt-data aime_2024 "${DATA_DIR}/eval/aime_2024.jsonl" aime_2025 "${DATA_DIR}/eval/aime_2025.jsonl"
-                     amc_2023 "${DATA_DIR}/eval/amc_2023.jsonl" hmmt_feb_2025 "${DATA_DIR}/eval/hmmt_feb_2025.jsonl"
+  "${EVAL_DATA_ARGS[@]}"
   --custom-config-path "${RUN_CONFIG}"
   --num-rollout "${NUM_ROLLOUT}"
   --seed "${SEED}"
@@ -149,7 +134,6 @@ DRIVER_ARGS=(
   "${EXTRA_ARGS[@]}"
 )
 
-. "${REPO_DIR}/launch/_submit.sh"
 dry_run_or_check_flags
 
 # ---- Ray: join or start, local-only dashboard / job API ----

@@ -36,6 +36,7 @@ MEGATRON_PATH="${MEGATRON_PATH:-/root/Megatron-LM}"
 EXTRA_ARGS=()
 
 die() { echo "smoke_1gpu.sh: error: $*" >&2; exit 2; }
+. "${REPO_DIR}/launch/_submit.sh"
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -56,25 +57,12 @@ METHOD_CONFIG="${REPO_DIR}/configs/methods/${METHOD}.yaml"
 RUN_NAME="smoke-qwen2.5-0.5b-${METHOD}-d${UPDATE_DEPTH}-s${SEED}"
 SAVE_DIR="${SAVE_DIR:-/root/checkpoints/${RUN_NAME}}"
 EVAL_RECORDS="${EVAL_RECORDS:-${SAVE_DIR}/eval_records.jsonl}"
-RUN_CONFIG="${SAVE_DIR}/epic_run.yaml"
-run_config_yaml() {
-  echo "epic_run_name: \"${RUN_NAME}\""
-  echo "epic_method: \"${METHOD}\""
-  echo "epic_eval_records_path: \"${EVAL_RECORDS}\""
-}
+RUN_CONFIG="${SAVE_DIR}/epic_run.yaml"   # the run identity (run_config_yaml), next to the checkpoints
 
 # The paper's shared settings, the small model, the method, then the smoke scale (later files win).
-CONFIG_ARGS=()
-while IFS= read -r -d '' arg; do CONFIG_ARGS+=("${arg}"); done < <(
-  cd "${REPO_DIR}" && "${PYTHON}" -m epic_slime.slime.config_flags -0 \
-    configs/paper/table2.yaml configs/models/qwen2.5_0.5b.yaml "${METHOD_CONFIG}" configs/smoke/one_gpu.yaml
-)
-[[ ${#CONFIG_ARGS[@]} -gt 0 ]] || die "reading the YAML configs failed"
+read_config_args configs/paper/table2.yaml configs/models/qwen2.5_0.5b.yaml "${METHOD_CONFIG}" configs/smoke/one_gpu.yaml
 
-WANDB_ARGS=()
-if [[ -n "${WANDB_API_KEY:-}" ]]; then
-  WANDB_ARGS=(--use-wandb --wandb-project "${WANDB_PROJECT}" --wandb-group "${RUN_NAME}")
-fi
+shared_driver_args   # EVAL_DATA_ARGS, WANDB_ARGS
 
 DRIVER_ARGS=(
   --actor-num-nodes 1
@@ -86,8 +74,7 @@ DRIVER_ARGS=(
   --load "${SAVE_DIR}"
   --save "${SAVE_DIR}"
   --prompt-data "${DATA_DIR}/train/dapo_math_17k.jsonl"
-  --eval-prompt-data aime_2024 "${DATA_DIR}/eval/aime_2024.jsonl" aime_2025 "${DATA_DIR}/eval/aime_2025.jsonl"
-                     amc_2023 "${DATA_DIR}/eval/amc_2023.jsonl" hmmt_feb_2025 "${DATA_DIR}/eval/hmmt_feb_2025.jsonl"
+  "${EVAL_DATA_ARGS[@]}"
   --custom-config-path "${RUN_CONFIG}"
   --num-rollout "${NUM_ROLLOUT}"
   --eval-interval "${NUM_ROLLOUT}"
@@ -100,7 +87,6 @@ DRIVER_ARGS=(
   "${EXTRA_ARGS[@]}"
 )
 
-. "${REPO_DIR}/launch/_submit.sh"
 dry_run_or_check_flags
 
 if ! ray status >/dev/null 2>&1; then
