@@ -187,3 +187,31 @@ def test_trainer_logs_the_policy_entropy_of_its_batch():
                 ref += float(-(p * p.log()).sum())
                 n += 1
     assert m["train/entropy"] == pytest.approx(ref / n, rel=1e-4)
+
+
+def test_report_pairs_the_last_checkpoint_too_so_selection_cannot_hide_a_collapse():
+    from epic_slime.study import report
+
+    def result(method, seed, selected, final):
+        return {"setting": "d8", "method": method, "seed": seed, "k": 8, "selected_version": 0,
+                "validation_at_selected": selected + 0.01, "test_at_selected": selected, "test_at_final": final}
+
+    # grpo collapses by the end (finals near 0) but selection picks the warm start, as EPIC's does
+    results = [result("epic", s, 0.09, f) for s, f in ((1, 0.10), (2, 0.08), (3, 0.12))]
+    results += [result("grpo", s, 0.09 + 0.001 * s, f) for s, f in ((1, 0.00), (2, 0.03), (3, 0.03))]
+    rows = report.method_rows(results, ["epic", "grpo"])
+    grpo = rows[1]
+    diffs = [0.00 - 0.10, 0.03 - 0.08, 0.03 - 0.12]
+    assert grpo["diff_test_final"]["mean"] == pytest.approx(sum(diffs) / 3)
+    assert grpo["diff_test_final"]["high"] < 0                              # apart at the end ...
+    assert not analysis.interval_excludes_zero(grpo["diff_test"])           # ... not at the selected checkpoint
+    table = report.table1_markdown(rows)
+    assert table[0].count("|") == table[1].count("|") == table[2].count("|") == 9   # 8 columns
+    assert table[3].endswith(f"{sum(diffs) / 3:+.3f} [{grpo['diff_test_final']['low']:.3f}, "
+                             f"{grpo['diff_test_final']['high']:.3f}] |")
+    text = " ".join(report.findings(rows, {}, results))
+    assert "At the last checkpoint (no selection), apart from EPIC" in text and "grpo -0.080" in text
+    # no collapse: the finding says every interval overlaps zero
+    flat = [dict(r, test_at_final=r["test_at_selected"] + 0.001 * r["seed"] * (r["method"] == "grpo")) for r in results]
+    text = " ".join(report.findings(report.method_rows(flat, ["epic", "grpo"]), {}, flat))
+    assert "every paired interval against EPIC overlaps zero too" in text
