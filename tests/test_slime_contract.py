@@ -327,6 +327,9 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
         def held(self):
             return len(self.completed)
 
+        def start_rollout(self):   # the groups are already here
+            pass
+
     stream = FakeStream([group(5, 1), group(1, 1), group(7, 0), group(2, 1)])
     monkeypatch.setattr(rollout, "_stream", stream)
     monkeypatch.setattr(rollout, "_first_rollout_id", None)

@@ -163,6 +163,31 @@ def test_harness_args_match_slime_parser(tmp_path, monkeypatch):
     assert not differ, differ
 
 
+# ---- --max-staleness 1: the stream starts a rollout's groups only when that rollout is asked for
+
+def test_max_staleness_1_trains_every_rollout_and_drops_nothing(tmp_path):
+    """With the default look-ahead every group is 2 versions stale by the time it trains, so K = 1
+    dropped nearly all of them (all when generation outpaces training: the run never finished)."""
+    workdir = str(tmp_path)
+    h.prepare_workdir(workdir)
+    # no held request here: without look-ahead the held group would belong to the very batch the
+    # next push waits for
+    server = h.Server(workdir, os.path.join(workdir, "init.pt"))
+    try:
+        trace = os.path.join(workdir, "k1.jsonl")
+        rc = h.run_session({"trace": trace, "port": server.port, "dist_file": os.path.join(workdir, "dist"),
+                            "argv": h.standard_argv(workdir, num_rollout=5, save_interval=None, max_staleness=1)},
+                           timeout=150)
+    finally:
+        server.stop()
+    events = h.read_trace(trace)
+    assert rc == 0, f"logs in {workdir}"
+    assert [e["rollout_id"] for e in _events(events, "train")] == [0, 1, 2, 3, 4]
+    last = _events(events, "generate")[-1]["metrics"]
+    assert last["rollout/staleness/total_dropped_groups"] == 0 and last["rollout/accounting/dropped_groups"] == 0
+    assert max(s for e in _events(events, "train") for s in e["staleness"]) <= 1
+
+
 # ---- the synchronous schedule (--max-staleness 0, issue 14): the same stand-ins, the driver's own
 # choice of loop (sync_training_loop), slime's own synchronous generate_rollout for training batches
 

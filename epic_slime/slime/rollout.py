@@ -26,6 +26,13 @@ Resume: ``StreamingDataSource`` records every consumed group until it is trained
 next to slime's data-source state, and ``load`` hands them out first, so a resumed run trains
 every prompt once.
 
+``--max-staleness 1``: the stream does not start groups ahead of the rollout that asks for them
+(``prefetch=False``). With the default look-ahead the groups rollout r + 1 takes were started while
+rollout r - 1 trained, on the weights trained on r - 2, and are 2 versions stale when r + 1 trains:
+with K = 1 nearly all would be dropped, and none at all when generation outpaces training. Started
+when rollout r + 1 is asked for (while r trains), on the weights trained on r - 1, they are at most
+1 version stale; generation still overlaps training by one batch.
+
 Synchronous schedule (``--max-staleness 0``): no background worker (it would keep generating
 with the old weights while the driver trains); each call runs slime's own synchronous training
 rollout (``sglang_rollout.generate_rollout``, exactly one batch with the engines' current
@@ -164,12 +171,14 @@ class GroupStream:
     """Keeps up to ``capacity`` groups consumed and not yet taken (generating or finished) on
     slime's global event loop. Every method except ``__init__`` runs on that loop."""
 
-    def __init__(self, args, data_source: StreamingDataSource, capacity: int):
+    def __init__(self, args, data_source: StreamingDataSource, capacity: int, prefetch: bool = True):
         from slime.utils.async_utils import get_async_loop
 
         self.args = args
         self.data_source = data_source
         self.capacity = capacity
+        # False: groups are started only for the rollout being collected (see --max-staleness 1)
+        self.prefetch = prefetch
         self.loop = get_async_loop().loop
         self.active: dict = {}           # task -> (group key, attempt)
         self.completed: deque = deque()
@@ -187,8 +196,9 @@ class GroupStream:
     def held(self) -> int:
         return len(self.active) + len(self.completed)
 
-    def top_up(self) -> None:
-        while self.held() < self.capacity:
+    def top_up(self, up_to: int | None = None) -> None:
+        up_to = self.capacity if up_to is None else up_to
+        while self.held() < up_to:
             groups = self.data_source.get_samples(1)
             if not groups:
                 return
@@ -223,13 +233,23 @@ class GroupStream:
             self._submit(group, attempt)   # prompt + partial response, continued on the new weights
             return
         self.completed.append(group)
-        self.top_up()
+        if self.prefetch:
+            self.top_up()
+
+    def start_rollout(self) -> None:
+        """A rollout is being collected: without prefetch, its groups start now, on the current weights."""
+        if not self.prefetch:
+            self.top_up()
 
     def pop(self, limit: int) -> list:
+        """Up to ``limit`` finished groups; the caller still needs ``limit`` for its batch."""
         if self.failures:
             raise RuntimeError("rollout groups failed after retries: " + "; ".join(self.failures))
         out = [self.completed.popleft() for _ in range(min(limit, len(self.completed)))]
-        self.top_up()
+        if self.prefetch:
+            self.top_up()
+        else:   # replace what this batch still lacks (e.g. after a drop), never start the next one
+            self.top_up(up_to=limit - len(out))
         return out
 
 
@@ -238,7 +258,7 @@ def _get_stream(args, data_source) -> GroupStream:
     with _lock:
         if _stream is None:
             capacity = getattr(args, "async_groups_in_flight", None) or args.rollout_batch_size
-            _stream = GroupStream(args, data_source, capacity)
+            _stream = GroupStream(args, data_source, capacity, prefetch=getattr(args, "max_staleness", None) != 1)
         elif _stream.data_source is not data_source:
             raise RuntimeError("epic_slime.slime.rollout: one RolloutManager per process (a second data source appeared)")
         return _stream
@@ -261,6 +281,7 @@ def _check_data_source(data_source) -> None:
 
 async def _collect(args, stream: GroupStream, trainer_version: int, gate: StalenessGate, rollout_id: int):
     ledger = stream.data_source.ledger
+    stream.start_rollout()
     groups = await collect_admitted_groups(
         stream.pop,
         trainer_version=trainer_version,
