@@ -29,9 +29,10 @@ every prompt once.
 ``--max-staleness 1``: the stream does not start groups ahead of the rollout that asks for them
 (``prefetch=False``). With the default look-ahead the groups rollout r + 1 takes were started while
 rollout r - 1 trained, on the weights trained on r - 2, and are 2 versions stale when r + 1 trains:
-with K = 1 nearly all would be dropped, and none at all when generation outpaces training. Started
+with K = 1 many would be dropped, all of them when generation outpaces training. Started
 when rollout r + 1 is asked for (while r trains), on the weights trained on r - 1, they are at most
-1 version stale; generation still overlaps training by one batch.
+1 version stale; generation still overlaps training by one batch (``--async-groups-in-flight``
+groups start with each rollout).
 
 Synchronous schedule (``--max-staleness 0``): no background worker (it would keep generating
 with the old weights while the driver trains); each call runs slime's own synchronous training
