@@ -119,12 +119,19 @@ def test_accounting_exact_at_every_rollout_and_staleness_bounded(e2e):
     assert resubmits >= 1, (resubmits, server)
 
 
-def test_resume_trains_every_prompt_exactly_once(e2e):
-    saved = max(e["rollout_id"] for e in _events(e2e["first"], "save"))
-    before = [p for e in _events(e2e["first"], "train") if e["rollout_id"] <= saved for p in e["pids"]]
-    after = [p for e in _events(e2e["resumed"], "train") for p in e["pids"]]
+def _trained_over_kill_and_resume(run: dict) -> tuple[list[int], list[int], int]:
+    """The prompts trained for good (up to the save, then by the resumed session), checked for
+    duplicates; also the resumed session's own and the last saved rollout."""
+    saved = max(e["rollout_id"] for e in _events(run["first"], "save"))
+    before = [p for e in _events(run["first"], "train") if e["rollout_id"] <= saved for p in e["pids"]]
+    after = [p for e in _events(run["resumed"], "train") for p in e["pids"]]
     trained = before + after
     assert not [p for p, n in Counter(trained).items() if n > 1], f"trained twice: {sorted(trained)}"
+    return trained, after, saved
+
+
+def test_resume_trains_every_prompt_exactly_once(e2e):
+    trained, after, saved = _trained_over_kill_and_resume(e2e)
     dropped = _events(e2e["resumed"], "generate")[-1]["metrics"]["rollout/accounting/dropped_groups"]
     assert dropped == 0
     pending = _events(e2e["resumed"], "done")[-1]["pending_pids"]
@@ -217,10 +224,6 @@ def test_sync_schedule_generates_after_each_push_and_trains_on_policy(e2e_sync):
 
 
 def test_sync_resume_trains_every_prompt_exactly_once(e2e_sync):
-    saved = max(e["rollout_id"] for e in _events(e2e_sync["first"], "save"))
-    before = [p for e in _events(e2e_sync["first"], "train") if e["rollout_id"] <= saved for p in e["pids"]]
-    after = [p for e in _events(e2e_sync["resumed"], "train") for p in e["pids"]]
-    trained = before + after
-    assert not [p for p, n in Counter(trained).items() if n > 1], f"trained twice: {sorted(trained)}"
+    trained, _, _ = _trained_over_kill_and_resume(e2e_sync)
     assert sorted(trained) == list(range(2 * NUM_ROLLOUT))   # the file's order, nothing skipped
     assert _events(e2e_sync["resumed"], "done")[-1]["pending_pids"] == []
