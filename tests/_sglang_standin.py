@@ -97,11 +97,12 @@ class Engine:
 
     async def generate(self, payload: dict) -> dict:
         req = Request(payload, asyncio.get_running_loop().create_future())
-        prompt = tuple(req.input_ids)
-        if self.hold_armed and req.max_new_tokens == self.hold_max_new_tokens and prompt not in self.seen_prompts:
-            req.held, self.hold_armed = True, False
-            self.stats["held"] += 1
-        self.seen_prompts.add(prompt)
+        if self.hold_max_new_tokens is not None:   # prompts are remembered only for the hold
+            prompt = tuple(req.input_ids)
+            if self.hold_armed and req.max_new_tokens == self.hold_max_new_tokens and prompt not in self.seen_prompts:
+                req.held, self.hold_armed = True, False
+                self.stats["held"] += 1
+            self.seen_prompts.add(prompt)
         self.pending.append(req)
         self.stats["requests"] += 1
         self.stats["max_waiting"] = max(self.stats["max_waiting"], len(self.pending))
