@@ -81,6 +81,12 @@ _totals = {"dropped_groups": 0, "dropped_samples": 0, "kept_over_limit_groups": 
 _first_rollout_id: int | None = None
 
 
+def training_rollouts_started() -> bool:
+    """True once this process generated a training rollout: an evaluation before that is the
+    pre-training one (slime keys it, and the one after training rollout 0, both as step 0)."""
+    return _first_rollout_id is not None
+
+
 def group_key(group) -> int:
     """A group's identity: slime's data source numbers prompts (``Sample.group_index``)."""
     index = getattr(group[0], "group_index", None)
