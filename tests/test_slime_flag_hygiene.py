@@ -174,3 +174,36 @@ def test_a_malformed_option_strings_file_is_named(tmp_path, content, message):
     path.write_text(content)
     with pytest.raises(ValueError, match=message):
         load_option_strings(path)
+
+
+# ---- --update-weight-mode delta (issue 17, section 6) ----
+
+@pytest.mark.parametrize("spelling", [["--update-weight-mode", "delta"], ["--update-weight-mode=delta"]])
+def test_delta_weight_sync_is_refused_naming_the_flag_and_value(spelling, capsys):
+    message = "--update-weight-mode delta is not supported by the epic-slime driver"
+    with pytest.raises(ProjectFlagError, match=message):
+        check_command_line(BASE + spelling)
+    with pytest.raises(ProjectFlagError, match=message):
+        check_argv(BASE + spelling)  # the dry run's validation, and validate_project_args on slime's args
+    assert train.main(BASE + spelling) == 2  # before slime is imported
+    assert message in capsys.readouterr().err
+
+
+def test_full_weight_sync_is_accepted():
+    check_command_line(BASE + ["--update-weight-mode", "full"])
+    check_argv(BASE + ["--update-weight-mode", "full"])
+
+
+@pytest.mark.skipif(not VENDORED_SLIME.is_dir(), reason="../shared/vendor/slime-624b824a is absent")
+def test_the_refused_value_is_one_of_slimes_choices():
+    """The refusal must track slime's real option: its name and its choices at the pin."""
+    tree = ast.parse((VENDORED_SLIME / "slime/utils/arguments.py").read_text())
+    choices = [
+        ast.literal_eval(keyword.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+        and any(isinstance(a, ast.Constant) and a.value == "--update-weight-mode" for a in node.args)
+        for keyword in node.keywords
+        if keyword.arg == "choices"
+    ]
+    assert choices == [["full", "delta"]]

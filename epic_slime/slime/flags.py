@@ -382,6 +382,7 @@ def _dry_run_parser() -> argparse.ArgumentParser:
     slime.add_argument("--rollout-top-p", type=float, default=1.0)
     slime.add_argument("--allgather-cp", action="store_true")
     slime.add_argument("--advantage-estimator", default="grpo")
+    slime.add_argument("--update-weight-mode", choices=("full", "delta"), default="full")  # slime's choices
     return parser
 
 
@@ -463,12 +464,23 @@ def check_unsupported_flags(argv: Sequence[str]) -> None:
 
 
 def check_unsupported_settings(args: Any) -> None:
-    """Settings slime derives rather than parses: a critic (``--advantage-estimator ppo``)."""
+    """Values of real slime flags the driver does not support: a critic (``--advantage-estimator ppo``,
+    which slime derives into use_critic) and delta weight sync (``--update-weight-mode delta``)."""
     estimator = _get(args, "advantage_estimator")
     if estimator == "ppo" or _get(args, "use_critic", False):
         raise ProjectFlagError(
             f"--advantage-estimator {estimator} trains a critic (slime's use_critic), which the epic-slime "
             "driver does not support: use a group-relative estimator such as --advantage-estimator grpo"
+        )
+    mode = _get(args, "update_weight_mode")
+    if mode == "delta":
+        # slime's delta sync publishes diffs to disk that every rollout host patches into its own
+        # checkpoint copy (/pull_weights); the driver's version count and its tests cover only the
+        # full push, so a missed or doubly applied delta would go unseen in the staleness metrics.
+        raise ProjectFlagError(
+            f"--update-weight-mode {mode} is not supported by the epic-slime driver: its staleness "
+            "accounting assumes slime's full weight push (one weight_version per update, "
+            "--update-weight-mode full, the default); drop --update-weight-mode delta"
         )
 
 
@@ -491,9 +503,10 @@ def check_command_line(argv: Sequence[str]) -> list:
         overrides = check_flag_spelling(argv, known_options(project_option_kinds()))
     except FlagSpellingError as exc:
         raise ProjectFlagError(str(exc)) from exc
-    # the critic is derived (not parsed) by slime: catch it here too, before slime's parser runs
+    # the critic is derived (not parsed) by slime, and delta sync is a value: catch both before slime's parser runs
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--advantage-estimator", default=None)
+    parser.add_argument("--update-weight-mode", default=None)
     check_unsupported_settings(parser.parse_known_args(list(argv))[0])
     return overrides
 
