@@ -2,17 +2,40 @@
 
 ``{"run": str, "method": str, "seed": int, "step": int, "benchmark": str, "prompt_id": str,
 "sample_idx": int, "correct": bool}``. ``run`` names one training run (one method, one seed);
-``step`` is the training step (slime rollout id) of the evaluated checkpoint; ``sample_idx``
-numbers the samples of one prompt (0..k-1). Written by the slime eval hook and by the local
-runtime; read by ``epic-slime report``.
+``step`` is the number of the evaluated checkpoint: the slime rollout id whose training produced
+it (Megatron's ``iter_<step>``, ``--save-hf``'s ``{rollout_id}``), or ``PRE_TRAINING_STEP`` (-1)
+for slime's evaluation before training rollout 0 (slime logs that one, and the one after rollout
+0, both as rollout id 0; -1 is the id the driver and slime's RolloutManager give the state before
+rollout 0). The embedded runtime numbers by weight version instead, its warm start at 0; in both,
+the pre-training evaluation is the earliest step, so checkpoint selection treats it alike (it wins
+ties). ``sample_idx`` numbers the samples of one prompt (0..k-1). Written by the slime eval hook
+and by the local runtime; read by ``epic-slime report``.
+
+Resume (``replace_run_records``, what the slime eval hook writes with): every write of run R's
+evaluation at step s replaces R's records at steps >= s and adds the new ones, so a resumed run
+supersedes its own records from the first step it evaluates again (the crashed process's evals
+past the last save), and a run restarted from scratch (its first write is step -1) supersedes
+all of its earlier attempt. Records of other runs are kept line for line. The file is rewritten
+whole into a temporary file in the same folder (``.<name>.<random>.tmp``, never read as records),
+fsynced and renamed over the old one (``os.replace``): a crash at any moment leaves either the
+old file or the new one, never a mix, so the records before the resume step, and each step's
+batch, are never lost or torn; a crash can leave a stray ``.tmp``, which is safe to delete.
+Writers of one file are serialised by a POSIX lock on ``<file>.lock``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
+import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Iterable
+
+
+PRE_TRAINING_STEP = -1   # slime's evaluation before training rollout 0
 
 
 class RecordError(ValueError):
@@ -55,8 +78,11 @@ class EvalRecord:
             if isinstance(value, bool) or not isinstance(value, int) and not (isinstance(value, float) and value.is_integer()):
                 raise RecordError(f"{where}: field '{name}' must be an integer, got {value!r}")
             values[name] = int(value)
-            if name != "seed" and values[name] < 0:
-                raise RecordError(f"{where}: field '{name}' must be >= 0, got {value!r}")
+            if name == "sample_idx" and values[name] < 0:
+                raise RecordError(f"{where}: field 'sample_idx' must be >= 0, got {value!r}")
+            if name == "step" and values[name] < PRE_TRAINING_STEP:
+                raise RecordError(f"{where}: field 'step' must be >= {PRE_TRAINING_STEP} "
+                                  f"({PRE_TRAINING_STEP}: the pre-training evaluation), got {value!r}")
         correct = data["correct"]
         if isinstance(correct, bool) or correct in (0, 1):
             values["correct"] = bool(correct)
@@ -80,20 +106,123 @@ def write_records(path: str, records: Iterable[EvalRecord | dict], append: bool 
     return len(checked)
 
 
+def _parse_line(line: str, where: str) -> EvalRecord:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise RecordError(f"{where}: invalid JSON ({error.msg})") from None
+    return EvalRecord.from_dict(data, where=where)
+
+
 def read_records(path: str) -> list[EvalRecord]:
     """All records of one JSONL file (blank lines ignored); errors name the line."""
     records = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise RecordError(f"{where}: invalid JSON ({error.msg})") from None
-            records.append(EvalRecord.from_dict(data, where=where))
+            if line.strip():
+                records.append(_parse_line(line, f"{path}:{number}"))
     return records
+
+
+_thread_lock = threading.Lock()   # POSIX locks are per process: threads of one process need their own
+
+
+@contextmanager
+def _writer_lock(path: str):
+    try:
+        import fcntl
+    except ImportError:   # not POSIX: one writer per file is the caller's business
+        with _thread_lock:
+            yield
+        return
+    with _thread_lock, open(path + ".lock", "a") as handle:
+        fcntl.lockf(handle, fcntl.LOCK_EX)   # lockf, not flock: NFS honours POSIX locks
+        try:
+            yield
+        finally:
+            fcntl.lockf(handle, fcntl.LOCK_UN)
+
+
+def replace_run_records(path: str, records: Iterable[EvalRecord], *, run: str, from_step: int) -> int:
+    """Atomically replace run ``run``'s records at steps >= ``from_step`` by ``records`` (see the
+    module docstring for the rule and the crash guarantees); other runs' lines stay as they are.
+
+    Every new record must belong to ``run`` at a step >= ``from_step``. A run keeps one method and
+    one seed: new records that disagree with the file's records of ``run`` are refused (reusing a
+    run name for another method or seed would otherwise delete that run's records).
+    Returns the count written.
+    """
+    new = list(records)
+    for record in new:
+        if not isinstance(record, EvalRecord):
+            raise TypeError(f"replace_run_records takes EvalRecord objects, got {type(record).__name__}")
+        if record.run != run:
+            raise ValueError(f"replace_run_records: a record of run {record.run!r} among run {run!r}'s")
+        if record.step < from_step:
+            raise ValueError(f"replace_run_records: record at step {record.step} < from_step {from_step}")
+    identities = {(r.method, r.seed) for r in new}
+    if len(identities) > 1:
+        raise RecordError(f"run {run!r}: new records disagree on method/seed: {sorted(identities)}")
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with _writer_lock(path):
+        kept: list[str] = []
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as handle:
+                for number, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    record = _parse_line(line, f"{path}:{number}")
+                    if record.run == run:
+                        if new and (record.method, record.seed) != (new[0].method, new[0].seed):
+                            name = "method" if record.method != new[0].method else "seed"
+                            raise RecordError(
+                                f"{path}:{number}: run {run!r} has field '{name}' {getattr(record, name)!r} there, "
+                                f"the new records {getattr(new[0], name)!r}: one run name per method and seed "
+                                f"(set another epic_run_name)")
+                        if record.step >= from_step:
+                            continue   # superseded
+                    kept.append(line if line.endswith("\n") else line + "\n")
+        mode = _file_mode(path)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        try:
+            os.chmod(tmp, mode)   # mkstemp makes 0600: the report may run as another user
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.writelines(kept)
+                handle.write("".join(json.dumps(r.to_dict()) + "\n" for r in new))
+                handle.flush()
+                os.fsync(handle.fileno())   # the data is on disk before the rename makes it the file
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        _fsync_directory(directory)
+    return len(new)
+
+
+def _file_mode(path: str) -> int:
+    """The existing file's permissions, else what ``open(path, "w")`` would give."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)   # reading the umask means setting it; put it straight back
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename durable (best effort: not every platform can open a folder)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def read_record_paths(paths: Iterable[str]) -> list[EvalRecord]:
