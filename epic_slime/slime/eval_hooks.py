@@ -10,19 +10,38 @@ Settings on ``args`` (e.g. top-level keys of ``--custom-config-path``):
 - ``epic_eval_records_path`` (required to write anything): the JSONL file records go to.
 - ``epic_run_name`` (default: ``wandb_group``, else "run"), ``epic_method`` (default:
   ``policy_loss``, else "unknown"), ``seed`` (slime's ``--seed``).
-Step = the rollout id (slime's ``eval/step`` without ``--wandb-always-use-train-step``).
+Step = the rollout id (slime's ``eval/step`` without ``--wandb-always-use-train-step``), the
+number of the checkpoint the evaluated weights were saved as, except the evaluation before
+training rollout 0: slime gives it rollout id 0 too (with ``--eval-interval 1`` the one after
+rollout 0 follows with the same id), so its records get ``PRE_TRAINING_STEP`` (-1, see
+``epic_slime.evaluation.records``). It is recognised as an eval at rollout id 0 before this
+process generated a training rollout (``epic_slime.slime.rollout.training_rollouts_started``);
+with another rollout function, as this process's first eval when it is at rollout id 0 and
+``--skip-eval-before-train`` is off (the driver's and slime's train.py schedule; under slime's
+train_async.py, which has no pre-training eval, that first one would be mislabelled -1).
 A sample is correct when its reward is > 0.5 (1/0 rewards, and DAPO's +1/-1 scores).
+
+Resume: each eval replaces the run's records from its step on (``replace_run_records``, atomic),
+so a run resumed from a checkpoint supersedes the evals its crashed process wrote after that
+checkpoint, and a run restarted from scratch supersedes its earlier attempt; other runs' records
+in the same file are untouched. Within one process the steps must increase: a repeat means two
+evals were keyed alike, and is refused rather than let one silently replace the other.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections import defaultdict
 
-from epic_slime.evaluation.records import EvalRecord, write_records
+from epic_slime.evaluation.records import PRE_TRAINING_STEP, EvalRecord, replace_run_records
+from epic_slime.slime import rollout as project_rollout
+from epic_slime.slime.flags import ROLLOUT_FUNCTION_PATH
 
 logger = logging.getLogger(__name__)
 _warned_no_path = False
+# (records path, run) -> the last step this process wrote: a new process (a resume) starts empty
+_last_written: dict[tuple[str, str], int] = {}
 
 
 def _run_identity(args) -> tuple[str, str, int]:
@@ -70,6 +89,18 @@ def eval_records_from_rollout(rollout_id: int, args, data: dict) -> list[EvalRec
     return records
 
 
+def eval_step(rollout_id: int, args, first_eval_in_process: bool) -> int:
+    """The record step of slime's eval at ``rollout_id``: the id, or -1 for the pre-training eval."""
+    rollout_id = int(rollout_id)
+    if rollout_id != 0:
+        return rollout_id
+    if getattr(args, "rollout_function_path", None) == ROLLOUT_FUNCTION_PATH:
+        trained = project_rollout.training_rollouts_started()
+    else:   # no record of training rollouts in this process: go by the schedule
+        trained = not first_eval_in_process or bool(getattr(args, "skip_eval_before_train", False))
+    return rollout_id if trained else PRE_TRAINING_STEP
+
+
 def log_eval_rollout(rollout_id, args, data, extra_metrics=None) -> bool:
     global _warned_no_path
     path = getattr(args, "epic_eval_records_path", None)
@@ -78,7 +109,15 @@ def log_eval_rollout(rollout_id, args, data, extra_metrics=None) -> bool:
             logger.warning("epic_eval_records_path is not set: eval records are not written")
             _warned_no_path = True
         return False
-    records = eval_records_from_rollout(rollout_id, args, data)
-    write_records(path, records)
-    logger.info("wrote %d eval records for rollout %s to %s", len(records), rollout_id, path)
+    run = _run_identity(args)[0]
+    key = (os.path.abspath(path), run)
+    last = _last_written.get(key)
+    step = eval_step(rollout_id, args, first_eval_in_process=last is None)
+    if last is not None and step <= last:
+        raise ValueError(f"eval records: run {run!r} step {step} (rollout id {rollout_id}) comes after step {last} "
+                         f"in this process; two evals keyed alike would replace one another in {path}")
+    records = eval_records_from_rollout(step, args, data)
+    replace_run_records(path, records, run=run, from_step=step)
+    _last_written[key] = step
+    logger.info("wrote %d eval records for rollout %s (step %d) to %s", len(records), rollout_id, step, path)
     return False  # slime logs eval/<name> as usual
