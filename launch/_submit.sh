@@ -1,8 +1,50 @@
 # Sourced by the launchers (launch/qwen3_30b_epic.sh, launch/smoke_1gpu.sh) once REPO_DIR, PYTHON
-# and die are set: the run setup and the Ray job submission they share. The functions read the
-# launcher's settings when called (RUN_NAME, METHOD, EVAL_RECORDS, DATA_DIR, WANDB_PROJECT,
-# DRIVER_ARGS, MEGATRON_PATH, RAY_DASHBOARD_PORT, RUN_CONFIG, SAVE_DIR, DRY_RUN). The job API is
-# addressed on 127.0.0.1 only.
+# and die are set: the run setup, the cluster settings and the Ray job submission they share. The
+# functions read the launcher's settings when called (RUN_NAME, METHOD, EVAL_RECORDS, DATA_DIR,
+# WANDB_PROJECT, DRIVER_ARGS, MEGATRON_PATH, RAY_DASHBOARD_PORT, RUN_CONFIG, SAVE_DIR, DRY_RUN,
+# REUSE_RAY). The job API is addressed on 127.0.0.1 only.
+
+# --help: the launcher's header comment (every line from the second up to the first non-comment).
+print_header() {
+  awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$1"
+}
+
+# ---- cluster settings: NVLS, socket interfaces, a Ray cluster already running ----
+
+# Validates REUSE_RAY and the caller's NCCL / Gloo variables, and sets JOB_NVLS (the job's
+# NCCL_NVLS_ENABLE) and NVLS_REASON. Runs before Ray, in dry runs too.
+cluster_settings() {
+  [[ "${REUSE_RAY}" == 0 || "${REUSE_RAY}" == 1 ]] || die "REUSE_RAY must be 0 or 1, got '${REUSE_RAY}'"
+  if [[ -n "${NCCL_NVLS_ENABLE:-}" ]]; then
+    [[ "${NCCL_NVLS_ENABLE}" == 0 || "${NCCL_NVLS_ENABLE}" == 1 ]] \
+      || die "NCCL_NVLS_ENABLE must be 0 or 1, got '${NCCL_NVLS_ENABLE}'"
+    JOB_NVLS="${NCCL_NVLS_ENABLE}"; NVLS_REASON="set by the caller"
+  else
+    # As slime's own launch scripts decide: NVLS on exactly when `nvidia-smi topo -m` lists NVLink
+    # connections (NV<n>; the legend's "NV#" does not count). No nvidia-smi or no driver: off.
+    local count
+    count=$( { timeout 60 nvidia-smi topo -m 2>/dev/null || true; } | grep -oE 'NV[0-9]+' | wc -l ) || true
+    count=$(( ${count:-0} + 0 ))
+    if [[ "${count}" -gt 0 ]]; then JOB_NVLS=1; else JOB_NVLS=0; fi
+    NVLS_REASON="${count} NVLink entries in \`nvidia-smi topo -m\` on this node"
+  fi
+  local var
+  for var in NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME; do
+    # the value goes into the runtime-env YAML: only what an interface list can hold (^ excludes, = exact)
+    if [[ -n "${!var:-}" && ! "${!var}" =~ ^[A-Za-z0-9_.:,=^-]+$ ]]; then
+      die "${var}=$(printf '%q' "${!var}") is not an interface list (letters, digits and _ . : , = ^ - only)"
+    fi
+  done
+}
+
+# 0 when a cluster runs here and REUSE_RAY=1, 1 when none runs; refuses (exit 2) otherwise, since a
+# running cluster may be another run's, with other nodes, GPUs or environment.
+reuse_running_ray() {
+  ray status >/dev/null 2>&1 || return 1
+  [[ "${REUSE_RAY}" == 1 ]] || die "a Ray cluster is already running on this node (\`ray status\` succeeded) and may be \
+another run's; pass --reuse-ray (REUSE_RAY=1) to submit to it as it is, or stop it first with \`ray stop\`"
+  echo "reusing the Ray cluster already running on this node (REUSE_RAY=1)" >&2
+}
 
 # Run identity for the evaluation hook, as top-level keys of slime's --custom-config-path (every
 # Ray actor sees them on args). Written next to the checkpoints, which every node must mount.
@@ -38,6 +80,11 @@ runtime_env_yaml() {  # $1 = "redact" to print, anything else to submit
   echo "  PYTHONPATH: \"${MEGATRON_PATH}:${REPO_DIR}\""
   echo "  CUDA_DEVICE_MAX_CONNECTIONS: \"1\""
   echo "  PYTHONUNBUFFERED: \"1\""
+  echo "  NCCL_NVLS_ENABLE: \"${JOB_NVLS}\""
+  local var
+  for var in NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME; do  # only when the caller set them
+    if [[ -n "${!var:-}" ]]; then echo "  ${var}: \"${!var}\""; fi
+  done
   if [[ -n "${WANDB_API_KEY:-}" ]]; then
     if [[ "$1" == "redact" ]]; then echo "  WANDB_API_KEY: <redacted>"; else echo "  WANDB_API_KEY: \"${WANDB_API_KEY}\""; fi
   fi
@@ -48,10 +95,11 @@ submit_command() {  # into SUBMIT; RUNTIME_ENV_YAML is replaced by the runtime-e
           -- python3 -m epic_slime.slime.train "${DRIVER_ARGS[@]}")
 }
 
-# Before Ray starts: validate the driver's flags (a typo fails in seconds, not after the nodes
-# joined). DRY_RUN=1: print the runtime env (W&B key redacted), the run config and the command, then
-# let the flag checker validate and exit with its status.
+# Before Ray starts: validate the cluster settings and the driver's flags (a typo fails in seconds,
+# not after the nodes joined). DRY_RUN=1: print the runtime env (W&B key redacted), the run config
+# and the command, then let the flag checker validate and exit with its status.
 dry_run_or_check_flags() {
+  cluster_settings
   submit_command
   if [[ "${DRY_RUN}" != "1" ]]; then
     "${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}" >/dev/null
@@ -59,6 +107,7 @@ dry_run_or_check_flags() {
   fi
   echo "# runtime env (RUNTIME_ENV_YAML):"
   runtime_env_yaml redact | sed 's/^/#   /'
+  echo "# NCCL_NVLS_ENABLE=${JOB_NVLS}: ${NVLS_REASON}"
   echo "# ${RUN_CONFIG} (written at submission):"
   run_config_yaml | sed 's/^/#   /'
   printf '%q ' "${SUBMIT[@]}"; echo

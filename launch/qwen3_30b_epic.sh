@@ -22,9 +22,17 @@
 #                                        train/dapo_math_17k.jsonl, eval/{aime_2024,aime_2025,amc_2023,hmmt_feb_2025}.jsonl
 #                       EVAL_RECORDS     per-sample eval records for the Table 1 report (default SAVE_DIR/eval_records.jsonl)
 #   --wandb-project P   WANDB_PROJECT    W&B project; W&B is on when WANDB_API_KEY is set (never printed)
+#   --reuse-ray         REUSE_RAY=1      submit to (or, as a worker, stay in) the Ray cluster already running here
 #   --dry-run           DRY_RUN=1        print the full command and validate the project flags; no Ray, no GPUs
-# Ray: RAY_ROLE=head (default) starts a head on this node unless one is running (dashboard and job
-# API bound to 127.0.0.1 only); RAY_ROLE=worker HEAD_ADDR=<ip> joins this node to the head and exits.
+# Ray: RAY_ROLE=head (default) starts a head on this node, dashboard and job API bound to 127.0.0.1
+# only; RAY_ROLE=worker HEAD_ADDR=<ip> joins this node to the head and exits. A Ray cluster already
+# running on this node (`ray status` succeeds) is refused (exit 2), since it may be another run's,
+# with other nodes, GPUs or environment: pass --reuse-ray (REUSE_RAY=1) to submit to it as it is
+# (its job API must listen on 127.0.0.1:RAY_DASHBOARD_PORT, default 8265), or run `ray stop` first.
+# NCCL, set in the job's runtime env: NCCL_NVLS_ENABLE=1 when `nvidia-smi topo -m` on this node
+# shows NVLink (NV<n> entries), else 0, as slime's own launch scripts decide (set NCCL_NVLS_ENABLE=0
+# or 1 to override); NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME are passed through when set here
+# (e.g. eth0 or ^lo,docker0) and left unset otherwise, so NCCL and Gloo pick an interface themselves.
 set -euo pipefail
 
 REPO_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -45,6 +53,7 @@ SAVE_DIR="${SAVE_DIR:-}"
 DATA_DIR="${DATA_DIR:-/root/data}"
 WANDB_PROJECT="${WANDB_PROJECT:-epic-slime}"
 DRY_RUN="${DRY_RUN:-0}"
+REUSE_RAY="${REUSE_RAY:-0}"
 RAY_ROLE="${RAY_ROLE:-head}"
 RAY_DASHBOARD_PORT="${RAY_DASHBOARD_PORT:-8265}"
 MEGATRON_PATH="${MEGATRON_PATH:-/root/Megatron-LM}"
@@ -70,8 +79,9 @@ while [[ $# -gt 0 ]]; do
     --save-dir) need_value "$@"; SAVE_DIR="$2"; shift 2 ;;
     --data-dir) need_value "$@"; DATA_DIR="$2"; shift 2 ;;
     --wandb-project) need_value "$@"; WANDB_PROJECT="$2"; shift 2 ;;
+    --reuse-ray) REUSE_RAY=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) print_header "${BASH_SOURCE[0]}"; exit 0 ;;
     --) shift; EXTRA_ARGS+=("$@"); break ;;
     *) die "unknown option $1 (driver flags go after --)" ;;
   esac
@@ -136,14 +146,15 @@ DRIVER_ARGS=(
 
 dry_run_or_check_flags
 
-# ---- Ray: join or start, local-only dashboard / job API ----
+# ---- Ray: join or start (a running cluster only with --reuse-ray), local-only dashboard / job API ----
 if [[ "${RAY_ROLE}" == "worker" ]]; then
   [[ -n "${HEAD_ADDR:-}" ]] || die "RAY_ROLE=worker needs HEAD_ADDR=<head node ip>"
+  reuse_running_ray && exit 0   # already in a cluster and asked to stay: nothing to start
   ray start --address "${HEAD_ADDR}:6379" --num-gpus "${GPUS_PER_NODE}" --disable-usage-stats
   exit 0
 fi
 [[ "${RAY_ROLE}" == "head" ]] || die "RAY_ROLE must be head or worker, got '${RAY_ROLE}'"
-if ! ray status >/dev/null 2>&1; then
+if ! reuse_running_ray; then
   ray start --head --node-ip-address "${MASTER_ADDR:-$(hostname -I | awk '{print $1}')}" \
     --num-gpus "${GPUS_PER_NODE}" --disable-usage-stats \
     --dashboard-host 127.0.0.1 --dashboard-port "${RAY_DASHBOARD_PORT}"

@@ -4,7 +4,7 @@
 # generate, offload SGLang, train, onload, push), a few rollouts of 8 prompts x 8 samples, one
 # evaluation (mean@2 on AIME 24/25, AMC 23, HMMT 25) after the last rollout.
 #
-#   bash launch/smoke_1gpu.sh [--dry-run] [-- extra driver flags]
+#   bash launch/smoke_1gpu.sh [--reuse-ray] [--dry-run] [-- extra driver flags]
 #
 # Settings (environment variables):
 #   METHOD          epic (any configs/methods/M.yaml)
@@ -15,8 +15,15 @@
 #   EVAL_RECORDS    SAVE_DIR/eval_records.jsonl
 #   NUM_ROLLOUT     4            UPDATE_DEPTH   2 (optimizer steps per 64-sample batch)
 #   SEED            1234 (Megatron's --seed and slime's --rollout-seed)
-#   DRY_RUN=1       print the command and validate the project flags; no Ray, no GPU
-# Ray: starts a local head unless one is running (dashboard and job API on 127.0.0.1 only).
+#   DRY_RUN=1       print the command and validate the project flags; no Ray, no GPU (or --dry-run)
+#   REUSE_RAY=1     submit to the Ray cluster already running here (or --reuse-ray)
+# Ray: starts a local head, dashboard and job API on 127.0.0.1 only. A Ray cluster already running
+# here (`ray status` succeeds) is refused (exit 2), since it may be another run's: pass --reuse-ray
+# (REUSE_RAY=1) to submit to it as it is (job API on 127.0.0.1:RAY_DASHBOARD_PORT, default 8265),
+# or run `ray stop` first.
+# NCCL, set in the job's runtime env: NCCL_NVLS_ENABLE=1 when `nvidia-smi topo -m` shows NVLink
+# (NV<n> entries), else 0, as slime's own launch scripts decide (set it to 0 or 1 to override);
+# NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME are passed through when set here, left unset otherwise.
 set -euo pipefail
 
 REPO_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,6 +38,7 @@ UPDATE_DEPTH="${UPDATE_DEPTH:-2}"
 SEED="${SEED:-1234}"
 WANDB_PROJECT="${WANDB_PROJECT:-epic-slime}"
 DRY_RUN="${DRY_RUN:-0}"
+REUSE_RAY="${REUSE_RAY:-0}"
 RAY_DASHBOARD_PORT="${RAY_DASHBOARD_PORT:-8265}"
 MEGATRON_PATH="${MEGATRON_PATH:-/root/Megatron-LM}"
 EXTRA_ARGS=()
@@ -40,8 +48,9 @@ die() { echo "smoke_1gpu.sh: error: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
+    --reuse-ray) REUSE_RAY=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) print_header "${BASH_SOURCE[0]}"; exit 0 ;;
     --) shift; EXTRA_ARGS+=("$@"); break ;;
     *) die "unknown option $1 (settings are environment variables; driver flags go after --)" ;;
   esac
@@ -89,7 +98,7 @@ DRIVER_ARGS=(
 
 dry_run_or_check_flags
 
-if ! ray status >/dev/null 2>&1; then
+if ! reuse_running_ray; then
   ray start --head --node-ip-address 127.0.0.1 --num-gpus 1 --disable-usage-stats \
     --dashboard-host 127.0.0.1 --dashboard-port "${RAY_DASHBOARD_PORT}"
 fi

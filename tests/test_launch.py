@@ -115,6 +115,7 @@ def test_overrides_by_environment_and_flags():
         (("--", "--num-rollouts", "3"), {}, "unknown flag --num-rollouts"),
         (("--", "--use-tis"), {}, "--use-tis is not supported by the epic-slime driver"),  # the rest: test_slime_flag_hygiene.py
         (("--", "--advantage-estimator", "ppo"), {}, "trains a critic"),
+        (("--", "--update-weight-mode", "delta"), {}, "--update-weight-mode delta is not supported"),
     ],
 )
 def test_bad_settings_fail_with_a_reason(args, env, message):

@@ -9,6 +9,8 @@
 # configs/paper/table2.yaml. ASYNC=1 runs the asynchronous variant of the same row instead
 # (launch/qwen3_30b_epic.sh's default bound, MAX_STALENESS=2 unless set); --max-staleness K on the
 # command line wins over both.
+# Rows run one after another on one Ray cluster need --reuse-ray (REUSE_RAY=1): launch/qwen3_30b_epic.sh
+# refuses a cluster already running unless asked (or run `ray stop` between rows for a fresh one).
 set -euo pipefail
 
 [[ $# -ge 1 && -n "$1" ]] || { echo "table1: error: usage: _paper_protocol.sh <method> [options]" >&2; exit 2; }
