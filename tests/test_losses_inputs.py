@@ -47,14 +47,23 @@ def test_positive_log_prob_raises():
         compute_policy_loss("epic", lp, blp, adv, mask)
 
 
+def test_positive_current_log_prob_raises():
+    lp, blp, adv, mask = _batch()
+    lp[2, 4] = 0.7
+    with pytest.raises(PolicyLossInputError, match=r"log_probs has a positive .* 0\.69999.* index \(2, 4\)"):
+        compute_policy_loss("epic", lp, blp, adv, mask)
+
+
+# Each check (non-finite, positive) must look at valid tokens only: NaN / inf and positive values
+# (a padded 0.7, which would be "probability > 1" on a valid token) on padding are ignored.
+@pytest.mark.parametrize("garbage", [(math.nan, math.inf), (0.7, 0.7), (-math.inf, math.nan)])
 @pytest.mark.parametrize("mode", ALL_MODES)
-def test_garbage_on_masked_tokens_is_ignored(mode):
+def test_garbage_on_masked_tokens_is_ignored(mode, garbage):
     lp, blp, adv, mask = _batch()
     mask[:, 5:] = False
     reference = compute_policy_loss(mode, lp, blp, adv, mask)
     lp2, blp2 = lp.clone(), blp.clone()
-    lp2[:, 5:] = math.nan
-    blp2[:, 5:] = math.inf
+    lp2[:, 5:], blp2[:, 5:] = garbage
     lp2.requires_grad_(True)
     out = compute_policy_loss(mode, lp2, blp2, adv, mask)
     out.loss.backward()

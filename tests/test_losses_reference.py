@@ -81,6 +81,11 @@ def test_every_aggregation(mode, aggregation):
     ("cispo", {"clip_low": 0.1}),
     ("dppo_tv", {"ratio_cap": 1.5}),
     # asymmetric thresholds: a swap of clip_low and clip_high must show
+    ("grpo", {"clip_low": 0.1, "clip_high": 0.4}),
+    ("grpo", {"clip_low": 0.4, "clip_high": 0.1}),
+    ("gspo", {"clip_low": 0.05, "clip_high": 0.2}),
+    ("ctpo", {"clip_low": 0.01, "clip_high": 0.08, "clip_cap": 0.03}),
+    ("cispo", {"clip_low": 0.3, "clip_high": 0.1}),
     ("dppo_tv", {"clip_low": 0.02, "clip_high": 0.3}),
     ("dppo_tv", {"clip_low": 0.3, "clip_high": 0.02}),
     ("dppo_kl", {"clip_low": 0.005, "clip_high": 0.2}),
