@@ -272,12 +272,11 @@ def test_staging_without_routing_names_the_sample():
 
 def test_store_keeps_the_two_latest_rollouts():
     store = routing.RoutingStore()
-    for r in range(4):
-        store.put(r, [r], [np.full((2, 1, 1), r, dtype=np.uint8)])
-    assert sorted(store.rollouts) == [2, 3]
-    assert store.rows([(3, np.array([1]))])[0].tolist() == [[[3]]]
-    with pytest.raises(KeyError, match=r"no routing for keys \[1\]"):
-        store.rows([(1, np.array([0]))])
+    keys = [store.put(r, [np.full((2, 1, 1), r, dtype=np.uint8)])[0] for r in range(4)]
+    assert len(set(keys)) == 4 and min(keys) >= routing.HANDLE_BASE and sorted(store.rollouts) == [2, 3]
+    assert store.rows([(keys[3], np.array([1]))])[0].tolist() == [[[3]]]
+    with pytest.raises(KeyError, match=rf"no routing for keys \[{keys[1]}\]"):
+        store.rows([(keys[1], np.array([0]))])
 
 
 def test_train_hook_passes_unstaged_routing_to_slime_and_staged_to_the_fetch(monkeypatch):
@@ -314,3 +313,49 @@ def test_setup_check_names_the_missing_hook():
     args.custom_megatron_init_path = routing.HOOK_PATH
     assert routing.check_r3_setup(args) is None
     assert routing.check_r3_setup(_args(use_rollout_routing_replay=False)) is None
+
+
+def test_through_ray_a_rank_in_another_process_gets_only_the_rows_it_asks_for():
+    """The store as the named Ray actor the RolloutManager creates, asked from another worker process."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        groups = _rollout(num_prompts=1, n=1)
+        sample = groups[0][0]
+        full = sample.rollout_routed_experts.clone()
+        routing.stage_for_training(_args(), groups, rollout_id=0)
+        key = int(sample.rollout_routed_experts.reshape(-1)[0])
+
+        @ray.remote(num_cpus=0)
+        def rank(key):
+            import numpy
+
+            from epic_slime.slime import routing as r
+
+            return ray.get(ray.get_actor(r.STORE_NAME).rows.remote([(key, numpy.arange(10, 20))]))[0]
+
+        got = ray.get(rank.remote(key))
+        assert got.dtype == np.uint8 and np.array_equal(got, full[10:20].numpy())
+        stats = ray.get(routing._ray_store().stats.remote())
+        assert stats["bytes_served"] == 10 * LAYERS * TOPK and stats["bytes_held"] == full.numel()
+    finally:
+        routing._store = None
+        ray.shutdown()
+
+
+def test_bench_reproduces_the_issue_figures_at_paper_scale():
+    """bench/r3_payload.py at its defaults: 1,536 B/token, 7.1 GB per batch, ~14 GB per node before,
+    3.5 GB the own int32 slices, 16x less after (uint8 x own TP slice), ~14 GB per eval -> 0."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("r3_payload", Path(__file__).resolve().parents[1] / "bench" / "r3_payload.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    a = argparse.Namespace(layers=48, topk=8, experts=128, samples=512, tokens=9000, train_gpus=16, gpus_per_node=8,
+                           tp=4, cp=1, pp=1, eval_samples=1040)
+    r = bench.payload(a)
+    assert r["bytes_per_token_before"] == 1536 and round(r["batch_gb_int32"], 1) == 7.1
+    assert round(r["node_before_gb"]) == 14 and round(r["node_needed_int32_gb"], 1) == 3.5
+    assert r["node_before_gb"] / r["node_after_gb"] == 16 and round(r["eval_before_gb"]) == 14
+    with pytest.raises(ValueError, match="--train-gpus 10 must be a multiple"):
+        bench.payload(argparse.Namespace(**{**vars(a), "train_gpus": 10}))

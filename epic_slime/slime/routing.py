@@ -132,20 +132,23 @@ class RoutingStore:
 
     def __init__(self, keep_rollouts: int = KEEP_ROLLOUTS):
         self.keep_rollouts = keep_rollouts
+        self._keys = itertools.count(HANDLE_BASE)   # assigned here: unique even across manager restarts
         self.rollouts: dict[int, list[int]] = {}
         self.arrays: dict[int, np.ndarray] = {}
         self.bytes_served = 0
         self._lock = threading.Lock()
 
-    def put(self, rollout_id: int, keys: Sequence[int], arrays: Sequence[np.ndarray]) -> None:
-        if len(keys) != len(arrays):
-            raise ValueError(f"RoutingStore.put: {len(keys)} keys for {len(arrays)} arrays")
+    def put(self, rollout_id: int, arrays: Sequence[np.ndarray]) -> list[int]:
+        """Holds ``arrays`` (one per sample) for ``rollout_id``; returns their keys. Drops the
+        rollouts ``keep_rollouts`` or more before it."""
         with self._lock:
+            keys = [next(self._keys) for _ in arrays]
             for old in [r for r in self.rollouts if r <= rollout_id - self.keep_rollouts]:
                 for key in self.rollouts.pop(old):
                     self.arrays.pop(key, None)
             self.rollouts.setdefault(rollout_id, []).extend(keys)
             self.arrays.update(zip(keys, arrays, strict=True))
+        return keys
 
     def rows(self, requests: Sequence[tuple[int, np.ndarray]]) -> list[np.ndarray]:
         """``[array[key][rows] for key, rows in requests]``."""
@@ -164,18 +167,21 @@ class RoutingStore:
                     "bytes_served": self.bytes_served}
 
 
-_keys = itertools.count(HANDLE_BASE)
 _store = None
 
 
-def _ray_store():
-    """The store actor; created by the RolloutManager's first ``stage_for_training``."""
+def _ray_store(create: bool = False):
+    """The store actor: created by the RolloutManager's first ``stage_for_training``, looked up
+    by name in the train ranks (same Ray job, same namespace)."""
     global _store
     if _store is None:
         import ray
 
-        actor = ray.remote(num_cpus=0, max_concurrency=16)(RoutingStore)
-        _store = actor.options(name=STORE_NAME, get_if_exists=True).remote()
+        if create:
+            actor = ray.remote(num_cpus=0, max_concurrency=16)(RoutingStore)
+            _store = actor.options(name=STORE_NAME, get_if_exists=True).remote()
+        else:
+            _store = ray.get_actor(STORE_NAME)
     return _store
 
 
@@ -188,22 +194,22 @@ def stage_for_training(args, groups, rollout_id: int, store: Any = None):
     if not _r3_on(args):
         return groups
     layers, topk, _ = _shape(args)
-    keys, arrays = [], []
-    for sample in (s for group in groups for s in group):
+    samples = [s for group in groups for s in group]
+    for sample in samples:
         if sample.rollout_routed_experts is None:
             raise ValueError(f"R3 is on but sample {getattr(sample, 'index', None)} has no rollout_routed_experts "
                              "(SGLang needs --sglang-enable-return-routed-experts)")
         finish_group_routing(args, [sample])
-        key = next(_keys)
-        keys.append(key)
-        arrays.append(sample.rollout_routed_experts.numpy())
-        sample.rollout_routed_experts = torch.full((1, layers, topk), key, dtype=torch.int64)
+    arrays = [s.rollout_routed_experts.numpy() for s in samples]
     if store is None:
         import ray
 
-        ray.get(_ray_store().put.remote(rollout_id, keys, arrays))
+        # waited for: a train rank must not ask before the rows are there
+        keys = ray.get(_ray_store(create=True).put.remote(rollout_id, arrays))
     else:
-        store.put(rollout_id, keys, arrays)
+        keys = store.put(rollout_id, arrays)
+    for sample, key in zip(samples, keys, strict=True):
+        sample.rollout_routed_experts = torch.full((1, layers, topk), key, dtype=torch.int64)
     return groups
 
 
@@ -245,7 +251,8 @@ def local_routing(
     dtype = torch.from_numpy(np.asarray(parts[0][:0])).dtype if parts else routing_dtype(num_experts)
     out = torch.empty((layout.numel(), layers, topk), dtype=dtype)
     if parts:
-        out[torch.from_numpy(local[order])] = torch.cat([torch.from_numpy(np.ascontiguousarray(p)) for p in parts])
+        # one copy; arrays from Ray's object store are read-only views
+        out[torch.from_numpy(local[order])] = torch.from_numpy(np.concatenate(parts))
     if not bool(real.all()):
         position = layout[~real]
         # slime pads in the routing's dtype; make the values in int64 (uint8 arange wraps at 256)
