@@ -3,7 +3,8 @@
 One idea, two callers: the embedded runtime (``epic_slime.runtime``) and the slime path
 (``epic_slime.slime.rollout``). lag (staleness) = the trainer's weight version at training time
 minus the version that generated a group; K = max_staleness; a group with lag > K is dropped
-(stale_policy "drop") or trained anyway and counted ("keep"). Every decision is counted, every
+(stale_policy "drop"; on the slime path its prompt is regenerated instead, up to a cap: "requeued")
+or trained anyway and counted ("keep"). Every decision is counted, every
 trained lag histogrammed, and the bookkeeping invariant is checked every step / rollout:
 
     consumed (generated) = trained + dropped for staleness + in flight (buffered)
@@ -16,7 +17,8 @@ Versions on slime: slime's weight updaters count updates from 0 and tag every SG
 with ``weight_version = str(n)`` after the n-th update; the driver pushes weights once before the
 first rollout (version 1) and once after training each rollout, so the policy that starts
 training rollout ``r`` is version ``r - start_rollout_id + 1``. A sample generated across a
-weight update carries several versions; its oldest counts. A GRPO group is kept or dropped as a
+weight update carries several versions; its oldest counts (a call that returned no tokens, e.g. a
+request aborted by a push before its first token, contributes no version: the slime stream removes it). A GRPO group is kept or dropped as a
 whole (advantages are normalised inside the group).
 """
 
@@ -94,6 +96,7 @@ class StalenessGate:
     dropped_groups: int = 0
     dropped_samples: int = 0
     kept_over_limit_groups: int = 0
+    requeued_groups: int = 0      # rejected, and regenerated from the fresh prompt instead of dropped
     histogram: Counter = dataclasses.field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -114,8 +117,17 @@ class StalenessGate:
         self.histogram[staleness] += 1
         return True
 
+    def requeued(self, group_size: int) -> None:
+        """A group ``admit`` rejected was requeued as its fresh prompt by the caller: it counts as
+        requeued, not dropped (its prompt is not lost, only its stale samples)."""
+        if self.dropped_groups < 1 or self.dropped_samples < group_size:
+            raise ValueError(f"requeued a group of {group_size} samples that the gate never rejected")
+        self.dropped_groups -= 1
+        self.dropped_samples -= group_size
+        self.requeued_groups += 1
+
     def metrics(self, prefix: str = "staleness/") -> dict[str, float]:
-        """Statistics of the admitted groups plus the drop counters, for this batch."""
+        """Statistics of the admitted groups plus the drop and requeue counters, for this batch."""
         count = sum(self.histogram.values())
         values = sorted(self.histogram.elements())
         out = {
@@ -123,6 +135,7 @@ class StalenessGate:
             f"{prefix}dropped_groups": float(self.dropped_groups),
             f"{prefix}dropped_samples": float(self.dropped_samples),
             f"{prefix}kept_over_limit_groups": float(self.kept_over_limit_groups),
+            f"{prefix}requeued": float(self.requeued_groups),
         }
         if count:
             out[f"{prefix}mean"] = sum(values) / count
@@ -176,12 +189,15 @@ async def collect_admitted_groups(
     poll_seconds: float = 0.05,
     max_wait_seconds: float | None = None,
     on_drop=None,
+    requeue=None,
 ) -> list[list[Any]]:
     """Pull finished groups from ``pop_groups(limit)`` until ``target`` groups are admitted.
 
-    ``pop_groups`` returns finished groups (lists of samples with ``weight_versions``); dropped
-    groups are counted in ``gate`` and passed to ``on_drop(group)`` when given. Raises TimeoutError after ``max_wait_seconds`` without a
-    complete batch (None: wait forever, as slime's own async rollout does).
+    ``pop_groups`` returns finished groups (lists of samples with ``weight_versions``). A group the
+    gate rejects goes to ``requeue(group)`` first when given (True: the caller regenerates its
+    fresh prompt, counted as requeued), else, or when that returns False, it is dropped: counted in
+    ``gate`` and passed to ``on_drop(group)``. Raises TimeoutError after ``max_wait_seconds``
+    without a complete batch (None: wait forever, as slime's own async rollout does).
     """
     import asyncio
     import time
@@ -205,8 +221,10 @@ async def collect_admitted_groups(
             for group in groups
         ]
         chosen, stalenesses = select_groups(groups, versions, trainer_version, gate, target - len(admitted))
-        if on_drop is not None:
-            for index in sorted(set(range(len(groups))) - set(chosen)):
+        for index in sorted(set(range(len(groups))) - set(chosen)):
+            if requeue is not None and requeue(groups[index]):
+                gate.requeued(len(groups[index]))
+            elif on_drop is not None:
                 on_drop(groups[index])
         for index, staleness in zip(chosen, stalenesses, strict=True):
             annotate_group(groups[index], versions[index], trainer_version, staleness)

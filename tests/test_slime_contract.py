@@ -307,10 +307,11 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
         return [Sample(index=2 * index + i, group_index=index, weight_versions=[str(version)]) for i in range(2)]
 
     class FakeStream:  # GroupStream's interface: finished groups waiting, counters
-        crash_retries = abort_resubmits = 0
+        crash_retries = abort_resubmits = stale_requeues = empty_call_versions = 0
 
-        def __init__(self, groups):
+        def __init__(self, groups, can_requeue=False):
             self.completed = deque(groups)
+            self.can_requeue, self.requeued = can_requeue, []
             self.data_source = object.__new__(rollout.StreamingDataSource)
             self.data_source.ledger, self.data_source._returned = GroupLedger(), deque()
             for g in groups:
@@ -325,10 +326,15 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
             return [self.completed.popleft() for _ in range(min(limit, len(self.completed)))]
 
         def held(self):
-            return len(self.completed)
+            return len(self.completed) + len(self.requeued)
 
         def start_rollout(self):   # the groups are already here
             pass
+
+        def requeue(self, g):   # GroupStream regenerates the fresh prompt; here it waits in a list
+            if self.can_requeue:
+                self.requeued.append(g)
+            return self.can_requeue
 
     stream = FakeStream([group(5, 1), group(1, 1), group(7, 0), group(2, 1)])
     monkeypatch.setattr(rollout, "_stream", stream)
@@ -352,6 +358,19 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
     assert out.metrics["rollout/accounting/dropped_groups"] == 1 and out.metrics["rollout/accounting/in_flight_groups"] == 5
     with pytest.raises(ValueError, match="--data-source-path"):
         rollout.generate_rollout(args, 5, data_source=object())
+
+    # the same stale group with a stream that can regenerate it: requeued, nothing dropped, still in flight
+    stream = FakeStream([group(5, 1), group(1, 1), group(7, 0), group(2, 1)], can_requeue=True)
+    monkeypatch.setattr(rollout, "_stream", stream)
+    monkeypatch.setattr(rollout, "_first_rollout_id", None)
+    monkeypatch.setattr(rollout, "_totals", {k: 0 for k in rollout._totals})
+    rollout.generate_rollout(args, 3, data_source=stream.data_source)
+    stream.add([group(9, 2), group(8, 2)])
+    out = rollout.generate_rollout(args, 4, data_source=stream.data_source)
+    assert [g[0].group_index for g in stream.requeued] == [7]
+    assert out.metrics["rollout/staleness/requeued"] == 1.0 and out.metrics["rollout/staleness/dropped_groups"] == 0.0
+    assert out.metrics["rollout/staleness/total_requeued_groups"] == 1.0
+    assert out.metrics["rollout/accounting/dropped_groups"] == 0 and out.metrics["rollout/accounting/in_flight_groups"] == 6
 
 
 def test_generate_records_topk_on_slime_samples():

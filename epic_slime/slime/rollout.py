@@ -2,12 +2,16 @@
 ``--data-source-path epic_slime.slime.rollout.StreamingDataSource``, which the driver sets):
 streaming generation with a staleness bound, exact prompt accounting and resumable in-flight groups.
 
-Training batches: a background ``GroupStream`` keeps ``--async-groups-in-flight`` groups (default
-one batch) consumed and not yet handed to training, across weight updates, through slime's own
-``generate_and_rm_group``. This function takes finished groups from it, works out each group's
-staleness from ``Sample.weight_versions`` (``epic_slime.staleness``), enforces ``--max-staleness``
-with ``--stale-policy`` and returns ``rollout_batch_size`` admitted groups with staleness and
-accounting metrics (``rollout/staleness/*``, ``rollout/accounting/*``).
+Training batches: a background ``GroupStream`` generates consumed groups through slime's own
+``generate_and_rm_group``, across weight updates. Each rollout starts groups up to
+``--async-groups-in-flight`` (default one batch; the oversampled batch with ``--oversample-ratio``),
+once the previous weight push has landed (see ``GroupStream``: one version of slack), and takes
+the first finished ones. This function works out each group's staleness from
+``Sample.weight_versions`` (``epic_slime.staleness``), enforces ``--max-staleness`` with
+``--stale-policy`` and returns ``rollout_batch_size`` admitted groups with staleness and
+accounting metrics (``rollout/staleness/*``, ``rollout/accounting/*``). A group too stale to train
+(under ``drop``) is not lost: it is regenerated from its fresh prompt (``rollout/staleness/requeued``),
+at most ``MAX_STALE_REQUEUES`` times, and only then dropped (counted).
 
 Why not slime's ``AsyncRolloutWorker``: it runs its own event loop in a thread, while slime's eval
 path (``sglang_rollout.generate_rollout(evaluation=True)``) runs on slime's global loop
@@ -19,20 +23,19 @@ eval share one loop, one semaphore and one client. A group whose generation rais
 from its fresh prompt (counted, at most ``MAX_GROUP_ATTEMPTS`` tries, then an error); a group that
 SGLang aborted (a weight push pauses generation in SGLang's abort mode) is resubmitted as prompt
 plus partial response, which SGLang recomputes on the new weights (its samples carry both weight
-versions; the oldest sets the staleness).
+versions; the oldest sets the staleness; a call aborted before its first token adds none).
+
+Staleness on a cluster (the driver's overlap schedule, slime's push order): groups started when
+rollout r + 1 is asked for run on the weights trained on r - 1 and train at staleness 1 in r + 1,
+or, left over, at staleness 2 in r + 2 (aborted by the push in between and continued). So K = 2
+trains every group that finishes within two batches; K = 1 trains the first batch's worth and
+regenerates leftovers (oversampling only wastes work there).
 
 Resume: ``StreamingDataSource`` records every consumed group until it is trained or dropped
 (``GroupLedger``); ``save(r)`` (rollouts <= r are trained) writes the fresh prompts of all others
 next to slime's data-source state, and ``load`` hands them out first, so a resumed run trains
-every prompt once.
-
-``--max-staleness 1``: the stream does not start groups ahead of the rollout that asks for them
-(``prefetch=False``). With the default look-ahead the groups rollout r + 1 takes were started while
-rollout r - 1 trained, on the weights trained on r - 2, and are 2 versions stale when r + 1 trains:
-with K = 1 many would be dropped, all of them when generation outpaces training. Started
-when rollout r + 1 is asked for (while r trains), on the weights trained on r - 1, they are at most
-1 version stale; generation still overlaps training by one batch (``--async-groups-in-flight``
-groups start with each rollout).
+every prompt once. The driver saves this data state before the model checkpoint, and ``load``
+refuses a checkpoint whose data state is missing, naming the last rollout that has one.
 
 Synchronous schedule (``--max-staleness 0``): no background worker (it would keep generating
 with the old weights while the driver trains); each call runs slime's own synchronous training
@@ -53,7 +56,7 @@ import copy
 import logging
 import os
 import threading
-from collections import deque
+from collections import Counter, deque
 
 from epic_slime.metric_names import STALENESS_PREFIX
 from epic_slime.staleness import (
@@ -70,11 +73,15 @@ logger = logging.getLogger("epic_slime.slime.rollout")
 
 DATA_SOURCE_PATH = "epic_slime.slime.rollout.StreamingDataSource"
 MAX_GROUP_ATTEMPTS = 3
+# A group too stale to train is regenerated from its prompt at most this many times, then dropped
+# (counted): only a group overtaken again and again (a response far longer than the rest) gets there.
+MAX_STALE_REQUEUES = 3
 PENDING_FILE = "rollout/epic_pending_groups_{rollout_id}.pt"
+DATA_STATE_FILE = "rollout/global_dataset_state_dict_{rollout_id}.pt"   # slime's RolloutDataSource.save
 
 _lock = threading.Lock()
 _stream = None
-_totals = {"dropped_groups": 0, "dropped_samples": 0, "kept_over_limit_groups": 0}
+_totals = {"dropped_groups": 0, "dropped_samples": 0, "kept_over_limit_groups": 0, "requeued_groups": 0}
 # First training rollout id seen by this process: the driver generates its start rollout first.
 # (args.start_rollout_id is not reliable here: slime fills it in the driver only after the
 # RolloutManager actor received its copy of args, when resuming from a checkpoint.)
@@ -145,52 +152,95 @@ class StreamingDataSource:
             return copy.deepcopy(self.ledger.payloads[key])
 
     def save(self, rollout_id: int) -> None:
-        """slime's data-source state plus every consumed group not trained by rollout ``rollout_id``
-        (the driver saves after training it): in flight, queued, or delivered to a later rollout."""
+        """Every consumed group not trained by rollout ``rollout_id`` (the driver saves after training
+        it: in flight, queued, or delivered to a later rollout), then slime's data-source state.
+
+        slime's state file is written last: its presence marks a complete data save, which ``load``
+        checks (the pending file is written to a temporary name and renamed, so a crash leaves the
+        previous one whole)."""
         import torch
 
-        self.inner.save(rollout_id)
         with self._lock:
             self.ledger.close_rollout(rollout_id)
             pending = self.ledger.pending_payloads() + [copy.deepcopy(g) for g in self._restored]
         path = os.path.join(self.args.save, PENDING_FILE.format(rollout_id=rollout_id))
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        torch.save({"groups": pending}, path)
+        torch.save({"groups": pending}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        self.inner.save(rollout_id)
         logger.info("saved %d consumed-but-untrained groups with the rollout-%d data state", len(pending), rollout_id)
 
     def load(self, rollout_id=None) -> None:
+        """Resume (``rollout_id`` = the checkpoint's last trained rollout, >= 0): the data state and
+        pending groups saved with it must exist; a fresh start (None or -1) loads nothing."""
         import torch
 
-        self.inner.load(rollout_id)
-        if self.args.load is None or rollout_id is None:
+        if self.args.load is None or rollout_id is None or rollout_id < 0:
+            self.inner.load(rollout_id)
             return
+        state = os.path.join(self.args.load, DATA_STATE_FILE.format(rollout_id=rollout_id))
         path = os.path.join(self.args.load, PENDING_FILE.format(rollout_id=rollout_id))
-        if not os.path.exists(path):
-            logger.info("no pending groups at %s", path)
-            return
+        if getattr(self.args, "rollout_global_dataset", True) and not (os.path.exists(state) and os.path.exists(path)):
+            raise RuntimeError(
+                f"resume from the rollout-{rollout_id} checkpoint: its data state ({state} and {path}) is "
+                f"missing, so the run would restart the data at prompt 0 and train prompts twice. "
+                f"{last_consistent_save(self.args.load, rollout_id)}"
+            )
+        self.inner.load(rollout_id)
         groups = torch.load(path, weights_only=False)["groups"]
         with self._lock:
             self._restored.extend(groups)
         logger.info("restored %d consumed-but-untrained groups from %s", len(groups), path)
 
 
-class GroupStream:
-    """Keeps up to ``capacity`` groups consumed and not yet taken (generating or finished) on
-    slime's global event loop. Every method except ``__init__`` runs on that loop."""
+def last_consistent_save(load_dir: str, before: int) -> str:
+    """A sentence naming the newest rollout below ``before`` whose data state is complete."""
+    import re
 
-    def __init__(self, args, data_source: StreamingDataSource, capacity: int, prefetch: bool = True):
+    found = []
+    rollout_dir = os.path.join(load_dir, "rollout")
+    names = os.listdir(rollout_dir) if os.path.isdir(rollout_dir) else []
+    for name in names:
+        match = re.fullmatch(r"global_dataset_state_dict_(\d+)\.pt", name)
+        if match and int(match.group(1)) < before and os.path.exists(
+                os.path.join(load_dir, PENDING_FILE.format(rollout_id=int(match.group(1))))):
+            found.append(int(match.group(1)))
+    if not found:
+        return f"No earlier rollout in {load_dir} has a complete data state: start the run afresh."
+    # slime saves the Megatron checkpoint of rollout r as iteration r
+    return f"The last consistent save is rollout {max(found)}: resume from it with --ckpt-step {max(found)}."
+
+
+class GroupStream:
+    """Keeps consumed groups generating (or finished, not yet taken) on slime's global event loop.
+
+    When groups start (the one-version-of-slack rule): slime's weight push waits for the
+    RolloutManager, which serves one call at a time, so the push after training rollout r lands
+    right after ``generate(r + 1)`` returned. A group started between that return and the push
+    would run on weights about to be replaced, be aborted seconds later and reach the next batch
+    but one a version staler than it needs to be. So groups start only when a rollout is asked for
+    (after the push landed): ``start_rollout`` tops the stream up to ``capacity``
+    (``--async-groups-in-flight``: the batch, or the oversampled batch), and while the rollout is
+    collected only what the batch still lacks is replaced. Groups left over (oversampling, or
+    overtaken by shorter ones) keep generating and serve the next rollout first.
+
+    Every method except ``__init__`` runs on that loop."""
+
+    def __init__(self, args, data_source: StreamingDataSource, capacity: int, max_requeues: int = MAX_STALE_REQUEUES):
         from slime.utils.async_utils import get_async_loop
 
         self.args = args
         self.data_source = data_source
         self.capacity = capacity
-        # False: groups are started only for the rollout being collected (see --max-staleness 1)
-        self.prefetch = prefetch
+        self.max_requeues = max_requeues
         self.loop = get_async_loop().loop
-        self.active: dict = {}           # task -> (group key, attempt)
+        self.active: dict = {}           # task -> (group key, attempt, per sample (response length, versions) before)
         self.completed: deque = deque()
+        self.requeues: Counter = Counter()   # group key -> times regenerated for staleness
         self.crash_retries = 0
         self.abort_resubmits = 0
+        self.stale_requeues = 0
+        self.empty_call_versions = 0
         self.failures: list[str] = []
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result()
 
@@ -198,7 +248,6 @@ class GroupStream:
         from slime.rollout.sglang_rollout import GenerateState
 
         self.state = GenerateState(self.args)   # created on the loop that will use its semaphore
-        self.top_up()
 
     def held(self) -> int:
         return len(self.active) + len(self.completed)
@@ -214,16 +263,30 @@ class GroupStream:
     def _submit(self, group, attempt: int) -> None:
         from slime.rollout.sglang_rollout import generate_and_rm_group
 
+        before = [(s.response_length, len(s.weight_versions)) for s in group]
         task = asyncio.ensure_future(
             generate_and_rm_group(self.args, group, sampling_params=self.state.sampling_params.copy(), evaluation=False)
         )
-        self.active[task] = (group_key(group), attempt)
+        self.active[task] = (group_key(group), attempt, before)
         task.add_done_callback(self._on_done)
+
+    def _forget_empty_calls(self, group, before) -> None:
+        """slime appends the engine's weight_version for every generate call, also for a request
+        aborted before its first token (a push met it waiting): that version produced none of the
+        sample's tokens and would overstate its staleness by one. Remove it."""
+        from slime.utils.types import Sample
+
+        for sample, (length, versions) in zip(group, before, strict=True):
+            if sample.status == Sample.Status.ABORTED and sample.response_length == length:
+                extra = len(sample.weight_versions) - versions
+                if extra > 0:
+                    del sample.weight_versions[versions:]
+                    self.empty_call_versions += extra
 
     def _on_done(self, task) -> None:
         from slime.utils.types import Sample
 
-        key, attempt = self.active.pop(task)
+        key, attempt, before = self.active.pop(task)
         try:
             group = task.result()
         except Exception as exc:  # noqa: BLE001 - any failure: regenerate the prompt, never drop it
@@ -235,28 +298,35 @@ class GroupStream:
             logger.warning("rollout group %d raised %r; regenerating it from its prompt (attempt %d)", key, exc, attempt + 1)
             self._submit(self.data_source.fresh_group(key), attempt + 1)
             return
+        self._forget_empty_calls(group, before)
         if any(getattr(s, "status", None) == Sample.Status.ABORTED for s in group):
             self.abort_resubmits += 1
             self._submit(group, attempt)   # prompt + partial response, continued on the new weights
             return
         self.completed.append(group)
-        if self.prefetch:
-            self.top_up()
 
     def start_rollout(self) -> None:
-        """A rollout is being collected: without prefetch, its groups start now, on the current weights."""
-        if not self.prefetch:
-            self.top_up()
+        """A rollout is being collected (the last push has landed): start groups up to capacity."""
+        self.top_up()
+
+    def requeue(self, group) -> bool:
+        """A finished group too stale to train: regenerate it from its fresh prompt (at most
+        ``max_requeues`` times per group; False: the caller drops it, counted)."""
+        key = group_key(group)
+        if self.requeues[key] >= self.max_requeues:
+            return False
+        self.requeues[key] += 1
+        self.stale_requeues += 1
+        self._submit(self.data_source.fresh_group(key), attempt=1)
+        return True
 
     def pop(self, limit: int) -> list:
         """Up to ``limit`` finished groups; the caller still needs ``limit`` for its batch."""
         if self.failures:
             raise RuntimeError("rollout groups failed after retries: " + "; ".join(self.failures))
         out = [self.completed.popleft() for _ in range(min(limit, len(self.completed)))]
-        if self.prefetch:
-            self.top_up()
-        else:   # replace what this batch still lacks (e.g. after a drop), never start the next one
-            self.top_up(up_to=limit - len(out))
+        # replace what this batch still lacks (a group dropped past the requeue cap), never start the next one
+        self.top_up(up_to=limit - len(out))
         return out
 
 
@@ -265,7 +335,7 @@ def _get_stream(args, data_source) -> GroupStream:
     with _lock:
         if _stream is None:
             capacity = getattr(args, "async_groups_in_flight", None) or args.rollout_batch_size
-            _stream = GroupStream(args, data_source, capacity, prefetch=getattr(args, "max_staleness", None) != 1)
+            _stream = GroupStream(args, data_source, capacity)
         elif _stream.data_source is not data_source:
             raise RuntimeError("epic_slime.slime.rollout: one RolloutManager per process (a second data source appeared)")
         return _stream
@@ -294,6 +364,7 @@ async def _collect(args, stream: GroupStream, trainer_version: int, gate: Stalen
         trainer_version=trainer_version,
         gate=gate,
         target=args.rollout_batch_size,
+        requeue=stream.requeue if gate.stale_policy == "drop" else None,
         on_drop=lambda group: ledger.drop(group_key(group)),
     )
     for group in groups:
@@ -337,6 +408,8 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
     metrics |= accounting
     metrics["rollout/accounting/crash_retries"] = float(stream.crash_retries)
     metrics["rollout/accounting/abort_resubmits"] = float(stream.abort_resubmits)
+    metrics["rollout/accounting/stale_requeues"] = float(stream.stale_requeues)
+    metrics["rollout/accounting/empty_call_versions"] = float(stream.empty_call_versions)
     logger.info("rollout %d: %s", rollout_id, {k: v for k, v in metrics.items() if "groups_at" not in k})
     return RolloutFnTrainOutput(samples=groups, metrics=metrics)
 
