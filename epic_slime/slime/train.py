@@ -8,7 +8,8 @@ is built from slime's public pieces (placement groups, RolloutManager, the actor
   2. ask the RolloutManager for rollout ``start``; for every rollout ``r``: wait for its data,
      immediately ask for rollout ``r + 1`` (the background worker of
      ``epic_slime.slime.rollout`` never stops generating), train ``r`` with ``D`` optimizer
-     steps, save when due, push the new weights, evaluate every ``--eval-interval``.
+     steps, save when due (data state, then model), push the new weights, evaluate every
+     ``--eval-interval``.
 
 slime's RolloutManager actor runs one call at a time and the weight push asks it for the
 engines, so the push after rollout ``r`` happens once rollout ``r + 1`` is collected (as in
@@ -125,6 +126,35 @@ def _periodic(rollout_id: int, interval: int | None, per_epoch: int | None, last
     return step % interval == 0 or (per_epoch is not None and step % per_epoch == 0)
 
 
+def save_checkpoint(args: Any, rollout_manager: Any, actor_model: Any, rollout_id: int, force_sync: bool,
+                    get: Callable[[Any], Any]) -> None:
+    """The data state (slime's data-source state and the consumed, untrained groups) first, then
+    the model checkpoint. A resume starts from the newest model checkpoint, so that checkpoint must
+    never exist without its data state: in the overlap schedule the data save waits behind
+    ``generate(r + 1)`` on the one-call-at-a-time RolloutManager, often minutes, and a crash in that
+    window would otherwise restart the data at prompt 0. A crash between the two now resumes from
+    the previous checkpoint, whose data state is complete."""
+    if args.rollout_global_dataset:
+        get(rollout_manager.save.remote(rollout_id))
+    actor_model.save_model(rollout_id, force_sync=force_sync)
+
+
+def eval_before_training(args: Any) -> int | None:
+    """Rollout id of the evaluation before the first training step, or None.
+
+    slime's rule: at a fresh start (rollout 0) unless --skip-eval-before-train. An eval-only run
+    (``--num-rollout`` at or below the start, e.g. 0) evaluates the loaded weights once, keyed as
+    the evaluation after the checkpoint's last rollout."""
+    if args.eval_interval is None:
+        return None
+    start, end = args.start_rollout_id, args.num_rollout
+    if start >= end:
+        return max(start - 1, 0)
+    if start == 0 and not getattr(args, "skip_eval_before_train", False):
+        return 0
+    return None
+
+
 def async_training_loop(
     args: Any,
     rollout_manager: Any,
@@ -135,9 +165,10 @@ def async_training_loop(
     """The overlap schedule; returns the (event, rollout_id) trace (tests run it on fakes)."""
     trace: list[tuple[str, int]] = []
     start, end = args.start_rollout_id, args.num_rollout
-    if args.eval_interval is not None and start == 0 and not getattr(args, "skip_eval_before_train", False):
-        get(rollout_manager.eval.remote(0))
-        trace.append(("eval", 0))
+    first_eval = eval_before_training(args)
+    if first_eval is not None:
+        get(rollout_manager.eval.remote(first_eval))
+        trace.append(("eval", first_eval))
     next_ref = rollout_manager.generate.remote(start) if start < end else None
     if next_ref is not None:
         trace.append(("generate", start))
@@ -150,9 +181,7 @@ def async_training_loop(
         get(actor_model.async_train(rollout_id, data_ref))
         trace.append(("train", rollout_id))
         if _periodic(rollout_id, args.save_interval, num_rollout_per_epoch, end - 1):
-            actor_model.save_model(rollout_id, force_sync=rollout_id == end - 1)
-            if args.rollout_global_dataset:
-                get(rollout_manager.save.remote(rollout_id))
+            save_checkpoint(args, rollout_manager, actor_model, rollout_id, rollout_id == end - 1, get)
             trace.append(("save", rollout_id))
         actor_model.update_weights()
         trace.append(("update_weights", rollout_id))
@@ -199,19 +228,23 @@ def sync_training_loop(
 
     Per rollout r: generate r (the engines hold the weights trained on r - 1), offload the engines
     if they share GPUs, (re)create released train actors, train D steps, save when due (every
-    rollout with --release-train, whose next actors reload from the checkpoint), free the train
-    actors' cached memory when colocated without --offload-train (offload-train actors sleep by
-    themselves after training), onload the engines' weights, push, onload their KV cache, evaluate.
+    rollout with --release-train, whose next actors reload from the checkpoint; the data state
+    first), free the train actors' cached memory without --offload-train (offload-train actors
+    sleep by themselves after training), onload the engines' weights, push, onload their KV cache,
+    evaluate.
     """
     trace: list[tuple[str, int]] = []
     start, end = args.start_rollout_id, args.num_rollout
     offload_rollout = bool(getattr(args, "offload_rollout", False))
     release_train = bool(getattr(args, "release_train", False))
-    free_train_memory = bool(getattr(args, "colocate", False)) and not getattr(args, "offload_train", False)
+    # as slime's train.py: actors that do not sleep after training (no --offload-train) free their
+    # cached memory before the push, colocated or not
+    free_train_memory = not getattr(args, "offload_train", False)
+    first_eval = eval_before_training(args)
+    if first_eval is not None:
+        get(rollout_manager.eval.remote(first_eval))
+        trace.append(("eval", first_eval))
     for rollout_id in range(start, end):
-        if args.eval_interval is not None and rollout_id == 0 and not getattr(args, "skip_eval_before_train", False):
-            get(rollout_manager.eval.remote(0))
-            trace.append(("eval", 0))
         data_ref = get(rollout_manager.generate.remote(rollout_id))
         trace.append(("generate", rollout_id))
         if offload_rollout:
@@ -223,9 +256,7 @@ def sync_training_loop(
         get(actor_model.async_train(rollout_id, data_ref))
         trace.append(("train", rollout_id))
         if release_train or _periodic(rollout_id, args.save_interval, num_rollout_per_epoch, end - 1):
-            actor_model.save_model(rollout_id, force_sync=release_train or rollout_id == end - 1)
-            if args.rollout_global_dataset:
-                get(rollout_manager.save.remote(rollout_id))
+            save_checkpoint(args, rollout_manager, actor_model, rollout_id, release_train or rollout_id == end - 1, get)
             trace.append(("save", rollout_id))
         if free_train_memory:
             actor_model.clear_memory()
