@@ -9,13 +9,28 @@ max_new_tokens / stop_token_ids, ``return_logprob``; answers ``text``, ``output_
 request it holds ends now with finish_reason abort, the running batch with the tokens generated
 so far, waiting ones with none; requests that arrive while paused wait until
 ``/continue_generation``), ``GET /flush_cache``, ``POST /update_weights_from_disk``
-(``model_path``: a torch state dict), ``POST /update_weight_version`` (``new_version``),
+(``model_path``: a torch state dict), slime's distributed push (``POST /init_weights_update_group``
+joins a gloo group with the trainer's rank 0 from ``master_address`` / ``master_port`` /
+``rank_offset`` / ``world_size``; ``POST /update_weights_from_distributed`` receives one bucket:
+``names`` / ``dtypes`` / ``shapes`` as metadata, the tensors by broadcast from rank 0, and sets
+``weight_version`` when given, as SGLang does per bucket; ``POST /destroy_weights_update_group``),
+``POST /update_weight_version`` (``new_version``; aborts every request first unless
+``abort_all_requests`` is false, SGLang's default),
 ``POST /abort_request`` (``abort_all``, as slime's synchronous rollout ends a batch), ``GET
 /v1/loads`` (running and waiting requests), ``GET /health_generate``, ``GET /workers`` (router
 view), ``GET /stats`` (counters for tests).
 
-Batching: requests with equal (temperature, top_p) are decoded together, up to ``max_batch``,
-one token per forward with a KV cache. log-prob convention: log_softmax(logits / T)[token].
+Batching: continuous, as SGLang's scheduler: each decode step advances every running request by
+one token (requests with equal (temperature, top_p), up to ``max_batch``; a request joins at the
+next step and leaves when it finishes), so a short request started after a long one finishes
+first. Each step recomputes the running sequences (no KV cache: the model is tiny).
+log-prob convention: log_softmax(logits / T)[token], over the logits the token was drawn from.
+
+Response-length spread (``--long-every N --long-min-new-tokens M``): a prompt whose crc32 (prompt =
+the tokens up to its first "=") is divisible by N cannot stop (end-of-sequence and stop tokens are
+masked, like SGLang's ``min_new_tokens``) before its response has M tokens, counting the partial
+response of a resubmitted request: a fraction of groups much longer than the rest, which other
+groups overtake.
 
 A slow request on demand (``--hold-max-new-tokens N``): whether a weight push meets requests in
 flight depends on how fast this CPU decodes against how fast the trainer steps (on a 2-core CI
@@ -36,7 +51,9 @@ import argparse
 import asyncio
 import os
 import sys
+import zlib
 from collections import Counter
+from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -67,6 +84,7 @@ class Request:
         self.top_p = float(params.get("top_p", 1.0))
         self.max_new_tokens = int(params.get("max_new_tokens", 16))
         self.stop_ids = set(params.get("stop_token_ids") or [])
+        self.min_new_tokens = 0           # set by the engine for the long prompts
         self.future = future
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
@@ -78,25 +96,37 @@ class Request:
 
 
 class Engine:
-    def __init__(self, model, tokenizer, max_batch: int, hold_max_new_tokens: int | None = None):
+    def __init__(self, model, tokenizer, max_batch: int, hold_max_new_tokens: int | None = None,
+                 long_every: int | None = None, long_min_new_tokens: int = 0):
         self.model, self.tok, self.max_batch = model, tokenizer, max_batch
         self.hold_max_new_tokens = hold_max_new_tokens
         self.hold_armed = hold_max_new_tokens is not None
+        self.long_every, self.long_min_new_tokens = long_every, long_min_new_tokens
+        self.equals_id = tokenizer.token_to_id["="]
         self.seen_prompts: set[tuple[int, ...]] = set()
         self.pending: list[Request] = []
+        self.running: list[Request] = []
         self.paused = False
         self.version = "default"
         self.wakeup = asyncio.Event()
-        self.idle = asyncio.Event()
-        self.idle.set()
-        self.abort_now = False
+        self.step_lock = asyncio.Lock()   # a decode step and an abort never interleave
         self.stats = Counter()
-        self.running = 0
+        self.groups: dict = {}            # weight-update group name -> gloo process group
         self.pool = ThreadPoolExecutor(1)   # one compute thread: decoding and weight loads serialise
         self.generator = torch.Generator().manual_seed(1234)
 
+    def _prompt_part(self, input_ids: list[int]) -> tuple[list[int], int]:
+        """(prompt up to its first "=", response tokens already in input_ids)."""
+        end = input_ids.index(self.equals_id) + 1 if self.equals_id in input_ids else len(input_ids)
+        return input_ids[:end], len(input_ids) - end
+
     async def generate(self, payload: dict) -> dict:
         req = Request(payload, asyncio.get_running_loop().create_future())
+        if self.long_every:
+            prompt, answered = self._prompt_part(req.input_ids)
+            if zlib.crc32(bytes(prompt)) % self.long_every == 0:
+                req.min_new_tokens = max(self.long_min_new_tokens - answered, 0)
+                self.stats["long_requests"] += 1
         if self.hold_max_new_tokens is not None:   # prompts are remembered only for the hold
             prompt = tuple(req.input_ids)
             if self.hold_armed and req.max_new_tokens == self.hold_max_new_tokens and prompt not in self.seen_prompts:
@@ -123,84 +153,90 @@ class Engine:
             },
         }
 
+    def _finish(self, req: Request) -> None:
+        if req.finish == ABORT:
+            self.stats["aborted"] += 1
+            if req.held:
+                self.stats["held_aborted"] += 1
+        if not req.future.done():
+            req.future.set_result(self._answer(req))
+
+    def _admit(self) -> None:
+        """Waiting requests join the running batch (same sampling key, up to max_batch)."""
+        ready = [r for r in self.pending if not r.held]
+        if not ready:
+            return
+        key = self.running[0].key if self.running else ready[0].key
+        for r in ready:
+            if len(self.running) >= self.max_batch:
+                break
+            if r.key == key:
+                self.pending.remove(r)
+                if r.max_new_tokens <= 0:
+                    r.finish = LENGTH
+                    self._finish(r)
+                else:
+                    self.running.append(r)
+
     async def scheduler(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            ready = [r for r in self.pending if not r.held]
-            if not ready or self.paused:
+            async with self.step_lock:
+                if not self.paused:
+                    self._admit()
+                batch = list(self.running) if not self.paused else []
+                if batch:
+                    self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], len(batch))
+                    try:
+                        await loop.run_in_executor(self.pool, self._step, batch)
+                    except Exception as exc:  # noqa: BLE001 - answer every request, never hang a client
+                        for r in batch:
+                            r.finish = r.finish or ABORT
+                            if not r.future.done():
+                                r.future.set_exception(exc)
+                    for r in batch:
+                        if r.finish is not None:
+                            self.running.remove(r)
+                            self._finish(r)
+            if not batch:
                 self.wakeup.clear()
                 await self.wakeup.wait()
-                continue
-            head = ready[0].key
-            batch = [r for r in ready if r.key == head][: self.max_batch]
-            for r in batch:
-                self.pending.remove(r)
-            self.idle.clear()
-            self.running = len(batch)
-            self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], len(batch))
-            try:
-                await loop.run_in_executor(self.pool, self._decode, batch)
-            except Exception as exc:  # noqa: BLE001 - answer every request, never hang a client
-                for r in batch:
-                    if not r.future.done():
-                        r.future.set_exception(exc)
-            finally:
-                self.running = 0
-                self.idle.set()
-            for r in batch:
-                if r.finish == ABORT:
-                    self.stats["aborted"] += 1
-                if not r.future.done():
-                    r.future.set_result(self._answer(r))
+            else:
+                await asyncio.sleep(0)   # let HTTP handlers (new requests, pause) in between steps
 
     @torch.no_grad()
-    def _decode(self, batch: list[Request]) -> None:
-        from transformers import DynamicCache
-
+    def _step(self, batch: list[Request]) -> None:
+        """One token for every request of the batch (left-padded full sequences)."""
         pad = self.tok.pad_id
-        B, P = len(batch), max(len(r.input_ids) for r in batch)
+        seqs = [r.input_ids + r.tokens for r in batch]
+        B, P = len(seqs), max(len(q) for q in seqs)
         ids = torch.full((B, P), pad, dtype=torch.long)
         attn = torch.zeros((B, P), dtype=torch.long)
-        for i, r in enumerate(batch):
-            ids[i, P - len(r.input_ids):] = torch.tensor(r.input_ids)
-            attn[i, P - len(r.input_ids):] = 1
+        for i, q in enumerate(seqs):
+            ids[i, P - len(q):] = torch.tensor(q)
+            attn[i, P - len(q):] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
-                            use_cache=True).logits[:, -1]
-        last = pos[:, -1:]
+        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits[:, -1].float()
         temperature, top_p = batch[0].temperature, batch[0].top_p
-        for r in batch:
-            if r.max_new_tokens <= 0:
-                r.finish = LENGTH
-        while True:
-            if self.abort_now:
-                for r in batch:
-                    r.finish = r.finish or ABORT
-                return
-            live = [i for i, r in enumerate(batch) if r.finish is None]
-            if not live:
-                return
-            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-            draw = logp
-            if top_p < 1.0:
-                from epic_slime.runtime.model import _top_p_filter
+        for i, r in enumerate(batch):
+            if len(r.tokens) < r.min_new_tokens:   # SGLang's min_new_tokens: no stop yet
+                logits[i, [self.tok.eos_id, *r.stop_ids]] = float("-inf")
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        draw = logp
+        if top_p < 1.0:
+            from epic_slime.runtime.model import _top_p_filter
 
-                draw = _top_p_filter(logp, top_p)
-            tok = torch.multinomial(draw.exp(), 1, generator=self.generator).squeeze(-1)
-            for i in live:
-                r, t = batch[i], int(tok[i])
-                r.tokens.append(t)
-                r.logprobs.append(float(logp[i, t]))
-                if t == self.tok.eos_id or t in r.stop_ids:
-                    r.finish = STOP
-                elif len(r.tokens) >= r.max_new_tokens:
-                    r.finish = LENGTH
-            self.stats["decode_steps"] += 1
-            attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long)], dim=1)
-            last = last + 1
-            logits = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=last,
-                                past_key_values=cache, use_cache=True).logits[:, -1]
+            draw = _top_p_filter(logp, top_p)
+        tok = torch.multinomial(draw.exp(), 1, generator=self.generator).squeeze(-1)
+        for i, r in enumerate(batch):
+            t = int(tok[i])
+            r.tokens.append(t)
+            r.logprobs.append(float(logp[i, t]))
+            if t == self.tok.eos_id or t in r.stop_ids:
+                r.finish = STOP
+            elif len(r.tokens) >= r.max_new_tokens:
+                r.finish = LENGTH
+        self.stats["decode_steps"] += 1
 
     async def pause(self) -> None:
         self.paused = True
@@ -213,28 +249,66 @@ class Engine:
 
     async def abort_all(self, counter: str = "abort_requests") -> None:
         """SGLang's ``/abort_request`` with ``abort_all``: waiting requests end with no tokens, the
-        running batch with the tokens generated so far, all with finish_reason abort."""
-        for r in list(self.pending):
-            if r.held:
-                self.stats["held_aborted"] += 1
-            self.pending.remove(r)
-            r.finish = ABORT
-            self.stats["aborted"] += 1
-            if not r.future.done():
-                r.future.set_result(self._answer(r))
-        if self.running:
-            self.abort_now = True
-            await self.idle.wait()
-            self.abort_now = False
+        running batch with the tokens generated so far (after the step in progress), all with
+        finish_reason abort."""
+        async with self.step_lock:
+            for r in self.pending + self.running:
+                r.finish = ABORT
+                self._finish(r)
+            self.pending.clear()
+            self.running.clear()
         self.stats[counter] += 1
 
     def load(self) -> dict:
-        return {"num_running_reqs": self.running, "num_waiting_reqs": len(self.pending)}
+        return {"num_running_reqs": len(self.running), "num_waiting_reqs": len(self.pending)}
 
     async def load_weights(self, path: str) -> None:
         state = torch.load(path, weights_only=True)
         await asyncio.get_running_loop().run_in_executor(self.pool, self.model.load_state_dict, state)
         self.stats["weight_loads"] += 1
+
+    async def join_update_group(self, payload: dict) -> None:
+        """slime's ``connect_rollout_engines_from_distributed``, the engine side: rank
+        ``rank_offset`` of a gloo group whose rank 0 is the trainer (NCCL on a cluster)."""
+        import torch.distributed as dist
+
+        def join():
+            store = dist.TCPStore(payload["master_address"], int(payload["master_port"]), int(payload["world_size"]),
+                                  is_master=False, timeout=timedelta(seconds=120))
+            return dist.ProcessGroupGloo(dist.PrefixStore(payload["group_name"], store), int(payload["rank_offset"]),
+                                         int(payload["world_size"]), timedelta(seconds=120))
+
+        if payload.get("backend") not in (None, "gloo", "nccl"):
+            raise ValueError(f"backend {payload.get('backend')!r}: the stand-in joins with gloo")
+        self.groups[payload["group_name"]] = await asyncio.get_running_loop().run_in_executor(None, join)
+        self.stats["update_groups"] += 1
+
+    async def receive_bucket(self, payload: dict) -> None:
+        """One bucket of ``update_weights_from_distributed``: tensors by broadcast from rank 0, in
+        the order of ``names``, loaded into the model; then the bucket's ``weight_version``."""
+        import torch.distributed as dist
+
+        group = self.groups.get(payload["group_name"])
+        if group is None:
+            raise ValueError(f"group_name {payload['group_name']!r} was never initialised (/init_weights_update_group)")
+        params = dict(self.model.named_parameters())
+        unknown = [n for n in payload["names"] if n not in params]
+        if unknown:
+            raise ValueError(f"names not in the model: {unknown[:3]}")
+
+        def receive():
+            for name, dtype, shape in zip(payload["names"], payload["dtypes"], payload["shapes"], strict=True):
+                tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+                opts = dist.BroadcastOptions()
+                opts.rootRank, opts.rootTensor = 0, 0
+                group.broadcast([tensor], opts).wait()
+                with torch.no_grad():
+                    params[name].copy_(tensor)
+
+        await asyncio.get_running_loop().run_in_executor(self.pool, receive)
+        if payload.get("weight_version") is not None:
+            self.version = str(payload["weight_version"])
+        self.stats["weight_buckets"] += 1
 
 
 def make_app(engine: Engine):
@@ -268,8 +342,29 @@ def make_app(engine: Engine):
             engine.version = str(payload["weight_version"])
         return web.json_response({"success": True, "message": "ok"})
 
+    async def init_group(request):
+        try:
+            await engine.join_update_group(await request.json())
+        except ValueError as exc:
+            return web.json_response({"success": False, "message": str(exc)}, status=400)
+        return web.json_response({"success": True, "message": "ok"})
+
+    async def update_distributed(request):
+        try:
+            await engine.receive_bucket(await request.json())
+        except ValueError as exc:
+            return web.json_response({"success": False, "message": str(exc)}, status=400)
+        return web.json_response({"success": True, "message": "ok"})
+
+    async def destroy_group(request):
+        payload = await request.json()
+        engine.groups.pop(payload["group_name"], None)
+        return web.json_response({"success": True, "message": "ok"})
+
     async def update_version(request):
         payload = await request.json()
+        if payload.get("abort_all_requests", True):
+            await engine.abort_all(counter="version_update_aborts")
         engine.version = str(payload["new_version"])
         engine.stats["version_updates"] += 1
         return web.json_response({"success": True, "new_version": engine.version})
@@ -303,6 +398,9 @@ def make_app(engine: Engine):
         web.post("/flush_cache", flush),
         web.post("/update_weights_from_disk", update_from_disk),
         web.post("/update_weight_version", update_version),
+        web.post("/init_weights_update_group", init_group),
+        web.post("/update_weights_from_distributed", update_distributed),
+        web.post("/destroy_weights_update_group", destroy_group),
         web.post("/abort_request", abort_request),
         web.get("/v1/loads", loads),
         web.get("/health_generate", health),
@@ -313,12 +411,13 @@ def make_app(engine: Engine):
     return app
 
 
-async def _serve(port_file: str, weights: str | None, max_batch: int, hold_max_new_tokens: int | None) -> None:
+async def _serve(port_file: str, weights: str | None, max_batch: int, hold_max_new_tokens: int | None,
+                 long_every: int | None, long_min_new_tokens: int) -> None:
     from aiohttp import web
 
     torch.set_num_threads(1)
     model, tok = build_model(weights)
-    engine = Engine(model, tok, max_batch, hold_max_new_tokens)
+    engine = Engine(model, tok, max_batch, hold_max_new_tokens, long_every, long_min_new_tokens)
     runner = web.AppRunner(make_app(engine), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -338,8 +437,14 @@ def main(argv=None) -> int:
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--hold-max-new-tokens", type=int, default=None,
                         help="hold one new training request per weight version until the next pause (see above)")
+    parser.add_argument("--long-every", type=int, default=None,
+                        help="one prompt in about N (by crc32) gets --long-min-new-tokens (see above)")
+    parser.add_argument("--long-min-new-tokens", type=int, default=0)
     args = parser.parse_args(argv)
-    asyncio.run(_serve(args.port_file, args.weights, args.max_batch, args.hold_max_new_tokens))
+    if args.long_every is not None and args.long_every < 1:
+        parser.error(f"--long-every must be >= 1, got {args.long_every}")
+    asyncio.run(_serve(args.port_file, args.weights, args.max_batch, args.hold_max_new_tokens,
+                       args.long_every, args.long_min_new_tokens))
     return 0
 
 

@@ -11,8 +11,11 @@ Stand-ins, at the real component's interface: SGLang (``tests/_sglang_standin.py
 127.0.0.1, the tiny Qwen3-MoE), the RolloutManager Ray actor (``RolloutManagerStandIn``: one
 call at a time on its own thread, ``.remote`` returns a future, slime's own pieces inside) and
 the Megatron train group (``CpuTrainGroup``: the tiny model, slime's ``loss_function``, AdamW,
-weight pushes to the stand-in as slime's updater does them: pause, flush, load, version,
-continue). slime's argument parser needs SGLang and Megatron-LM's ``megatron.training`` (neither
+weight pushes as slime's distributed updater makes them: first ask the RolloutManager for the
+engines, which queues the push behind its call in progress (so it lands only after
+``generate(r + 1)`` returned, as on a cluster), then pause, flush, per bucket
+``/update_weights_from_distributed`` with its ``weight_version`` and the tensors broadcast over a
+gloo group, continue; an unserialised push from disk is kept as a stress case only). slime's argument parser needs SGLang and Megatron-LM's ``megatron.training`` (neither
 installs on this CPU machine), so args are slime's own defaults, read from its
 ``slime/utils/arguments.py`` source, overlaid with the driver's flag layer (``driver_argv``) and
 checked by ``validate_project_args``.
@@ -138,6 +141,8 @@ def megatron_arguments(parser: argparse.ArgumentParser) -> None:
         "--eval-interval": dict(type=int, default=None),
         "--lr": dict(type=float, default=None),
         "--clip-grad": dict(type=float, default=1.0),
+        # slime registers it with reset_arg, which the source reader above skips
+        "--custom-config-path": dict(type=str, default=None),
         "--micro-batch-size": dict(type=int, default=None),
         "--calculate-per-token-loss": dict(action="store_true"),
         # SGLang's ServerArgs (slime prefixes them with --sglang-): dp_size defaults to 1
@@ -159,6 +164,12 @@ def build_args(argv: list[str]) -> argparse.Namespace:
     add_project_arguments(parser)
     megatron_arguments(parser)
     args = parser.parse_args(driver_argv(argv))
+    if args.custom_config_path:   # as slime's parse_args: the YAML's top-level keys onto args
+        import yaml
+
+        with open(args.custom_config_path) as f:
+            for key, value in (yaml.safe_load(f) or {}).items():
+                setattr(args, key, value)
     # what slime's / Megatron's validation derives and the rollout side reads
     args.global_batch_size = args.rollout_batch_size * args.n_samples_per_prompt // (args.num_steps_per_rollout or 1)
     args.start_rollout_id = None
@@ -202,7 +213,8 @@ class RolloutManagerStandIn:
         self.generate_rollout = load_function(args.rollout_function_path)
         self.eval_generate_rollout = load_function(args.eval_function_path)
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout-manager")
-        for name in ("generate", "eval", "save", "load", "dispose"):
+        self.save_window = None   # SaveWindowKill, set by the session
+        for name in ("generate", "eval", "save", "load", "dispose", "get_updatable_engines_and_lock"):
             setattr(self, name, _Method(self._pool, getattr(self, f"_{name}")))
 
     def _generate(self, rollout_id):
@@ -223,8 +235,15 @@ class RolloutManagerStandIn:
         self.trace.write("eval", rollout_id, samples={k: len(v["samples"]) for k, v in result.data.items()})
 
     def _save(self, rollout_id):
+        if self.save_window is not None:
+            self.save_window.saving("data", rollout_id)
         self.data_source.save(rollout_id)
         self.trace.write("rollout_save", rollout_id)
+
+    def _get_updatable_engines_and_lock(self):
+        """What every train actor's update_weights asks first (slime's actor.py): queued behind
+        the call in progress, e.g. generate(r + 1), so a push never lands inside a generate call."""
+        return [], None, 0, [], [], []
 
     def _load(self, rollout_id=None):
         self.data_source.load(rollout_id)
@@ -267,11 +286,17 @@ class CpuTrainGroup:
     loss; slime's per-rollout old-log-prob forward runs under slime's rule for it (skipped only
     under --use-rollout-logprobs without --get-mismatch-metrics) and is counted."""
 
-    def __init__(self, args, server_url: str, trace, kill_after_train: int | None = None):
+    def __init__(self, args, server_url: str, trace, kill_after_train: int | None = None, manager=None,
+                 push: str = "distributed", save_window=None):
         from epic_slime.runtime.model import ModelConfig, build_policy
         from epic_slime.runtime.task import Tokenizer
 
+        if push not in PUSH_MODES:
+            raise ValueError(f"push must be one of {PUSH_MODES}, got {push!r}")
         self.args, self.url, self.trace, self.kill_after_train = args, server_url, trace, kill_after_train
+        self.manager, self.push, self.save_window = manager, push, save_window
+        self.update_group = None
+        self.memory_clears = 0
         tok = Tokenizer()
         self.model = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=0)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr or 1e-3)
@@ -301,7 +326,12 @@ class CpuTrainGroup:
         done.set_result(None)
         return done
 
+    def clear_memory(self):
+        self.memory_clears += 1
+
     def save_model(self, rollout_id, force_sync=False):
+        if self.save_window is not None:
+            self.save_window.saving("model", rollout_id)
         save = Path(self.args.save)
         save.mkdir(parents=True, exist_ok=True)
         torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, save / f"actor_{rollout_id}.pt")
@@ -309,25 +339,78 @@ class CpuTrainGroup:
         self.trace.write("save", rollout_id)
 
     def update_weights(self):
-        """slime's updater order: version + 1, pause, flush, load, version, continue."""
-        import requests
-
+        """slime's push: ask the RolloutManager for the engines (waits behind its call in
+        progress), then the distributed updater's order: version + 1, pause, flush, one
+        ``update_weights_from_distributed`` per bucket (metadata over HTTP, tensors by broadcast,
+        the bucket's weight_version), continue. ``push="disk-unserialised"``, a stress case only:
+        straight to the engine from disk, landing wherever generation happens to be."""
+        if self.push == "distributed":
+            self.manager.get_updatable_engines_and_lock.remote().result()
+            if self.update_group is None:
+                self._connect()
         self.weight_version += 1
-        os.makedirs(self.args.save, exist_ok=True)
-        path = os.path.join(self.args.save, f"push_{self.weight_version}.pt")
-        torch.save(self.model.state_dict(), path)
-        s = requests.Session()
-        s.trust_env = False
+        s = _session()
         s.post(f"{self.url}/pause_generation", json={}).raise_for_status()
         for _ in range(60):
             if s.get(f"{self.url}/flush_cache").status_code == 200:
                 break
             time.sleep(0.2)
-        s.post(f"{self.url}/update_weights_from_disk", json={"model_path": path}).raise_for_status()
-        s.post(f"{self.url}/update_weight_version", json={"new_version": str(self.weight_version)}).raise_for_status()
+        if self.push == "distributed":
+            for bucket in self._buckets():
+                self._send_bucket(bucket)
+        else:
+            os.makedirs(self.args.save, exist_ok=True)
+            path = os.path.join(self.args.save, f"push_{self.weight_version}.pt")
+            torch.save(self.model.state_dict(), path)
+            s.post(f"{self.url}/update_weights_from_disk", json={"model_path": path}).raise_for_status()
+            s.post(f"{self.url}/update_weight_version", json={"new_version": str(self.weight_version)}).raise_for_status()
+            os.remove(path)
         s.post(f"{self.url}/continue_generation", json={}).raise_for_status()
-        os.remove(path)
         self.trace.write("update_weights", self.weight_version)
+
+    def _connect(self):
+        """slime's connect_rollout_engines_from_distributed: the engine joins (HTTP, answered once
+        the group is up) while this rank creates the group as rank 0."""
+        import socket
+        import torch.distributed as dist
+        from datetime import timedelta
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        payload = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+                   "group_name": "epic_e2e_update", "backend": "gloo"}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            joined = pool.submit(_session().post, f"{self.url}/init_weights_update_group", json=payload, timeout=120)
+            store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=120),
+                                  wait_for_workers=False)
+            self.update_group = dist.ProcessGroupGloo(dist.PrefixStore(payload["group_name"], store), 0, 2,
+                                                      timedelta(seconds=120))
+            joined.result().raise_for_status()
+        self._store = store   # the store's server lives as long as the group
+
+    def _buckets(self, count: int = 3):
+        """The parameters in ``count`` buckets (slime: --update-weight-buffer-size)."""
+        named = list(self.model.named_parameters())
+        size = -(-len(named) // count)
+        return [named[i:i + size] for i in range(0, len(named), size)]
+
+    def _send_bucket(self, bucket):
+        import torch.distributed as dist
+
+        payload = {"names": [n for n, _ in bucket], "dtypes": [str(p.dtype).replace("torch.", "") for _, p in bucket],
+                   "shapes": [list(p.shape) for _, p in bucket], "group_name": "epic_e2e_update",
+                   "flush_cache": False, "weight_version": str(self.weight_version)}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(_session().post, f"{self.url}/update_weights_from_distributed", json=payload, timeout=120)
+            for _, param in bucket:
+                opts = dist.BroadcastOptions()
+                opts.rootRank, opts.rootTensor = 0, 0
+                self.update_group.broadcast([param.detach().contiguous()], opts).wait()
+            reply = answer.result()
+        reply.raise_for_status()
+        if not reply.json().get("success"):
+            raise RuntimeError(f"update_weights_from_distributed failed: {reply.text}")
 
     # -- training
     def _logits(self, data, rows):
@@ -389,6 +472,41 @@ class CpuTrainGroup:
 
 # ---------------------------------------------------------------- trace, server, session
 
+ROLLOUT_MAX_RESPONSE_LEN = 24
+EVAL_MAX_RESPONSE_LEN = 10   # differs from the rollout's, so the stand-in's hold never takes an eval request
+# the response-length spread: about one prompt in 3 must answer with at least 20 tokens (most
+# untrained answers stop within a few): those groups are overtaken by the others
+LONG_EVERY, LONG_MIN_NEW_TOKENS = 3, 20
+# oversampling on: 3 groups in flight for a batch of 2
+GROUPS_IN_FLIGHT = 3
+
+PUSH_MODES = ("distributed", "disk-unserialised")
+
+
+def _session():
+    import requests
+
+    s = requests.Session()
+    s.trust_env = False
+    return s
+
+
+class SaveWindowKill:
+    """SIGKILL between the two saves of a checkpoint (data state and model, in whichever order the
+    driver makes them): the second save of rollout ``rollout_id`` never starts."""
+
+    def __init__(self, rollout_id: int | None, trace):
+        self.rollout_id, self.trace, self.done = rollout_id, trace, []
+
+    def saving(self, what: str, rollout_id: int) -> None:
+        if rollout_id != self.rollout_id:
+            return
+        if self.done:
+            self.trace.write("kill", rollout_id, saved=self.done, next_save=what)
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.done.append(what)
+
+
 class _CountingHandler(logging.Handler):
     """Counts slime's HTTP retries and crashed group tasks (they only show in its logs)."""
 
@@ -431,7 +549,8 @@ def read_trace(path: str) -> list[dict]:
 class Server:
     """The SGLang stand-in in its own process, stopped by its pid."""
 
-    def __init__(self, workdir: str, weights: str | None = None, hold_max_new_tokens: int | None = None):
+    def __init__(self, workdir: str, weights: str | None = None, hold_max_new_tokens: int | None = None,
+                 long_every: int | None = LONG_EVERY, long_min_new_tokens: int = LONG_MIN_NEW_TOKENS):
         port_file = os.path.join(workdir, "standin.port")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         cmd = [sys.executable, str(TESTS / "_sglang_standin.py"), "--port-file", port_file]
@@ -439,6 +558,8 @@ class Server:
             cmd += ["--weights", weights]
         if hold_max_new_tokens is not None:
             cmd += ["--hold-max-new-tokens", str(hold_max_new_tokens)]
+        if long_every is not None:
+            cmd += ["--long-every", str(long_every), "--long-min-new-tokens", str(long_min_new_tokens)]
         self.log = open(os.path.join(workdir, "standin.log"), "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120
@@ -492,7 +613,10 @@ def session(config: dict) -> None:
     dist.init_process_group("gloo", init_method=f"file://{config['dist_file']}", rank=0, world_size=1)
     parallel_state.initialize_model_parallel()
     manager = RolloutManagerStandIn(args, trace)
-    actor = CpuTrainGroup(args, f"http://127.0.0.1:{config['port']}", trace, config.get("kill_after_train"))
+    window = SaveWindowKill(config.get("kill_between_saves"), trace)
+    manager.save_window = window
+    actor = CpuTrainGroup(args, f"http://127.0.0.1:{config['port']}", trace, config.get("kill_after_train"),
+                          manager=manager, push=config.get("push", "distributed"), save_window=window)
     # slime's create_training_models: the checkpoint sets the start rollout, then the data source loads
     args.start_rollout_id = actor.start_rollout_id
     if args.rollout_global_dataset:
@@ -510,7 +634,7 @@ def session(config: dict) -> None:
     ledger = getattr(source, "ledger", None)
     pending = [int(g[0].metadata["pid"]) for g in ledger.pending_payloads()] if ledger is not None else None
     trace.write("done", args.num_rollout, seconds=time.time() - started, forwards=dict(actor.forwards),
-                prompts_consumed=consumed, pending_pids=pending)
+                prompts_consumed=consumed, pending_pids=pending, memory_clears=actor.memory_clears)
     manager.dispose.remote().result()
     manager.shutdown()
     parallel_state.destroy_model_parallel()
@@ -537,8 +661,6 @@ def run_session(config: dict, timeout: float = 300) -> int:
             raise
 
 
-ROLLOUT_MAX_RESPONSE_LEN = 12
-EVAL_MAX_RESPONSE_LEN = 10   # differs from the rollout's, so the stand-in's hold never takes an eval request
 
 
 def standard_argv(workdir: str, *, num_rollout: int, save_interval: int | None, load: str | None = None,
@@ -562,9 +684,10 @@ def standard_argv(workdir: str, *, num_rollout: int, save_interval: int | None, 
         "--rollout-num-gpus", "1", "--rollout-num-gpus-per-engine", "1", "--sglang-server-concurrency", "12",
         "--max-staleness", str(max_staleness), "--num-rollout", str(num_rollout), "--lr", "1e-3",
         "--save", os.path.join(workdir, "ckpt"),
+        "--custom-config-path", os.path.join(workdir, "epic_run.yaml"),   # eval records (eval_hooks)
     ]
     if max_staleness != 0:   # the background stream's depth; the synchronous schedule has none
-        argv += ["--async-groups-in-flight", "2"]
+        argv += ["--async-groups-in-flight", str(GROUPS_IN_FLIGHT)]
     if save_interval is not None:
         argv += ["--save-interval", str(save_interval)]
     if load is not None:
@@ -577,6 +700,9 @@ def prepare_workdir(workdir: str, train_prompts: int = 200, eval_prompts: int = 
     write_prompts(os.path.join(workdir, "train.jsonl"), train_prompts, seed=1)
     write_prompts(os.path.join(workdir, "eval.jsonl"), eval_prompts, seed=2, first_pid=10_000)
     init_weights(os.path.join(workdir, "init.pt"))
+    from _eval_helpers import run_config_yaml
+
+    run_config_yaml(os.path.join(workdir, "epic_run.yaml"), os.path.join(workdir, "eval_records.jsonl"), run_name="e2e")
 
 
 def main(argv=None) -> int:
