@@ -359,3 +359,13 @@ def test_bench_reproduces_the_issue_figures_at_paper_scale():
     assert r["node_before_gb"] / r["node_after_gb"] == 16 and round(r["eval_before_gb"]) == 14
     with pytest.raises(ValueError, match="--train-gpus 10 must be a multiple"):
         bench.payload(argparse.Namespace(**{**vars(a), "train_gpus": 10}))
+
+
+def test_slime_actor_still_calls_the_wrapped_name():
+    """The hook rebinds ``prepare_routed_experts_for_routing_replay`` in slime's actor module (which
+    does not import on CPU): its source must still import that name and call it in fill_routing_replay."""
+    source = (Path(cp_utils.__file__).parent / "actor.py").read_text()
+    assert "from .cp_utils import prepare_routed_experts_for_routing_replay" in source
+    fill = source[source.index("def fill_routing_replay"):]
+    fill = fill[: fill.index("\n    def ", 1)]
+    assert "prepare_routed_experts_for_routing_replay(" in fill and ".record(layer_routed_experts)" in fill
