@@ -16,6 +16,7 @@ from _hub_standin import HubStandIn
 from epic_slime.cli import main as cli_main
 from epic_slime.data import DAPO_PREFIX, DAPO_SUFFIX, RowError, canonical_answer, convert_rows
 from epic_slime.data import prepare
+from epic_slime.data.sources import BY_NAME
 
 
 def _read_jsonl(path):
@@ -263,3 +264,29 @@ def test_offline_mode_uses_the_seeded_cache_and_explains_a_miss(tmp_path):
         assert "--from-local" in missed.stderr and "math-ai/aime25" in missed.stderr
     finally:
         hub.close()
+
+
+# ---------------------------------------------------------------- found by the mutation check
+def test_a_file_new_to_the_manifest_is_not_a_changed_file():
+    """A dataset that gains a file (a new shard) is recorded, not refused, and nothing crashes;
+    a changed recorded file next to it is still refused, naming only that file."""
+    spec = BY_NAME["dapo_math_17k"]
+    previous = {"source": "hf:x", "commit": "c1", "files": [{"path": "a.parquet", "sha256": "1" * 64}]}
+    grown = [{"path": "a.parquet", "sha256": "1" * 64}, {"path": "b.parquet", "sha256": "2" * 64}]
+    prepare.check_recorded_hashes(spec, previous, "hf:x", grown, "c2")
+    changed = [{"path": "a.parquet", "sha256": "3" * 64}, {"path": "b.parquet", "sha256": "2" * 64}]
+    with pytest.raises(prepare.DataChangedError) as err:
+        prepare.check_recorded_hashes(spec, previous, "hf:x", changed, "c2")
+    assert "a.parquet: recorded sha256 " + "1" * 64 in str(err.value) and "b.parquet" not in str(err.value)
+
+
+@pytest.mark.parametrize("count, warnings", [(40, []), (39, ["expected 40 prompts, got 39"]),
+                                             (45, ["expected 40 prompts, got 45"])])
+def test_prompt_count_warning_fires_on_too_many_prompts_too(tmp_path, count, warnings):
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "amc_2023.jsonl").write_bytes(_amc_lines([str(i) for i in range(count)]))
+    assert BY_NAME["amc_2023"].expected_prompts == 40
+    assert prepare.main(["--out", str(out), "--from-local", str(src), "--datasets", "amc_2023"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())["datasets"]
+    assert manifest["amc_2023"]["records_out"] == count and manifest["amc_2023"]["warnings"] == warnings

@@ -62,3 +62,19 @@ def test_method_intervals_bracket_the_cells_and_are_reproducible():
     mean = row.cells["b"][0]
     assert first["b"].low < mean < first["b"].high
     assert first["average"] == first["b"]  # one benchmark: the average is that benchmark
+
+
+def test_percentile_interval_puts_half_the_missing_mass_in_each_tail():
+    """A level-L interval leaves (1 - L) / 2 below and above: on 0..1000 (linear interpolation) the
+    95% interval is [25, 975] and holds 95% of the values; 90% is [50, 950]."""
+    values = np.arange(1001, dtype=float)
+    i95 = percentile_interval(values, 0.95)
+    assert (i95.low, i95.high) == pytest.approx((25.0, 975.0))
+    inside = np.mean((values >= i95.low) & (values <= i95.high))
+    assert inside == pytest.approx(0.95, abs=2e-3)
+    i90 = percentile_interval(values, 0.90)
+    assert (i90.low, i90.high) == pytest.approx((50.0, 950.0))
+    # standard normal draws: the 95% interval is about +-1.96 (the normal quantile, an outside reference)
+    draws = np.random.default_rng(0).standard_normal(200_000)
+    normal = percentile_interval(draws)
+    assert normal.low == pytest.approx(-1.959964, abs=0.03) and normal.high == pytest.approx(1.959964, abs=0.03)

@@ -212,3 +212,28 @@ def test_slime_reward_hook_single_and_group(pool, monkeypatch):
     assert asyncio.run(slime_rm.reward(args, good)) == 1.0
     assert asyncio.run(slime_rm.reward(args, bad)) == 0.0
     assert asyncio.run(slime_rm.reward(types.SimpleNamespace(), [good, bad])) == [1.0, 0.0]
+
+
+# ---------------------------------------------------------------- found by the mutation check
+@pytest.mark.parametrize("answer, gold", [("(1, 2).", "(1, 2)"), ("3.5.", "3.5"), ("\\sqrt{2}.", "\\sqrt{2}"),
+                                          ("42.", "42")])
+def test_a_sentence_final_period_is_not_part_of_the_answer(answer, gold):
+    assert normalize_answer(answer) == normalize_answer(gold)
+    assert math_reward(f"so we get\nAnswer: {answer}", gold) == 1.0
+
+
+def test_answer_alone_on_its_line_takes_the_next_line_not_the_last():
+    response = "Answer:\n42\nI hope this is right."
+    assert extract_final_answer(response) == "42"
+    assert math_reward(response, "42") == 1.0
+    assert extract_final_answer("Answer:\n\n  7\n8") == "7"      # blank lines skipped, then the first
+
+
+@pytest.mark.parametrize("answer", ["12 square units", "3 cubic meters", "6 sq ft"])
+def test_two_unit_words_are_stripped_on_the_fast_path(answer):
+    """Both words go in normalisation, so the pair is decided without math-verify (a verdict, not None)."""
+    from epic_slime.reward import judge
+
+    number = answer.split()[0]
+    assert normalize_answer(answer) == number
+    assert judge(f"Answer: {answer}", number)[0] is True
