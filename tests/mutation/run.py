@@ -1,0 +1,232 @@
+"""A curated mutation check: does the suite fail when one line is made wrong in a realistic way?
+
+Run it before you stop (it is not part of CI)::
+
+    . /work/venv/bin/activate
+    python tests/mutation/run.py              # every mutant in tests/mutation/mutants.yaml
+    python tests/mutation/run.py --only kl_sign,eval_index   # a few, by id
+    python tests/mutation/run.py --list       # the list, nothing run
+
+Each entry of ``mutants.yaml`` names a source ``file``, an ``original`` text (a unique substring of
+one line, or exactly one occurrence picked with ``occurrence: N``), its ``replacement``, the
+``tests`` (files) that cover it and ``user_meets``: what a user would meet if the change shipped.
+The runner copies the working tree (tracked and untracked-not-ignored files, as they are now, so
+uncommitted edits are included) into a temporary folder once per job, applies one mutant at a time
+there, runs ``python -m pytest -x -q -p no:cacheprovider <tests>`` and restores the file. The
+checkout itself is never written to.
+
+Results per mutant: ``killed`` (a test failed, or a collection error / timeout), ``survived`` (all
+covering tests passed: write the missing test, or mark the entry ``equivalent: <why>``), ``not
+applicable`` (the original text is not in the file, or not once: the list is stale, fix the entry)
+and ``error`` (pytest could not run the tests, e.g. a test file was renamed). The kill rate is
+killed / (killed + survived); equivalent mutants are run and reported but not counted. Before the
+mutants, the covering test files are run once unmutated: a file failing there would make every
+mutant look killed, so the run stops (``--no-baseline`` skips that check).
+
+Why not ``mutmut``: it generates its own operator mutants over whole modules and has no way to run a
+fixed, reviewed list of specific one-line changes, which is what this check is.
+
+Budget: the list runs in a few minutes on 2 cores (``--jobs 2``, the default; ``--jobs 1`` when the
+machine is shared and busy). Exit status: 0 when no counted mutant survived and none is stale, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+REQUIRED = ("id", "file", "original", "replacement", "tests", "user_meets")
+
+
+def load_mutants(path: Path) -> list[dict]:
+    entries = yaml.safe_load(path.read_text())
+    if not isinstance(entries, list):
+        raise SystemExit(f"{path}: expected a list of mutants")
+    seen = set()
+    for i, m in enumerate(entries):
+        missing = [k for k in REQUIRED if k not in m]
+        if missing:
+            raise SystemExit(f"{path}: entry {i} ({m.get('id', '?')}) lacks {', '.join(missing)}")
+        if m["id"] in seen:
+            raise SystemExit(f"{path}: id {m['id']!r} twice")
+        seen.add(m["id"])
+        if m["original"] == m["replacement"]:
+            raise SystemExit(f"{path}: {m['id']}: replacement equals original")
+        if isinstance(m["tests"], str):
+            m["tests"] = [m["tests"]]
+    return entries
+
+
+def mutate(text: str, m: dict) -> tuple[str | None, str]:
+    """The mutated text, or None and why the entry does not apply to ``text``."""
+    original = m["original"]
+    if "\n" in original.strip("\n"):
+        return None, "original spans several lines (one-line mutants only)"
+    count = text.count(original)
+    occurrence = m.get("occurrence")
+    if count == 0:
+        return None, "original text not found"
+    if occurrence is None and count > 1:
+        return None, f"original text found {count} times (give occurrence: N)"
+    n = occurrence or 1
+    if not 1 <= n <= count:
+        return None, f"occurrence {n} asked, text found {count} times"
+    start = -1
+    for _ in range(n):
+        start = text.index(original, start + 1)
+    return text[:start] + m["replacement"] + text[start + len(original):], ""
+
+
+def copy_tree(dest: Path) -> Path:
+    """The working tree's tracked + untracked-not-ignored files, as they are now, under dest/repo."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                         check=True, capture_output=True).stdout.decode()
+    root = dest / "repo"
+    for rel in filter(None, out.split("\0")):
+        src = REPO / rel
+        if not src.is_file():   # deleted in the working tree, or a submodule
+            continue
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    shared = REPO.parent / "shared"   # tests look for ../shared (data, vendored slime); keep the layout
+    if shared.exists():
+        (dest / "shared").symlink_to(shared)
+    return root
+
+
+def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[int, float, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"   # no stale .pyc: a same-size edit within a second would be missed
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *tests]
+    start = time.monotonic()
+    try:
+        p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        rc, tail = p.returncode, (p.stdout + p.stderr).strip().splitlines()
+    except subprocess.TimeoutExpired:
+        rc, tail = -1, [f"timed out after {timeout:.0f}s"]
+    return rc, time.monotonic() - start, tail[-1] if tail else ""
+
+
+def check_imports_from(root: Path) -> None:
+    """The copy's package must be the one imported (not an installed or editable checkout)."""
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+    got = subprocess.run([sys.executable, "-c", "import epic_slime; print(epic_slime.__file__)"], cwd=root, env=env,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    if not Path(got).resolve().is_relative_to(root.resolve()):
+        raise SystemExit(f"the temporary copy imports epic_slime from {got}, not from {root}: mutants would not apply")
+
+
+def check_one(root: Path, m: dict, timeout: float) -> dict:
+    path = root / m["file"]
+    if not path.is_file():
+        return {"result": "not applicable", "why": f"{m['file']} does not exist", "seconds": 0.0}
+    text = path.read_text()
+    mutated, why = mutate(text, m)
+    if mutated is None:
+        return {"result": "not applicable", "why": why, "seconds": 0.0}
+    missing = [t for t in m["tests"] if not (root / t.split("::")[0]).exists()]
+    if missing:
+        return {"result": "error", "why": f"test file(s) missing: {', '.join(missing)}", "seconds": 0.0}
+    try:
+        path.write_text(mutated)
+        rc, seconds, last = run_tests(root, m["tests"], timeout)
+    finally:
+        path.write_text(text)
+    if rc == 0:
+        result = "survived"
+    elif rc in (1, 2):      # a failing test, or an import / collection error the mutant caused
+        result = "killed"
+    elif rc == -1:
+        result = "killed"   # a hang is a failure a user meets too
+    else:
+        result = "error"
+    return {"result": result, "why": last, "seconds": seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mutants", type=Path, default=HERE / "mutants.yaml")
+    parser.add_argument("--only", default=None, help="comma-separated ids")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per mutant's test run")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of the covering tests")
+    parser.add_argument("--list", action="store_true", help="print the list and exit")
+    args = parser.parse_args(argv)
+
+    mutants = load_mutants(args.mutants)
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {m["id"] for m in mutants}
+        if unknown:
+            raise SystemExit(f"unknown id(s): {', '.join(sorted(unknown))}")
+        mutants = [m for m in mutants if m["id"] in wanted]
+    if args.list:
+        for m in mutants:
+            print(f"{m['id']:32s} {m['file']}: {m['original'].strip()!r} -> {m['replacement'].strip()!r}")
+            print(f"{'':32s} user meets: {m['user_meets']}")
+        return 0
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="epic-mutation-") as tmp:
+        roots = [copy_tree(Path(tmp) / f"job{j}") for j in range(max(1, args.jobs))]
+        for root in roots:
+            check_imports_from(root)
+        if not args.no_baseline:
+            tests = sorted({t for m in mutants for t in m["tests"]})
+            rc, seconds, last = run_tests(roots[0], tests, args.timeout * 3)
+            print(f"baseline (unmutated, {len(tests)} test files): rc={rc} in {seconds:.0f}s: {last}", flush=True)
+            if rc != 0:
+                print("the covering tests fail without any mutant: fix that first (or --no-baseline)")
+                return 1
+        results: dict[str, dict] = {}
+        free = list(roots)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(roots)) as pool:
+            pending = {}
+            queue = list(mutants)
+            while queue or pending:
+                while queue and free:
+                    m, root = queue.pop(0), free.pop()
+                    pending[pool.submit(check_one, root, m, args.timeout)] = (m, root)
+                done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                for fut in done:
+                    m, root = pending.pop(fut)
+                    free.append(root)
+                    r = results[m["id"]] = fut.result()
+                    note = " (equivalent)" if m.get("equivalent") else ""
+                    print(f"{r['result']:15s}{note} {m['id']:32s} {r['seconds']:5.1f}s  {r['why'][:90]}", flush=True)
+
+    counted = [m for m in mutants if not m.get("equivalent")]
+    killed = [m["id"] for m in counted if results[m["id"]]["result"] == "killed"]
+    survived = [m["id"] for m in counted if results[m["id"]]["result"] == "survived"]
+    stale = [m["id"] for m in mutants if results[m["id"]]["result"] == "not applicable"]
+    errors = [m["id"] for m in mutants if results[m["id"]]["result"] == "error"]
+    equivalent = [m["id"] for m in mutants if m.get("equivalent")]
+    total = len(killed) + len(survived)
+    print()
+    print(f"kill rate: {len(killed)} of {total} ({100 * len(killed) / max(total, 1):.0f}%) in "
+          f"{time.monotonic() - started:.0f}s; equivalent (not counted): {len(equivalent)}")
+    for name, ids in (("survived", survived), ("not applicable (stale list)", stale), ("error", errors)):
+        if ids:
+            print(f"{name}: {', '.join(ids)}")
+    for m in mutants:
+        if m["id"] in survived:
+            print(f"  {m['id']}: a user would meet: {m['user_meets']}")
+    return 0 if not survived and not stale and not errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
