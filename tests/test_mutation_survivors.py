@@ -73,3 +73,28 @@ def test_select_groups_admits_at_most_target_and_leaves_the_rest_unexamined():
     assert (chosen, lags) == ([0, 2], [0, 1])
     assert gate.admitted_groups == 2 and gate.dropped_groups == 1      # group 1 dropped; 3 and 4 not examined
     assert select_groups(groups, versions, 3, StalenessGate(max_staleness=1), target=3)[0] == [0, 2, 3]
+
+
+def _mutation_runner():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "mutation" / "run.py"
+    spec = importlib.util.spec_from_file_location("epic_mutation_run", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mutation_runner_applies_one_occurrence_and_calls_a_stale_entry_not_applicable():
+    run = _mutation_runner()
+    text = "a = x <= k\nb = x <= k\nc = y\n"
+    assert run.mutate(text, {"original": "y", "replacement": "z"}) == ("a = x <= k\nb = x <= k\nc = z\n", "")
+    assert run.mutate(text, {"original": "x <= k", "replacement": "x < k", "occurrence": 2})[0] == \
+        "a = x <= k\nb = x < k\nc = y\n"
+    for entry, why in [({"original": "w = 1"}, "not found"), ({"original": "x <= k"}, "found 2 times"),
+                       ({"original": "x <= k", "occurrence": 3}, "occurrence 3"), ({"original": "b = x\nc"}, "one-line")]:
+        mutated, reason = run.mutate(text, {**entry, "replacement": "-"})
+        assert mutated is None and why in reason
+    with open(run.HERE / "mutants.yaml") as f:      # the list parses and every entry is complete
+        assert len(run.load_mutants(run.HERE / "mutants.yaml")) == len(__import__("yaml").safe_load(f))
