@@ -307,10 +307,12 @@ def test_train_hook_passes_unstaged_routing_to_slime_and_staged_to_the_fetch(mon
         hooked([samples[0].rollout_routed_experts, unsharded[1]], tokens, **kw)
 
 
-def test_setup_check_names_the_missing_hook():
-    args = _args(rollout_function_path="epic_slime.slime.rollout.generate_rollout", custom_megatron_init_path=None)
-    assert routing.HOOK_PATH in routing.check_r3_setup(args)
+def test_setup_check_names_the_hook_when_another_init_is_set():
+    args = _args(rollout_function_path="epic_slime.slime.rollout.generate_rollout", custom_megatron_init_path="my.init")
+    assert routing.HOOK_PATH in routing.check_r3_setup(args) and "'my.init'" in routing.check_r3_setup(args)
     args.custom_megatron_init_path = routing.HOOK_PATH
+    assert routing.check_r3_setup(args) is None
+    args.custom_megatron_init_path = None   # the driver adds the hook (train.driver_argv)
     assert routing.check_r3_setup(args) is None
     assert routing.check_r3_setup(_args(use_rollout_routing_replay=False)) is None
 

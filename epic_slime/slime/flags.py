@@ -154,6 +154,11 @@ def validate_project_args(args: Any) -> ProjectConfig:
     _check_slime_flags(args, aggregation, depth, staleness, behavior)
     schedule = check_schedule_flags(args, staleness)
     check_unsupported_settings(args)
+    from epic_slime.slime.routing import check_r3_setup
+
+    r3_problem = check_r3_setup(args)
+    if r3_problem:
+        raise ProjectFlagError(r3_problem)
     oversample_ratio = check_oversampling(args)
     topk = check_topk_flags(args, mode)
     from epic_slime.losses import resolve_params

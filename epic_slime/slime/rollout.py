@@ -298,11 +298,15 @@ class GroupStream:
             logger.warning("rollout group %d raised %r; regenerating it from its prompt (attempt %d)", key, exc, attempt + 1)
             self._submit(self.data_source.fresh_group(key), attempt + 1)
             return
+        from epic_slime.slime.routing import finish_group_routing, remember_partial_routing
+
         self._forget_empty_calls(group, before)
         if any(getattr(s, "status", None) == Sample.Status.ABORTED for s in group):
             self.abort_resubmits += 1
+            remember_partial_routing(group)   # R3: the rows of the tokens sampled before the push
             self._submit(group, attempt)   # prompt + partial response, continued on the new weights
             return
+        finish_group_routing(self.args, group)
         self.completed.append(group)
 
     def start_rollout(self) -> None:
@@ -379,8 +383,10 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
     if evaluation:
         from slime.rollout.sglang_rollout import generate_rollout as slime_generate_rollout
 
-        # runs on slime's global loop, next to the GroupStream's training groups
-        return slime_generate_rollout(args, rollout_id, data_source, evaluation=True)
+        from epic_slime.slime.routing import eval_args
+
+        # runs on slime's global loop, next to the GroupStream's training groups; no R3 routing
+        return slime_generate_rollout(eval_args(args), rollout_id, data_source, evaluation=True)
 
     if getattr(args, "max_staleness", None) == 0:
         return generate_on_policy_rollout(args, rollout_id, data_source)
@@ -411,7 +417,9 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
     metrics["rollout/accounting/stale_requeues"] = float(stream.stale_requeues)
     metrics["rollout/accounting/empty_call_versions"] = float(stream.empty_call_versions)
     logger.info("rollout %d: %s", rollout_id, {k: v for k, v in metrics.items() if "groups_at" not in k})
-    return RolloutFnTrainOutput(samples=groups, metrics=metrics)
+    from epic_slime.slime.routing import stage_for_training
+
+    return RolloutFnTrainOutput(samples=stage_for_training(args, groups, rollout_id), metrics=metrics)
 
 
 def _slime_generate_batch(args, rollout_id: int, data_source):
@@ -464,4 +472,6 @@ def generate_on_policy_rollout(args, rollout_id: int, data_source):
     metrics[f"{STALENESS_PREFIX}trainer_version"] = float(trainer_version)
     metrics |= ledger.metrics()
     logger.info("rollout %d (synchronous): %d groups on policy version %d", rollout_id, len(groups), trainer_version)
-    return type(output)(samples=groups, metrics=metrics)
+    from epic_slime.slime.routing import stage_for_training
+
+    return type(output)(samples=stage_for_training(args, groups, rollout_id), metrics=metrics)

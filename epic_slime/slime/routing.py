@@ -290,13 +290,14 @@ def install_train_hook(args) -> None:
 
 def check_r3_setup(args) -> str | None:
     """An error message when R3 runs with the project's rollout function (which stages routing)
-    but the train ranks would not load the hook that fetches it; None when consistent."""
+    but the train ranks would load another ``--custom-megatron-init-path`` than the hook that
+    fetches it; None when consistent (unset: the driver adds the hook, ``train.driver_argv``)."""
     if not _r3_on(args):
         return None
     if getattr(args, "rollout_function_path", None) != "epic_slime.slime.rollout.generate_rollout":
         return None
     hook = getattr(args, "custom_megatron_init_path", None)
-    if hook != HOOK_PATH:
+    if hook not in (None, HOOK_PATH):
         return (f"--use-rollout-routing-replay with the project's rollout function needs "
                 f"--custom-megatron-init-path {HOOK_PATH} (got {hook!r}): the rollout stages routing "
                 "out of slime's per-DP data and each train rank fetches only its own rows")

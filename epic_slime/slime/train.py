@@ -46,6 +46,7 @@ logger = logging.getLogger("epic_slime.slime.train")
 
 DATA_SOURCE_PATH = "epic_slime.slime.rollout.StreamingDataSource"
 SLIME_DEFAULT_DATA_SOURCE = "slime.rollout.data_source.RolloutDataSourceWithBuffer"
+R3_TRAIN_HOOK = "epic_slime.slime.routing.install_train_hook"
 
 
 def needs_old_logprob_forward(behavior_logprobs: str, use_routing_replay: bool, use_rollout_routing_replay: bool) -> bool:
@@ -63,7 +64,9 @@ def driver_argv(argv: Sequence[str]) -> list[str]:
     - ``--use-rollout-logprobs`` where nothing needs slime's old-log-prob forward (one full forward
       over the rollout batch saved per rollout);
     - ``--data-source-path epic_slime.slime.rollout.StreamingDataSource`` with the project's rollout
-      function (its prompt ledger does the accounting and saves in-flight groups for resume).
+      function (its prompt ledger does the accounting and saves in-flight groups for resume);
+    - ``--custom-megatron-init-path epic_slime.slime.routing.install_train_hook`` with R3 and the
+      project's rollout function (each train rank fetches only its own routing rows).
     """
     out = translate_argv(argv)
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -73,6 +76,7 @@ def driver_argv(argv: Sequence[str]) -> list[str]:
     parser.add_argument("--use-rollout-logprobs", action="store_true")
     parser.add_argument("--rollout-function-path", default=None)
     parser.add_argument("--data-source-path", default=None)
+    parser.add_argument("--custom-megatron-init-path", default=None)
     known, _ = parser.parse_known_args(out)
     forward = needs_old_logprob_forward(known.behavior_logprobs, known.use_routing_replay, known.use_rollout_routing_replay)
     if not forward and not known.use_rollout_logprobs:
@@ -85,6 +89,10 @@ def driver_argv(argv: Sequence[str]) -> list[str]:
                 f"--rollout-function-path {ROLLOUT_FUNCTION_PATH} needs --data-source-path {DATA_SOURCE_PATH} "
                 f"(got {known.data_source_path!r}): it records every consumed prompt for accounting and resume"
             )
+        if known.use_rollout_routing_replay and known.custom_megatron_init_path is None:
+            # the rollout function stages R3 routing out of slime's per-DP data: each train rank
+            # fetches its own rows through this hook (epic_slime.slime.routing)
+            out += ["--custom-megatron-init-path", R3_TRAIN_HOOK]
     return out
 
 
