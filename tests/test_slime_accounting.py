@@ -81,3 +81,96 @@ def test_driver_rss_grows_with_an_allocation():
     block[:: 4096] = b"x" * len(block[:: 4096])   # touch every page
     assert driver_rss_mb() - before > 48
     del block
+
+
+# ---- the streaming data source's save / load (resume), with slime's data-source state stood in
+
+class _InnerSource:
+    """slime's RolloutDataSourceWithBuffer as StreamingDataSource uses it: numbered prompts, and
+    save / load of its offset at slime's path (rollout/global_dataset_state_dict_{id}.pt)."""
+
+    def __init__(self, args):
+        self.args, self.offset = args, 0
+
+    def get_samples(self, n):
+        from types import SimpleNamespace
+
+        out = [[SimpleNamespace(group_index=i, prompt=f"p{i}")] for i in range(self.offset, self.offset + n)]
+        self.offset += n
+        return out
+
+    def save(self, rollout_id):
+        import os
+
+        import torch
+
+        path = os.path.join(self.args.save, f"rollout/global_dataset_state_dict_{rollout_id}.pt")
+        torch.save({"offset": self.offset}, path)
+
+    def load(self, rollout_id=None):
+        import os
+
+        import torch
+
+        if self.args.load is None or rollout_id is None or rollout_id < 0:
+            return
+        self.offset = torch.load(os.path.join(self.args.load, f"rollout/global_dataset_state_dict_{rollout_id}.pt"))["offset"]
+
+
+def _source(tmp_path, load=None):
+    import threading
+    from collections import deque
+    from types import SimpleNamespace
+
+    from epic_slime.slime.rollout import StreamingDataSource
+
+    args = SimpleNamespace(save=str(tmp_path), load=load, rollout_global_dataset=True)
+    source = object.__new__(StreamingDataSource)   # __init__ builds slime's real data source
+    source.args, source.inner, source.ledger = args, _InnerSource(args), GroupLedger()
+    source._lock, source._restored, source._returned = threading.Lock(), deque(), deque()
+    return source
+
+
+def test_resume_hands_out_the_saved_untrained_prompts_first_and_saves_them_again(tmp_path):
+    first = _source(tmp_path)
+    for group in first.get_samples(3):                  # 0, 1, 2 consumed; 0 trained in rollout 0
+        first.ledger.deliver(group[0].group_index, 0 if group[0].group_index == 0 else 1)
+    first.save(0)
+    resumed = _source(tmp_path, load=str(tmp_path))
+    resumed.load(0)
+    # saved again before any restored prompt was handed out: they must all still be there
+    resumed.save(0)
+    again = _source(tmp_path, load=str(tmp_path))
+    again.load(0)
+    assert [g[0].group_index for g in again.get_samples(4)] == [1, 2, 3, 4]
+
+
+def test_resume_without_its_data_state_is_refused_naming_the_last_consistent_save(tmp_path):
+    import os
+
+    source = _source(tmp_path)
+    source.get_samples(2)
+    source.save(1)
+    source.save(3)
+    os.remove(tmp_path / "rollout" / "global_dataset_state_dict_3.pt")   # killed between the two writes
+    with pytest.raises(RuntimeError, match=r"rollout-3 checkpoint: its data state .* missing.*last consistent save is rollout 1"):
+        _source(tmp_path, load=str(tmp_path)).load(3)
+    with pytest.raises(RuntimeError, match="No earlier rollout .* has a complete data state"):
+        _source(tmp_path, load=str(tmp_path / "elsewhere")).load(0)
+    _source(tmp_path, load=str(tmp_path)).load(-1)   # a fresh start loads nothing and needs nothing
+
+
+def test_the_pending_groups_are_written_before_slimes_data_state(tmp_path, monkeypatch):
+    """slime's state file marks a complete data save: if writing the pending groups fails, it must not exist."""
+    import torch
+
+    source = _source(tmp_path)
+    source.get_samples(2)
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", fail)
+    with pytest.raises(OSError):
+        source.save(0)
+    assert not (tmp_path / "rollout" / "global_dataset_state_dict_0.pt").exists()

@@ -127,6 +127,31 @@ def test_schedule_generates_ahead_and_updates_after_every_rollout():
     assert [r for e, r in trace if e == "eval"] == [0, 4]  # before training, then every 5 rollouts
     assert [r for e, r in trace if e == "save"] == [3, 5]  # every 4 and the last
     assert ("save_model", (5, True)) in log
+    # each checkpoint: the data state (slime's data source and the untrained groups) first, then the model
+    saves = [(e, a) for e, a in log if e in ("save", "save_model")]
+    assert saves == [("save", (3,)), ("save_model", (3, False)), ("save", (5,)), ("save_model", (5, True))], saves
+
+
+def test_overlap_schedule_without_global_dataset_saves_only_the_model():
+    log = []
+    args = SimpleNamespace(start_rollout_id=0, num_rollout=2, eval_interval=None, save_interval=1,
+                           rollout_global_dataset=False, skip_eval_before_train=False)
+    async_training_loop(args, _FakeRolloutManager(log), _FakeActor(log), None, get=lambda ref: ref)
+    assert [e for e, _ in log if e in ("save", "save_model")] == ["save_model", "save_model"]
+
+
+def test_r3_with_the_project_rollout_gets_the_train_hook_and_refuses_another():
+    from epic_slime.slime.train import R3_TRAIN_HOOK, driver_argv
+
+    out = driver_argv(BASE + ["--use-rollout-routing-replay"])
+    assert out[out.index("--custom-megatron-init-path") + 1] == R3_TRAIN_HOOK
+    assert "--custom-megatron-init-path" not in driver_argv(BASE)
+    config, args, _ = check_argv(BASE + ["--use-rollout-routing-replay", "--custom-megatron-init-path", R3_TRAIN_HOOK])
+    args.custom_megatron_init_path = "my.own.init"
+    from epic_slime.slime.flags import validate_project_args
+
+    with pytest.raises(ProjectFlagError, match="--custom-megatron-init-path epic_slime.slime.routing.install_train_hook"):
+        validate_project_args(args)
 
 
 def test_yaml_flags(tmp_path):

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import threading
-import time
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
@@ -87,48 +85,65 @@ def test_warmup_in_rollouts_becomes_megatron_iterations():
         translate_argv(BASE + ["--lr-warmup-rollouts", "-1"])
 
 
-def test_slime_worker_keeps_the_oversampled_number_of_groups_in_flight(monkeypatch):
-    """slime's real AsyncRolloutWorker with the concurrency the driver derives: 72 groups in flight for
-    a batch of 64, and a batch is the first 64 that finish (the slow 8 are still running)."""
-    fully_async = pytest.importorskip("slime.rollout.fully_async_rollout", reason="slime is not importable (SLIME_PATH)")
-    release = threading.Event()
-    running = {"now": 0, "max": 0}
+def test_group_stream_keeps_the_oversampled_number_of_groups_in_flight(monkeypatch):
+    """The project's GroupStream (what the driver runs) with the groups in flight the driver derives
+    from the ratio: 72 started for a batch of 64, the batch is the first 64 that finish (the slow 8
+    are still running), and nothing more starts until the next rollout is asked for (its weights
+    are not pushed yet): then the stream is topped up to 72 again."""
+    sglang_rollout = pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importable (SLIME_PATH)")
+    from slime.utils.async_utils import run
+    from slime.utils.types import Sample
+
+    import epic_slime.slime.rollout as rollout
+    from epic_slime.staleness import GroupLedger, StalenessGate
+
+    release = asyncio.Event()
+    running = {"now": 0, "max": 0, "started": 0}
 
     async def fake_generate_and_rm_group(args, group, sampling_params, evaluation=False):
-        running["now"] += 1  # one event loop: no lock needed
+        running["now"] += 1   # one event loop: no lock needed
+        running["started"] += 1
         running["max"] = max(running["max"], running["now"])
         await asyncio.sleep(0.001)
-        if group[0].index % 9 == 8:  # every ninth group is slow
-            while not release.is_set():
-                await asyncio.sleep(0.005)
+        if group[0].group_index % 9 == 8:   # every ninth group is slow
+            await release.wait()
+        for sample in group:
+            sample.status, sample.weight_versions = Sample.Status.COMPLETED, ["1"]
         running["now"] -= 1
         return group
 
-    class Buffer:
+    class DataSource:   # StreamingDataSource's interface for the stream: numbered prompts, a ledger
         def __init__(self):
-            self.next = 0
+            self.next, self.ledger, self._returned = 0, GroupLedger(), []
 
         def get_samples(self, n):
-            groups = [[SimpleNamespace(index=self.next + i)] for i in range(n)]
+            groups = [[Sample(index=i, group_index=i)] for i in range(self.next, self.next + n)]
+            for g in groups:
+                self.ledger.consume(g[0].group_index, g)
             self.next += n
             return groups
 
-    monkeypatch.setattr(fully_async, "generate_and_rm_group", fake_generate_and_rm_group)
-    monkeypatch.setattr(fully_async, "GenerateState", lambda args: SimpleNamespace(sampling_params={}), raising=False)
-    args = SimpleNamespace(rollout_batch_size=64, n_samples_per_prompt=1)
-    in_flight = translate_argv(BASE + ["--oversample-ratio", "0.1"])[-1]
-    worker = fully_async.AsyncRolloutWorker(args, Buffer(), concurrency=int(in_flight))
-    worker.poll_interval = 0.05  # slime's 1 s poll only slows the test down
-    worker.start()
+    monkeypatch.setattr(sglang_rollout, "generate_and_rm_group", fake_generate_and_rm_group)
+    monkeypatch.setattr(sglang_rollout, "GenerateState", lambda args: SimpleNamespace(sampling_params={}))
+    monkeypatch.setattr(rollout, "_stream", None)
+    config, parsed, _ = check_argv(BASE + ["--oversample-ratio", "0.1"])
+    args = SimpleNamespace(rollout_batch_size=64, n_samples_per_prompt=1,
+                           async_groups_in_flight=parsed.async_groups_in_flight)
+    data_source = DataSource()
+    stream = rollout._get_stream(args, data_source)
     try:
-        deadline = time.monotonic() + 20
-        while worker.queue_size() < 64 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        batch = worker.get_completed_groups(limit=64)
-        assert len(batch) == 64
+        gate = StalenessGate(2, "drop")
+        batch, _, held = run(rollout._collect(args, stream, trainer_version=1, gate=gate, rollout_id=0))
+        assert len(batch) == 64 and running["max"] == 72
         # the first 64 to finish, none of the slow ones: those did not hold the batch up
-        assert sorted(group[0].index for _, group in batch) == [i for i in range(72) if i % 9 != 8]
-        assert running["max"] == 72  # never more groups in flight than the oversampled batch
+        assert sorted(g[0].group_index for g in batch) == [i for i in range(72) if i % 9 != 8]
+        assert held == 8 and running["started"] == 72   # nothing started after the batch was complete
+        stream.loop.call_soon_threadsafe(release.set)   # the slow ones finish between the rollouts
+        run(asyncio.sleep(0.05))
+        assert running["started"] == 72 and len(stream.completed) == 8
+        batch, _, held = run(rollout._collect(args, stream, trainer_version=2, gate=gate, rollout_id=1))
+        # topped up to 72 when asked (8 waiting + 64 new), the 8 leftovers served first
+        assert running["started"] == 72 + 64 and running["max"] <= 72 and held == 8
+        assert {i for i in range(72) if i % 9 == 8} <= {g[0].group_index for g in batch}
     finally:
-        release.set()
-        worker.stop()
+        stream.loop.call_soon_threadsafe(release.set)

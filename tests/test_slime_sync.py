@@ -259,6 +259,34 @@ def test_colocated_without_offload_train_frees_train_memory(fake_slime):
                                  "onload_weights", "update_weights", "onload_kv"]
 
 
+def test_split_gpus_free_train_memory_every_rollout_too(fake_slime):
+    """slime's train.py frees the train actors' cached memory whenever --offload-train is off, also
+    when SGLang has GPUs of its own."""
+    args = _args(num_rollout=2, colocate=False, offload_train=False, eval_interval=None, save_interval=None)
+    trace, log, _, _ = _run(args, fake_slime)
+    assert [e for e, _ in trace if e == "clear_memory"] == ["clear_memory"] * 2
+    assert _events(trace, 0) == ["generate", "train", "clear_memory", "update_weights"]
+
+
+@pytest.mark.parametrize("loop", [sync_training_loop, async_training_loop])
+def test_num_rollout_0_with_eval_is_an_eval_only_run(fake_slime, loop):
+    """--num-rollout 0: evaluate the loaded weights once, train nothing, save nothing."""
+    trace, log, _, _ = _run(_args(num_rollout=0, eval_interval=5), fake_slime, loop=loop)
+    assert [(e, r) for e, r in trace if e not in ("update_weights",)] == [("eval", 0)]
+    # a loaded checkpoint of rollout 6: its evaluation is keyed as the one after rollout 6
+    trace, _, _, _ = _run(_args(start_rollout_id=7, num_rollout=7, eval_interval=5), fake_slime, loop=loop)
+    assert [(e, r) for e, r in trace if e == "eval"] == [("eval", 6)]
+    trace, _, _, _ = _run(_args(num_rollout=0, eval_interval=None), fake_slime, loop=loop)
+    assert [e for e, _ in trace if e != "update_weights"] == []
+
+
+def test_the_data_state_is_saved_before_the_model_checkpoint(fake_slime):
+    """A resume starts from the newest model checkpoint: its data state must already be on disk."""
+    _, log, _, _ = _run(_args(num_rollout=4, save_interval=2, eval_interval=None), fake_slime)
+    saves = [(e, a) for e, a in log if e in ("save", "save_model")]
+    assert saves == [("save", 1), ("save_model", (1, False)), ("save", 3), ("save_model", (3, True))], saves
+
+
 def test_release_train_recreates_actors_saves_every_rollout_and_lets_the_disk_push_onload(fake_slime):
     # colocated --release-train: slime turns --offload-train off and --offload-rollout on
     args = _args(num_rollout=3, colocate=True, release_train=True, offload_train=False, offload_rollout=True,
