@@ -397,3 +397,45 @@ def test_generate_records_topk_on_slime_samples():
     assert sample.rollout_topk_ids.tolist() == [[5, 1], [4, 2]]
     again = Sample.from_dict(sample.to_dict())
     torch.testing.assert_close(again.rollout_topk_log_probs, torch.tensor([[-0.2, -2.0], [-0.5, -1.1]]))
+
+
+def test_a_call_aborted_before_its_first_token_adds_no_weight_version():
+    """slime's Sample.append_response_tokens records the engine's weight_version for every call; a
+    request a push aborted while it waited brought no token, so its (pre-push) version goes."""
+    from types import SimpleNamespace
+
+    from slime.utils.types import Sample
+
+    from epic_slime.slime.rollout import GroupStream
+    from epic_slime.staleness import sample_version
+
+    args = argparse.Namespace(partial_rollout=False)
+    waited, partial = Sample(index=0, tokens=[1, 2]), Sample(index=1, tokens=[1, 2])
+    before = [(s.response_length, len(s.weight_versions)) for s in (waited, partial)]
+    waited.append_response_tokens(args, tokens=[], log_probs=[], meta_info={"weight_version": "3", "finish_reason": {"type": "abort"}})
+    partial.append_response_tokens(args, tokens=[7], log_probs=[-0.5],
+                                   meta_info={"weight_version": "3", "finish_reason": {"type": "abort"}})
+    assert waited.status == partial.status == Sample.Status.ABORTED and waited.weight_versions == ["3"]
+    counters = SimpleNamespace(empty_call_versions=0)
+    GroupStream._forget_empty_calls(counters, [waited, partial], before)
+    assert waited.weight_versions == [] and partial.weight_versions == ["3"] and counters.empty_call_versions == 1
+    # resubmitted after the push: the oldest version of its tokens is the new one
+    waited.append_response_tokens(args, tokens=[5], log_probs=[-0.1], meta_info={"weight_version": "4", "finish_reason": {"type": "stop"}})
+    assert sample_version(waited.weight_versions) == 4
+
+
+def test_a_stale_group_is_regenerated_from_its_prompt_at_most_max_requeues_times():
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from epic_slime.slime.rollout import GroupStream
+
+    stream = object.__new__(GroupStream)
+    submitted = []
+    stream.max_requeues, stream.requeues, stream.stale_requeues = 2, Counter(), 0
+    stream.data_source = SimpleNamespace(fresh_group=lambda key: [SimpleNamespace(group_index=key, fresh=True)])
+    stream._submit = lambda group, attempt: submitted.append((group[0].group_index, group[0].fresh, attempt))
+    stale = [SimpleNamespace(group_index=7, fresh=False)]
+    assert [stream.requeue(stale) for _ in range(3)] == [True, True, False]
+    assert submitted == [(7, True, 1), (7, True, 1)] and stream.stale_requeues == 2
+    assert stream.requeue([SimpleNamespace(group_index=8)]) is True   # counted per group

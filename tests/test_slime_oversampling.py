@@ -133,7 +133,8 @@ def test_group_stream_keeps_the_oversampled_number_of_groups_in_flight(monkeypat
     stream = rollout._get_stream(args, data_source)
     try:
         gate = StalenessGate(2, "drop")
-        batch, _, held = run(rollout._collect(args, stream, trainer_version=1, gate=gate, rollout_id=0))
+        # bounded: with fewer than 72 groups started, the 8 slow ones would hold the batch up forever
+        batch, _, held = run(asyncio.wait_for(rollout._collect(args, stream, trainer_version=1, gate=gate, rollout_id=0), 20))
         assert len(batch) == 64 and running["max"] == 72
         # the first 64 to finish, none of the slow ones: those did not hold the batch up
         assert sorted(g[0].group_index for g in batch) == [i for i in range(72) if i % 9 != 8]
@@ -141,7 +142,7 @@ def test_group_stream_keeps_the_oversampled_number_of_groups_in_flight(monkeypat
         stream.loop.call_soon_threadsafe(release.set)   # the slow ones finish between the rollouts
         run(asyncio.sleep(0.05))
         assert running["started"] == 72 and len(stream.completed) == 8
-        batch, _, held = run(rollout._collect(args, stream, trainer_version=2, gate=gate, rollout_id=1))
+        batch, _, held = run(asyncio.wait_for(rollout._collect(args, stream, trainer_version=2, gate=gate, rollout_id=1), 20))
         # topped up to 72 when asked (8 waiting + 64 new), the 8 leftovers served first
         assert running["started"] == 72 + 64 and running["max"] <= 72 and held == 8
         assert {i for i in range(72) if i % 9 == 8} <= {g[0].group_index for g in batch}
