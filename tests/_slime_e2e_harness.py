@@ -687,7 +687,8 @@ def standard_argv(workdir: str, *, num_rollout: int, save_interval: int | None, 
         "--custom-config-path", os.path.join(workdir, "epic_run.yaml"),   # eval records (eval_hooks)
     ]
     if max_staleness != 0:   # the background stream's depth; the synchronous schedule has none
-        argv += ["--async-groups-in-flight", str(GROUPS_IN_FLIGHT)]
+        # oversampling needs K >= 2 (K = 1 trains only groups that finish in the rollout they start in)
+        argv += ["--async-groups-in-flight", str(GROUPS_IN_FLIGHT if max_staleness != 1 else 2)]
     if save_interval is not None:
         argv += ["--save-interval", str(save_interval)]
     if load is not None:
@@ -711,7 +712,9 @@ def main(argv=None) -> int:
         with open(argv[1]) as f:
             session(json.load(f))
         return 0
-    # standalone measurement: python tests/_slime_e2e_harness.py measure [extra driver flags...]
+    # standalone measurement: MAX_STALENESS=K python tests/_slime_e2e_harness.py measure [extra driver flags...]
+    # (12 rollouts, serialised pushes, oversampling and the length spread of the e2e; prints the
+    # staleness histogram of the trained groups and the drop / requeue counts)
     if argv and argv[0] == "measure":
         workdir = tempfile.mkdtemp(prefix="slime_e2e_")
         prepare_workdir(workdir)
@@ -724,8 +727,14 @@ def main(argv=None) -> int:
             events = read_trace(trace)
             trained = sum(len(e["pids"]) for e in events if e["event"] == "train")
             done = [e for e in events if e["event"] == "done"]
-            print(json.dumps({"rc": rc, "trained_groups": trained, "done": done[-1] if done else None,
-                              "server": server.stats(), "workdir": workdir}, indent=1))
+            staleness = Counter(s for e in events if e["event"] == "train" for s in e["staleness"])
+            last = [e["metrics"] for e in events if e["event"] == "generate"][-1]
+            print(json.dumps({"rc": rc, "trained_groups": trained, "staleness_histogram": dict(sorted(staleness.items())),
+                              "consumed_groups": last["rollout/accounting/consumed_groups"],
+                              "dropped_groups": last["rollout/staleness/total_dropped_groups"],
+                              "requeued_groups": last.get("rollout/staleness/total_requeued_groups"),
+                              "abort_resubmits": last["rollout/accounting/abort_resubmits"],
+                              "done": done[-1] if done else None, "server": server.stats(), "workdir": workdir}, indent=1))
         finally:
             server.stop()
         return 0

@@ -73,6 +73,19 @@ def test_driver_turns_the_ratio_into_groups_in_flight():
         check_argv(BASE + ["--oversample-ratio", "1.0"])
 
 
+def test_oversampling_at_max_staleness_1_is_refused_naming_both_settings():
+    """At K = 1 the oversampled leftovers (the longest responses) are 2 stale at the next batch."""
+    base = BASE + ["--rollout-function-path", "epic_slime.slime.rollout.generate_rollout"]
+    with pytest.raises(ProjectFlagError, match="--max-staleness 1 with --async-groups-in-flight 65 for a batch of 64"):
+        check_argv(base + ["--async-groups-in-flight", "65", "--max-staleness", "1"])
+    # the paper's ratio (Table 2 rows set it) is not applied at K = 1, as at K = 0
+    assert "--async-groups-in-flight" not in translate_argv(base + ["--oversample-ratio", "0.1", "--max-staleness", "1"])
+    assert translate_argv(base + ["--oversample-ratio", "0.1", "--max-staleness", "2"])[-2:] == ["--async-groups-in-flight", "72"]
+    for ok in (["--max-staleness", "1"], ["--max-staleness", "1", "--async-groups-in-flight", "64"],
+               ["--oversample-ratio", "0.1", "--max-staleness", "1"], ["--oversample-ratio", "0.1", "--max-staleness", "2"]):
+        check_argv(base + ok)
+
+
 def test_warmup_in_rollouts_becomes_megatron_iterations():
     out = translate_argv(BASE + ["--update-depth", "8", "--lr-warmup-rollouts", "10"])
     assert out[-2:] == ["--lr-warmup-iters", "80"]  # 10 rollouts x 8 optimizer steps

@@ -550,6 +550,15 @@ def check_oversampling(args: Any) -> float:
             groups_in_flight(batch, ratio, explicit=in_flight)  # raises: two settings for one number
     except OversamplingError as exc:
         raise ProjectFlagError(str(exc)) from exc
+    # K = 1: a group trains at staleness 1 only in the rollout it started in. Oversampled leftovers
+    # (the slowest, i.e. longest, responses) reach staleness 2 at the next batch and are regenerated
+    # again and again, then dropped: a length bias, not oversampling.
+    if _get(args, "max_staleness") == 1 and batch is not None and in_flight is not None and in_flight > batch:
+        raise ProjectFlagError(
+            f"--max-staleness 1 with --async-groups-in-flight {in_flight} for a batch of {batch}: the "
+            "leftovers are 2 versions stale at the next batch and would be regenerated or dropped; "
+            "oversample with --max-staleness >= 2 (at K = 1 --oversample-ratio is not applied)"
+        )
     return float(ratio)
 
 
@@ -564,8 +573,10 @@ def oversampling_argv(argv: Sequence[str]) -> list[str]:
     parser.add_argument("--max-staleness", type=int, default=None)
     known, _ = parser.parse_known_args(list(argv))
     # The synchronous schedule (K = 0) has no background generator to oversample with: it
-    # generates exactly the batch (a documented gap, README "Two Table 2 rows ...").
-    if not known.oversample_ratio or known.max_staleness == 0:
+    # generates exactly the batch (a documented gap, README "Two Table 2 rows ..."). K = 1 neither:
+    # a group trains at staleness 1 only in the rollout it started in, so oversampled leftovers
+    # would be regenerated or dropped (see check_oversampling).
+    if not known.oversample_ratio or known.max_staleness in (0, 1):
         return []
     if known.rollout_batch_size is None:
         raise ProjectFlagError("--oversample-ratio needs --rollout-batch-size")
