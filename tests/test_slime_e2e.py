@@ -221,58 +221,54 @@ def test_harness_args_match_slime_parser(tmp_path, monkeypatch):
     assert not differ, differ
 
 
-# ---- --max-staleness 1: the stream starts a rollout's groups only when that rollout is asked for
+# ---- single sessions: --max-staleness 1, and the unserialised-push stress case
 
-def test_max_staleness_1_trains_every_rollout_and_drops_nothing(tmp_path):
-    """With the default look-ahead every group is 2 versions stale by the time it trains, so K = 1
-    dropped nearly all of them (all when generation outpaces training: the run never finished)."""
-    workdir = str(tmp_path)
+def _single_session(workdir: str, name: str, num_rollout: int, push: str | None = None, **argv) -> list[dict]:
+    """One driver session (no kill) against a fresh stand-in without the held request (at K = 1 the
+    held group would belong to the very batch the next push waits for); its trace."""
     h.prepare_workdir(workdir)
-    # no held request here: without look-ahead the held group would belong to the very batch the
-    # next push waits for
     server = h.Server(workdir, os.path.join(workdir, "init.pt"))
+    config = {"trace": os.path.join(workdir, f"{name}.jsonl"), "port": server.port,
+              "dist_file": os.path.join(workdir, "dist"),
+              "argv": h.standard_argv(workdir, num_rollout=num_rollout, save_interval=None, **argv)}
+    if push is not None:
+        config["push"] = push
     try:
-        trace = os.path.join(workdir, "k1.jsonl")
-        rc = h.run_session({"trace": trace, "port": server.port, "dist_file": os.path.join(workdir, "dist"),
-                            "argv": h.standard_argv(workdir, num_rollout=5, save_interval=None, max_staleness=1)},
-                           timeout=150)
+        rc = h.run_session(config, timeout=150)
     finally:
         server.stop()
-    events = h.read_trace(trace)
     assert rc == 0, f"logs in {workdir}"
+    return h.read_trace(config["trace"])
+
+
+def _trained_once(events: list[dict], groups: int) -> None:
+    pids = [p for e in _events(events, "train") for p in e["pids"]]
+    assert len(pids) == len(set(pids)) == groups, sorted(pids)
+
+
+def test_max_staleness_1_trains_every_rollout_and_drops_nothing(tmp_path):
+    """K = 1 (no oversampling there): groups start when their rollout is asked for, so each trains
+    at staleness 1 in the rollout it started in; nothing dropped or regenerated."""
+    events = _single_session(str(tmp_path), "k1", num_rollout=5, max_staleness=1)
     assert [e["rollout_id"] for e in _events(events, "train")] == [0, 1, 2, 3, 4]
     last = _events(events, "generate")[-1]["metrics"]
     assert last["rollout/staleness/total_dropped_groups"] == 0 and last["rollout/accounting/dropped_groups"] == 0
     assert max(s for e in _events(events, "train") for s in e["staleness"]) <= 1
-    # no oversampling at K = 1 (refused): every group trains in the rollout it started in
     assert last["rollout/staleness/total_requeued_groups"] == 0
-    pids = [p for e in _events(events, "train") for p in e["pids"]]
-    assert len(pids) == len(set(pids)) == 10
+    _trained_once(events, 10)
 
 
 def test_unserialised_push_stress_loses_no_prompt(tmp_path):
     """A stress case a cluster cannot produce: pushes straight from the trainer, landing inside
     generate calls. Staleness may then exceed what the schedule gives; the bound, the requeue
     and the accounting must still hold."""
-    workdir = str(tmp_path)
-    h.prepare_workdir(workdir)
-    server = h.Server(workdir, os.path.join(workdir, "init.pt"))
-    try:
-        trace = os.path.join(workdir, "stress.jsonl")
-        rc = h.run_session({"trace": trace, "port": server.port, "dist_file": os.path.join(workdir, "dist"),
-                            "push": "disk-unserialised",
-                            "argv": h.standard_argv(workdir, num_rollout=5, save_interval=None)}, timeout=150)
-    finally:
-        server.stop()
-    events = h.read_trace(trace)
-    assert rc == 0, f"logs in {workdir}"
+    events = _single_session(str(tmp_path), "stress", num_rollout=5, push="disk-unserialised")
     for e in _events(events, "generate"):
         m = e["metrics"]
         assert m["rollout/accounting/consumed_groups"] == (m["rollout/accounting/trained_groups"] + m["rollout/accounting/dropped_groups"]
                                                            + m["rollout/accounting/in_flight_groups"])
     assert max(s for e in _events(events, "train") for s in e["staleness"]) <= K
-    pids = [p for e in _events(events, "train") for p in e["pids"]]
-    assert len(pids) == len(set(pids)) == 10
+    _trained_once(events, 10)
 
 
 # ---- the synchronous schedule (--max-staleness 0, issue 14): the same stand-ins, the driver's own
