@@ -675,7 +675,8 @@ def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, p
     n_eng = len(sim.engines)
     rollout_util = sum(e.busy_s for e in sim.engines) / (n_eng * wall)
     train_util = sim.train_busy_s / wall
-    gpus = p.total_gpus
+    # GPUs held: all of them colocated; the train GPUs plus the engines' otherwise (the smoke preset's split rows need a 2nd GPU)
+    gpus = p.total_gpus if colocated else sim.train_gpus + len(sim.engines) * p.gpus_per_engine
     if colocated:
         pool_util = {"shared pool": (sum(e.busy_s for e in sim.engines) / n_eng + sim.train_busy_s) / wall}
     else:
