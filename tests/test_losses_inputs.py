@@ -54,6 +54,25 @@ def test_positive_current_log_prob_raises():
         compute_policy_loss("epic", lp, blp, adv, mask)
 
 
+def test_the_error_names_the_valid_bad_token_not_padding_garbage():
+    """The per-token checks run only when the range check failed; they too ignore padding."""
+    lp, blp, adv, mask = _batch()
+    mask[0, 6:] = False
+    lp[0, 7] = 0.7  # padding, earlier in the batch than the bad valid token
+    blp[0, 6] = 0.5
+    lp[2, 4] = 0.7
+    with pytest.raises(PolicyLossInputError, match=r"log_probs has a positive .* index \(2, 4\)"):
+        compute_policy_loss("epic", lp, blp, adv, mask)
+
+
+def test_skip_counts_no_padding_garbage_as_bad():
+    lp, blp, adv, mask = _batch()
+    mask[:, 5:] = False
+    lp[:, 6], blp[:, 7] = 0.7, 0.5
+    out = compute_policy_loss("grpo", lp, blp, adv, mask, on_bad_tokens="skip")
+    assert int(out.metrics["bad_tokens"]) == 0 and not bool(out.bad.any())
+
+
 # Each check (non-finite, positive) must look at valid tokens only: NaN / inf and positive values
 # (a padded 0.7, which would be "probability > 1" on a valid token) on padding are ignored.
 @pytest.mark.parametrize("garbage", [(math.nan, math.inf), (0.7, 0.7), (-math.inf, math.nan)])

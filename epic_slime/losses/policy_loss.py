@@ -12,6 +12,25 @@ from .core import DEFAULT_MAX_BAD_TOKEN_FRAC, LOSS_MODES, aggregate_loss, prepar
 from .metrics import policy_loss_metrics
 
 
+class _StraightThroughLoss(torch.autograd.Function):
+    """per_token_loss = -(value + coef * (log pi - sg(log pi))): forward -value, backward -coef.
+
+    One saved tensor and one multiply in backward, instead of an autograd graph through a masked
+    copy of log pi."""
+
+    @staticmethod
+    def forward(ctx, log_probs, value, coef):
+        ctx.save_for_backward(coef)
+        ctx.input_dtype = log_probs.dtype
+        return value.neg()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (coef,) = ctx.saved_tensors
+        return torch.mul(grad, coef).neg_().to(ctx.input_dtype), None, None
+
+
 @dataclasses.dataclass
 class PolicyLossOutput:
     """loss: scalar, differentiable w.r.t. log_probs. per_token_loss: [B, T] -S_t (0 off the mask),
@@ -68,18 +87,16 @@ def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: 
         value = terms.value.to(batch.mask.dtype) * batch.mask
         coef = terms.coef.to(batch.mask.dtype) * batch.mask
 
-    # Straight-through link: forward value S_t, gradient coef_t * dlog pi_t. Masked tokens are
-    # replaced by 0 first so that NaN padding cannot leak into the forward value or the gradient.
-    live = torch.where(batch.valid, log_probs.to(batch.mask.dtype), 0.0)
-    objective = value + coef * (live - live.detach())
-    per_token_loss = -objective
+    # Straight-through link: forward -S_t, gradient -coef_t d log pi_t (0 on masked tokens, so
+    # NaN padding in log_probs never reaches the loss or the gradient).
+    per_token_loss = _StraightThroughLoss.apply(log_probs, value, coef)
     loss = aggregate_loss(per_token_loss, batch.mask, aggregation)
 
     clipped = (terms.clipped_upper | terms.clipped_lower) & batch.valid
     metrics = {}
     if compute_metrics:
         with torch.no_grad():
-            metrics = policy_loss_metrics(batch, terms)
+            metrics = policy_loss_metrics(batch, terms, clipped)
             metrics["bad_tokens"] = (batch.bad.sum() if batch.bad is not None
                                      else torch.zeros((), dtype=torch.int64, device=batch.mask.device))
     return PolicyLossOutput(loss=loss, per_token_loss=per_token_loss, clipped=clipped, metrics=metrics,
