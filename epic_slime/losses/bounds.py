@@ -173,8 +173,8 @@ _GRID_INTERVALS = int((_GRID_X1 - _GRID_X0) * _GRID_PER_UNIT)
 _TABLES: dict = {}
 
 
-def _hermite_table(which: str, device: torch.device) -> torch.Tensor:
-    """[intervals, 4] cubic coefficients per interval: p(u) = c0 + u (c1 + u (c2 + u c3)), u in [0, 1]."""
+def _hermite_table(which: str, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Four contiguous [intervals] columns: p(u) = c0 + u (c1 + u (c2 + u c3)), u in [0, 1]."""
     key = (which, str(device))
     if key not in _TABLES:
         x = torch.linspace(_GRID_X0, _GRID_X1, _GRID_INTERVALS + 1, dtype=torch.float64)
@@ -183,8 +183,8 @@ def _hermite_table(which: str, device: torch.device) -> torch.Tensor:
         slope = torch.exp(x) / torch.expm1(y) / _GRID_PER_UNIT
         y0, y1, d0, d1 = y[:-1], y[1:], slope[:-1], slope[1:]
         delta = y1 - y0
-        coefficients = torch.stack([y0, d0, 3.0 * delta - 2.0 * d0 - d1, d0 + d1 - 2.0 * delta], dim=1)
-        _TABLES[key] = coefficients.contiguous().to(device)  # rows: one gather fetches all four
+        columns = (y0, d0, 3.0 * delta - 2.0 * d0 - d1, d0 + d1 - 2.0 * delta)
+        _TABLES[key] = tuple(c.contiguous().to(device) for c in columns)  # 1-D gathers are the cheap ones
     return _TABLES[key]
 
 
@@ -194,33 +194,45 @@ _HALF_LOG_2 = 0.5 * math.log(2.0)
 def _host_checks_are_free(x: torch.Tensor) -> bool:
     """On the CPU a data-dependent branch costs nothing; on accelerators it is a host sync."""
     return x.device.type == "cpu"
+
+
 _EXP_GRID_X1 = math.exp(_GRID_X1)
 
 
-def _interpolate(x: torch.Tensor, which: str) -> torch.Tensor:
+def _regions(flat: torch.Tensor) -> tuple[bool, bool, bool]:
+    """(any below the grid, any beyond it, any +inf or NaN): on the CPU from one min/max pass,
+    on accelerators all True (every branch is computed, no host synchronisation)."""
+    if not _host_checks_are_free(flat) or flat.numel() == 0:
+        return True, True, True
+    low, high = (float(v) for v in torch.aminmax(flat))
+    special = math.isnan(low) or math.isnan(high) or high == math.inf
+    return low < _GRID_X0 or special, high > _GRID_X1 or special, special
+
+
+def _interpolate(x: torch.Tensor, which: str, below: bool = True, beyond: bool = True) -> torch.Tensor:
     """y+-(e^x) for float64 x (finite or -inf) via the Hermite table, the closed forms beyond it
-    and the series below it. +inf is left to the caller."""
-    table = _hermite_table(which, x.device)
-    inside = torch.clamp(x, _GRID_X0, _GRID_X1)
-    pos = inside.sub_(_GRID_X0).mul_(_GRID_PER_UNIT)
-    index = pos.floor().nan_to_num_(0.0).clamp_(0, _GRID_INTERVALS - 1)
+    and the series below it. +inf is left to the caller. ``below`` / ``beyond`` False: the caller
+    knows that no element lies below / beyond the grid (those branches are skipped)."""
+    c0, c1, c2, c3 = _hermite_table(which, x.device)
+    pos = torch.clamp(x, _GRID_X0, _GRID_X1).sub_(_GRID_X0).mul_(_GRID_PER_UNIT)
+    index = pos.floor()
+    if below or beyond:  # NaN (or the grid's right edge) gives interval 0 (or the last one)
+        index.nan_to_num_(0.0)
+    index.clamp_(max=_GRID_INTERVALS - 1)
     u = pos.sub_(index)
-    coefficients = table.index_select(0, index.long())  # [n, 4]
-    y = coefficients[:, 3] * u
-    for k in (2, 1):
-        y.add_(coefficients[:, k]).mul_(u)
-    y.add_(coefficients[:, 0])
-    # Beyond the grid: y+ = x, y- = -(1 + c); both corrections are exactly 0 on the grid.
-    beyond = torch.clamp(x - _GRID_X1, min=0.0)
-    if which == "upper":
-        y.add_(beyond)
-    else:
-        y.sub_(beyond.expm1_().mul_(_EXP_GRID_X1))
-    # Below the grid (c < 7e-13): the 3-term series in s = +-sqrt(2c).
-    # On the CPU, where asking is free, skip it when no element needs it (EPIC's budgets are
-    # c >= t delta >= 5e-4); on accelerators always compute it (no host synchronisation).
-    if _host_checks_are_free(x) and not bool((x < _GRID_X0).any()):
+    index = index.long()
+    y = torch.addcmul(c2.index_select(0, index), c3.index_select(0, index), u)
+    y = torch.addcmul(c1.index_select(0, index), y, u)
+    y = torch.addcmul(c0.index_select(0, index), y, u)
+    if beyond:  # y+ = x, y- = -(1 + c); both corrections are exactly 0 on the grid
+        excess = torch.clamp(x - _GRID_X1, min=0.0)
+        if which == "upper":
+            y.add_(excess)
+        else:
+            y.sub_(excess.expm1_().mul_(_EXP_GRID_X1))
+    if not below:
         return y
+    # Below the grid (c < 7e-13): the 3-term series in s = +-sqrt(2c).
     s = torch.clamp(x, max=_GRID_X0).mul_(0.5).add_(_HALF_LOG_2).exp_()
     if which == "lower":
         s.neg_()
@@ -237,18 +249,17 @@ def _chunked(which: str, log_c: torch.Tensor) -> torch.Tensor:
     out = torch.empty(flat.shape, dtype=out_dtype, device=flat.device)
     most_negative = -torch.finfo(out_dtype).max
     at_infinity = -math.inf if which == "lower" else math.inf
+    below, beyond, special = _regions(flat)
     with torch.no_grad():
         for start in range(0, flat.numel(), _CHUNK):
             x = flat[start:start + _CHUNK].to(torch.float64)
-            root = _interpolate(x, which)
-            if which == "lower":
+            root = _interpolate(x, which, below, beyond)
+            if which == "lower" and beyond:
                 # -(1 + c) overflows long before log c does: clamp it to the most negative finite
                 # number of the output dtype (still "no lower bound": its exp is 0).
                 root.clamp_(min=most_negative)
-            # c = +inf: no bound on that side (on the CPU only looked at when present).
-            is_inf = x == math.inf
-            if not _host_checks_are_free(x) or bool(is_inf.any()):
-                root = torch.where(is_inf, at_infinity, root)
+            if special:  # c = +inf: no bound on that side
+                root = torch.where(x == math.inf, at_infinity, root)
             out[start:start + _CHUNK] = root
     return out.reshape(log_c.shape)
 
