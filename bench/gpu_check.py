@@ -11,12 +11,15 @@ Sections (each one records "pass" / "fail" / "skip" with a reason in one JSON, -
                clip-decision mismatches; float32 and bfloat16 inputs. Also grpo == the plain
                6-line PPO clip written below (value and gradient).
   bounds       exact_kl_log_bounds on the device (float32, float64) against the CPU float64 solver.
-  sync         no host synchronisation in compute_policy_loss(..., validate=False):
+  sync         no host synchronisation in compute_policy_loss(..., validate=False), with and
+               without metrics (validation's value check is the one documented sync):
                * everywhere: a detector on the "meta" device (which takes the accelerator branches
-                 of the core) that records data-dependent ops and tensors built from Python data on
-                 the device (an H2D copy, i.e. a sync on CUDA); with metrics, the CPU run with the
-                 accelerator branches forced lists the ops that sync on CUDA (reported, not failed);
-               * CUDA only: torch.cuda.set_sync_debug_mode("error") around forward + backward.
+                 of the core, and raises on .item() / bool() / bincount) that records data-dependent
+                 ops and tensors built from Python data on the device (an H2D copy, i.e. a sync on
+                 CUDA), metrics off and on; and the same detector on the CPU with the accelerator
+                 branches forced and metrics on (for ops without meta kernels);
+               * CUDA only: torch.cuda.set_sync_debug_mode("error") around forward + backward,
+                 metrics off and on.
   speed        forward + backward time of epic, its ablations, grpo, gspo, ctpo, cppo, bandpo at
                512 x 16384 (CUDA; --cpu: 4 x 512), with and without metrics, as ratios to grpo
                and to the plain PPO clip in the same run, plus peak memory above the inputs (CUDA);
@@ -67,11 +70,10 @@ sys.path.insert(0, str(BENCH_DIR))
 from epic_slime.losses import LOSS_MODES, compute_policy_loss, exact_kl_log_bounds  # noqa: E402
 from epic_slime.losses import bounds as _bounds  # noqa: E402
 from epic_slime.losses.topk import topk_inputs_around  # noqa: E402
-from loss_bench import make_inputs  # noqa: E402
+from loss_bench import PLAIN, make_inputs, plain_ppo_clip  # noqa: E402  (the 6-line PPO clip baseline)
 
 SECTIONS = ("correctness", "bounds", "sync", "speed", "slime", "graph")  # graph last: a failed capture may break CUDA
 SPEED_MODES = ("epic", "epic_raw_prob", "epic_cumulative", "grpo", "gspo", "ctpo", "cppo", "bandpo")
-PLAIN = "plain_ppo_clip"
 TOPK = 20  # top-k ids per token of the Top-K modes (K = 21 columns with the sampled token)
 
 
@@ -96,15 +98,6 @@ LOSS_RTOL = 1e-4
 GRAD_RTOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
 MAX_DECISION_MISMATCH = 1e-3  # tokens sitting on a bound may be decided either way
 BOUNDS_RTOL = {torch.float64: 1e-12, torch.float32: 2.4e-7}
-
-
-def plain_ppo_clip(log_probs, old_log_probs, advantages, mask, eps=0.2):
-    """The baseline everyone writes: PPO clip, mean over each response's tokens, then over responses."""
-    ratio = torch.exp(log_probs - old_log_probs)
-    adv = advantages.unsqueeze(-1)
-    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)
-    per_token = -surrogate * mask
-    return (per_token.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
 
 
 # --------------------------------------------------------------------------------------------
@@ -374,6 +367,14 @@ def cuda_graph_replay(mode, inputs, topk) -> dict:
     return dict(captured=True, loss_rel_err=_rel(static_loss, eager_loss), grad_rel_err=_rel(leaf.grad, eager_grad))
 
 
+def _sites_or_error(mode, inputs, topk, *, on_meta: bool) -> list[str]:
+    """Sync sites with metrics on; an op that cannot run on meta (e.g. bincount, .item()) is one."""
+    try:
+        return detect_syncs(mode, inputs, topk, on_meta=on_meta, compute_metrics=True)
+    except (RuntimeError, NotImplementedError) as exc:
+        return [_sync_site(exc)]
+
+
 def section_sync(device, sizes, require_sync_free):
     dev, _ = device_inputs(*sizes.correctness, torch.float32, "cpu", seed=5)
     small_inputs, small_topk = dev["inputs"], dev["topk"]
@@ -383,11 +384,13 @@ def section_sync(device, sizes, require_sync_free):
     for mode in sorted(LOSS_MODES):
         row = dict(mode=mode,
                    meta_sites=detect_syncs(mode, small_inputs, small_topk, on_meta=True, compute_metrics=False),
-                   metrics_sites=detect_syncs(mode, small_inputs, small_topk, on_meta=False, compute_metrics=True))
+                   meta_metrics_sites=_sites_or_error(mode, small_inputs, small_topk, on_meta=True),
+                   metrics_sites=_sites_or_error(mode, small_inputs, small_topk, on_meta=False))
         if device == "cuda":
             row["cuda_sync_debug"] = cuda_sync_debug(mode, cuda_dev["inputs"], cuda_dev["topk"], False)
             row["cuda_sync_debug_metrics"] = cuda_sync_debug(mode, cuda_dev["inputs"], cuda_dev["topk"], True)
-        row["sync_free"] = not row["meta_sites"] and row.get("cuda_sync_debug") is None
+        row["sync_free"] = not (row["meta_sites"] or row["meta_metrics_sites"] or row["metrics_sites"]
+                                or row.get("cuda_sync_debug") or row.get("cuda_sync_debug_metrics"))
         rows.append(row)
     not_free = [r["mode"] for r in rows if not r["sync_free"]]
     out = dict(status="fail" if require_sync_free and not_free else "pass", modes=rows, not_sync_free=not_free,
@@ -760,10 +763,11 @@ def print_table(results):
                 print(f"{r['dtype']}: lower {r['lower_rel_err']:.1e}, upper {r['upper_rel_err']:.1e}, "
                       f"special values ok {r['special_ok']}")
         elif name == "sync":
-            print("| mode | meta detector | CUDA sync-debug | with metrics: syncing ops (info) |")
+            print("| mode | meta detector | meta, metrics on | CPU accelerator branches, metrics on | CUDA sync-debug | CUDA, metrics on |")
             for r in section["modes"]:
-                print(f"| {r['mode']} | {'; '.join(r['meta_sites']) or 'none'} | {r.get('cuda_sync_debug', 'n/a') or 'none'} | "
-                      f"{'; '.join(r['metrics_sites']) or 'none'} |")
+                print(f"| {r['mode']} | {'; '.join(r['meta_sites']) or 'none'} | {'; '.join(r['meta_metrics_sites']) or 'none'} | "
+                      f"{'; '.join(r['metrics_sites']) or 'none'} | {r.get('cuda_sync_debug', 'n/a') or 'none'} | "
+                      f"{r.get('cuda_sync_debug_metrics', 'n/a') or 'none'} |")
         elif name == "graph":
             for r in section["modes"]:
                 print(f"{r['mode']}: " + (f"replay vs eager loss {r['loss_rel_err']:.0e}, grad {r['grad_rel_err']:.0e}"

@@ -146,11 +146,26 @@ def test_sync_section_fails_on_a_sync_only_when_required(monkeypatch):
     assert failed["status"] == "fail" and failed["not_sync_free"] == ["epic"]
 
 
-def test_every_mode_is_free_of_host_syncs_on_accelerators():
+@pytest.mark.parametrize("compute_metrics", [False, True])
+def test_every_mode_is_free_of_host_syncs_on_accelerators(compute_metrics):
     dev, _ = gc.device_inputs(2, 32, torch.float32, "cpu", seed=5)
-    found = {mode: gc.detect_syncs(mode, dev["inputs"], dev["topk"], on_meta=True, compute_metrics=False)
+    found = {mode: gc.detect_syncs(mode, dev["inputs"], dev["topk"], on_meta=True, compute_metrics=compute_metrics)
              for mode in sorted(LOSS_MODES)}
+    if compute_metrics:  # and on the CPU with the accelerator branches forced (ops without meta kernels)
+        found.update({f"{mode} (cpu)": gc.detect_syncs(mode, dev["inputs"], dev["topk"], on_meta=False,
+                                                       compute_metrics=True) for mode in sorted(LOSS_MODES)})
     assert {m: s for m, s in found.items() if s} == {}
+
+
+def test_sync_section_counts_a_metrics_only_sync(monkeypatch):
+    """A sync that only the metrics path makes (the old bincount / p95 count) fails --require-sync-free."""
+    monkeypatch.setattr(gc, "LOSS_MODES", {"grpo": LOSS_MODES["grpo"]})
+    real = gc.detect_syncs
+    monkeypatch.setattr(gc, "detect_syncs", lambda *a, compute_metrics, **k: (
+        ["aten.bincount at metrics.py:1"] if compute_metrics else real(*a, compute_metrics=compute_metrics, **k)))
+    failed = gc.section_sync("cpu", gc.CPU_SIZES, require_sync_free=True)
+    assert failed["status"] == "fail" and failed["not_sync_free"] == ["grpo"]
+    assert failed["modes"][0]["meta_metrics_sites"] == ["aten.bincount at metrics.py:1"]
 
 
 def test_a_broken_section_is_a_failure_with_its_error_and_the_others_still_run(tmp_path, monkeypatch, capsys):
