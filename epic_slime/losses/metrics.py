@@ -95,14 +95,23 @@ def kth_smallest(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
     A most-significant-digit radix select on the order-preserving integer keys: per 16-bit digit,
     a histogram of fixed size 65536 (+2: below / above the prefix chosen so far), its cumulative
-    sum and a searchsorted for k. 2 rounds for float32, 4 for float64; no data-dependent shape."""
+    sum and a searchsorted for k. 2 rounds for float32, 4 for float64; no data-dependent shape.
+    On the CPU (where reading a value back costs nothing) the rounds after the first are one
+    kthvalue over the keys that share the chosen top digit."""
     key = _sortable_key(values.reshape(-1))
     width = torch.iinfo(_INT_OF[values.dtype]).bits
     target = k.reshape(1).to(torch.int64)
     # The top digit, signed: [-2^15, 2^15) -> [0, 2^16).
     index = torch.bitwise_right_shift(key, width - _DIGIT_BITS).add_(_DIGITS // 2)
-    counts = _histogram(index, _DIGITS)
-    prefix = (torch.searchsorted(counts.cumsum_(0), target).reshape(()) - _DIGITS // 2).to(key.dtype)
+    counts = _histogram(index, _DIGITS).cumsum_(0)
+    chosen = torch.searchsorted(counts, target).reshape(())
+    if _bounds._host_checks_are_free(key):
+        # The CPU may read back: select among the keys with the chosen top digit only (typically
+        # a few percent of them), skipping the remaining full-size rounds.
+        below = int(counts[chosen - 1]) if int(chosen) > 0 else 0
+        bucket = key[index == chosen]
+        return _float_of_key(torch.kthvalue(bucket, int(k) - below).values, values.dtype)
+    prefix = (chosen - _DIGITS // 2).to(key.dtype)
     side = index
     for shift in range(width - 2 * _DIGIT_BITS, -1, -_DIGIT_BITS):
         # side: -1 / 0 / +1 for keys whose digits above this one are below / on / above the prefix.
@@ -133,11 +142,13 @@ def _batch_statistics(batch: LossBatch) -> dict[str, torch.Tensor]:
     n = _total(m)
     log_ratio = batch.log_ratio  # 0 on masked tokens
     buffer = batch.log_prefix_ratio.abs().mul_(m)  # one [B, T] temporary for the four means
-    out = {"valid_tokens": n, "empty_responses": _total((batch.response_length == 0).to(torch.float64)),
-           "abs_L_mean": _frac(_total(buffer), n)}
-    out["abs_z_mean"] = _frac(_total(buffer.mul_(batch.inv_token_count)), n)
-    out["logprob_abs_diff"] = _frac(_total(torch.abs(log_ratio, out=buffer)), n)
-    out["ratio_mean"] = _frac(_total(torch.exp(log_ratio, out=buffer).mul_(m)), n)
+    sums = [buffer.sum()]
+    sums.append(buffer.mul_(batch.inv_token_count).sum())
+    sums.append(torch.abs(log_ratio, out=buffer).sum())
+    sums.append(torch.exp(log_ratio, out=buffer).mul_(m).sum())
+    means = _frac(torch.stack(sums).to(torch.float64), n).unbind()
+    out = {"valid_tokens": n, "empty_responses": (batch.response_length == 0).sum().to(torch.float64)}
+    out.update(zip(("abs_L_mean", "abs_z_mean", "logprob_abs_diff", "ratio_mean"), means))
     numel = log_ratio.numel()
     if numel == 0:
         out["ratio_max"] = out["ratio_p95"] = torch.zeros((), dtype=torch.float64, device=m.device)
@@ -168,7 +179,7 @@ def _position_metrics(batch: LossBatch, clipped: torch.Tensor, stats, buffer: to
     clipped_per_bin = counts[POSITION_BINS:2 * POSITION_BINS]
     tokens_per_bin = counts[:POSITION_BINS] + clipped_per_bin
     bin_frac = _frac(clipped_per_bin, tokens_per_bin)
-    out = {f"clipfrac_position_bin_{i}": bin_frac[i] for i in range(POSITION_BINS)}
+    out = {f"clipfrac_position_bin_{i}": f for i, f in enumerate(bin_frac.unbind())}
     occupied = (tokens_per_bin > 0).to(torch.float64)
     n_occupied = occupied.sum().clamp(min=1.0)
     bin_mean = (bin_frac * occupied).sum() / n_occupied
@@ -177,9 +188,18 @@ def _position_metrics(batch: LossBatch, clipped: torch.Tensor, stats, buffer: to
     return out
 
 
-def _bound_metrics(batch: LossBatch, terms: TokenTerms, n: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Fraction of valid tokens with a finite lower / upper bound, and the mean of those bounds
-    (log space, on the clipped quantity); a lower bound whose e^{lo} underflows float32 is absent."""
+def _all_present(bound: torch.Tensor, side: str) -> bool:
+    """Every entry of the bound is present (lower: > log tiny; upper: finite): one min/max pass."""
+    if bound.numel() == 0:
+        return True
+    low, high = (float(v) for v in torch.aminmax(bound))
+    return (low > _LOG_TINY if side == "lower" else low > -math.inf) and high < math.inf  # NaN: False
+
+
+def _bound_sums(batch: LossBatch, terms: TokenTerms, n: torch.Tensor) -> dict[str, tuple]:
+    """(numerator, denominator) of: the fraction of valid tokens with a finite lower / upper bound,
+    and the mean of those bounds (log space, on the clipped quantity); a lower bound whose e^{lo}
+    underflows float32 is absent."""
     m = batch.mask
     out = {}
     for side, bound in (("lower", terms.log_lower), ("upper", terms.log_upper)):
@@ -189,6 +209,8 @@ def _bound_metrics(batch: LossBatch, terms: TokenTerms, n: torch.Tensor) -> dict
             has = has.to(torch.float64)
             count = has * n
             total = torch.where(has > 0, scalar.to(torch.float64), 0.0) * n
+        elif _bounds._host_checks_are_free(bound) and _all_present(bound, side):
+            count, total = n, _dot(bound, m)  # every valid token has the bound (the CPU may ask)
         else:
             if side == "lower":
                 has = _indicator(torch.gt, bound, _LOG_TINY, m).mul_(m)
@@ -197,9 +219,9 @@ def _bound_metrics(batch: LossBatch, terms: TokenTerms, n: torch.Tensor) -> dict
                 has = _indicator(torch.lt, bound.abs(), math.inf, m).mul_(m)
                 finite = bound
             count = _total(has)
-            total = _total(torch.nan_to_num(finite, nan=0.0, posinf=0.0, neginf=0.0).mul_(has))
-        out[f"finite_{side}_frac"] = _frac(count, n)
-        out[f"log_bound_{side}_mean"] = _frac(total, count)
+            total = _dot(torch.nan_to_num(finite, nan=0.0, posinf=0.0, neginf=0.0), has)
+        out[f"finite_{side}_frac"] = (count, n)
+        out[f"log_bound_{side}_mean"] = (total, count)
     return out
 
 
@@ -210,44 +232,36 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.dot(a.reshape(-1), b.reshape(-1)).to(torch.float64)
 
 
-def _count(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Number of True in a bool tensor, float64 (a float sum of the uint8-cast flags: a bool or
-    dtype=int64 sum converts the whole tensor to int64 first)."""
-    return _total(as_float(flags, like.dtype))
-
-
 def policy_loss_metrics(batch: LossBatch, terms: TokenTerms, clipped: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """``clipped``: (clipped_upper | clipped_lower) & valid, when the caller has it already."""
     m = batch.mask
     stats = batch_statistics(batch)
     n = stats["valid_tokens"]
-    clipped_upper = terms.clipped_upper & batch.valid
-    clipped_lower = terms.clipped_lower & batch.valid
     if clipped is None:
-        clipped = clipped_upper | clipped_lower
+        clipped = (terms.clipped_upper | terms.clipped_lower) & batch.valid
     clipped_f = as_float(clipped, m.dtype)
     buffer = _indicator(torch.gt, batch.advantages, 0.0, m)  # advantages are 0 on masked tokens
-    metrics = {
-        "valid_tokens": n,
-        "empty_responses": stats["empty_responses"],
-        "clipfrac": _frac(_total(clipped_f), n),
-        "clipfrac_upper": _frac(_count(clipped_upper, m), n),
-        "clipfrac_lower": _frac(_count(clipped_lower, m), n),
-        "clipfrac_pos_adv": _frac(_dot(clipped_f, buffer), _total(buffer)),
+    fractions = {  # name: (numerator, denominator), divided at once below
+        "clipfrac": (_total(clipped_f), n),
+        "clipfrac_upper": (_dot(as_float(terms.clipped_upper, m.dtype), m), n),
+        "clipfrac_lower": (_dot(as_float(terms.clipped_lower, m.dtype), m), n),
+        "clipfrac_pos_adv": (_dot(clipped_f, buffer), _total(buffer)),
     }
     torch.lt(batch.advantages, 0.0, out=buffer)
-    metrics["clipfrac_neg_adv"] = _frac(_dot(clipped_f, buffer), _total(buffer))
-
+    fractions["clipfrac_neg_adv"] = (_dot(clipped_f, buffer), _total(buffer))
     # Counted fallback: an unclipped value beyond e^44 (float32) / e^354 (float64) was capped
     # (see core._max_log).
     if terms.log_value is not None:
         capped = torch.gt(terms.log_value, _max_log(terms.log_value.dtype), out=buffer)
-        metrics["value_capped_frac"] = _frac(_dot(capped, m) - _dot(capped, clipped_f), n)
-    else:
+        fractions["value_capped_frac"] = (_dot(capped, m) - _dot(capped, clipped_f), n)
+    fractions.update(_bound_sums(batch, terms, n))
+    metrics = {"valid_tokens": n, "empty_responses": stats["empty_responses"]}
+    numerators, denominators = (torch.stack([f[i] for f in fractions.values()]) for i in (0, 1))
+    metrics.update(zip(fractions, _frac(numerators, denominators).unbind()))
+    if terms.log_value is None:
         metrics["value_capped_frac"] = torch.zeros((), dtype=torch.float64, device=m.device)
 
     metrics.update(_position_metrics(batch, clipped_f, stats, buffer))
-    metrics.update(_bound_metrics(batch, terms, n))
     for name in ("abs_L_mean", "abs_z_mean", "logprob_abs_diff", "ratio_mean", "ratio_max", "ratio_p95"):
         metrics[name] = stats[name]
     for key, value in terms.extra_metrics.items():

@@ -74,6 +74,12 @@ def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: 
     or a log-prob > 1e-3 on a valid token; "skip" masks such tokens out of the loss and its
     gradient, counts them in ``metrics["bad_tokens"]`` (``out.bad`` marks them) and raises only
     when more than ``max_bad_token_frac`` of the valid tokens are bad.
+
+    Host synchronisation: with ``validate=False`` (and on_bad_tokens="raise") the call is
+    sync-free on accelerators, metrics included: every metric is a 0-d tensor on the device,
+    read only when the caller (slime) reduces it. Validation needs one sync (to raise); "skip"
+    needs one more (to count the bad tokens). tests/test_losses_sync_free.py checks this on the
+    meta device.
     """
     resolved = resolve_params(mode, params)
     spec = LOSS_MODES[mode]
