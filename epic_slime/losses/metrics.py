@@ -232,6 +232,11 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.dot(a.reshape(-1), b.reshape(-1)).to(torch.float64)
 
 
+def _count(flags: torch.Tensor) -> torch.Tensor:
+    """Number of True, float64 (count_nonzero reads the bools: no [B, T] float or int64 copy)."""
+    return torch.count_nonzero(flags).to(torch.float64)
+
+
 def policy_loss_metrics(batch: LossBatch, terms: TokenTerms, clipped: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """``clipped``: (clipped_upper | clipped_lower) & valid, when the caller has it already."""
     m = batch.mask
@@ -243,8 +248,8 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms, clipped: torch.Tens
     buffer = _indicator(torch.gt, batch.advantages, 0.0, m)  # advantages are 0 on masked tokens
     fractions = {  # name: (numerator, denominator), divided at once below
         "clipfrac": (_total(clipped_f), n),
-        "clipfrac_upper": (_dot(as_float(terms.clipped_upper, m.dtype), m), n),
-        "clipfrac_lower": (_dot(as_float(terms.clipped_lower, m.dtype), m), n),
+        "clipfrac_upper": (_count(terms.clipped_upper & batch.valid), n),
+        "clipfrac_lower": (_count(terms.clipped_lower & batch.valid), n),
         "clipfrac_pos_adv": (_dot(clipped_f, buffer), _total(buffer)),
     }
     torch.lt(batch.advantages, 0.0, out=buffer)
