@@ -621,11 +621,20 @@ SCHEDULES = {
 }
 
 
+def driver_groups_in_flight(batch: int, ratio: float, max_staleness: int) -> int:
+    """Groups in flight as the driver sets them (``flags.oversampling_argv``): the oversampled batch
+    at K >= 2, the batch itself at K = 0 and K = 1 (the ratio is not applied there)."""
+    from epic_slime.slime.flags import oversampling_argv
+
+    out = oversampling_argv(["--rollout-batch-size", str(batch), "--oversample-ratio", str(ratio),
+                             "--max-staleness", str(max_staleness)])
+    return int(out[1]) if out else batch
+
+
 def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, push_waits_for_manager: bool = True,
              loop_fn=None) -> dict:
     """Runs the real driver loop of ``schedule`` for ``rollouts`` rollouts; steady state = after ``warmup``."""
     from epic_slime.slime import train
-    from epic_slime.slime.oversampling import groups_in_flight
 
     spec = SCHEDULES[schedule]
     colocated = spec["colocated"] and p.shared_cores is None
@@ -636,7 +645,7 @@ def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, p
         rollout_global_dataset=True, offload_rollout=colocated, offload_train=colocated, release_train=False,
         max_staleness=k, stale_policy="drop", rollout_batch_size=p.rollout_batch_size,
         n_samples_per_prompt=p.n_samples, oversample_ratio=p.oversample_ratio,
-        async_groups_in_flight=groups_in_flight(p.rollout_batch_size, p.oversample_ratio),
+        async_groups_in_flight=driver_groups_in_flight(p.rollout_batch_size, p.oversample_ratio, k),
         use_rollout_routing_replay=False, use_wandb=False, use_tensorboard=False, check_weight_update_equal=False,
     )
     data_source = SimDataSource(sim, p.n_samples)
