@@ -342,19 +342,18 @@ def make_app(engine: Engine):
             engine.version = str(payload["weight_version"])
         return web.json_response({"success": True, "message": "ok"})
 
-    async def init_group(request):
-        try:
-            await engine.join_update_group(await request.json())
-        except ValueError as exc:
-            return web.json_response({"success": False, "message": str(exc)}, status=400)
-        return web.json_response({"success": True, "message": "ok"})
+    def weight_update_route(handle):
+        """SGLang's answer to a weight-update call: success, or 400 with the reason."""
+        async def route(request):
+            try:
+                await handle(await request.json())
+            except ValueError as exc:
+                return web.json_response({"success": False, "message": str(exc)}, status=400)
+            return web.json_response({"success": True, "message": "ok"})
+        return route
 
-    async def update_distributed(request):
-        try:
-            await engine.receive_bucket(await request.json())
-        except ValueError as exc:
-            return web.json_response({"success": False, "message": str(exc)}, status=400)
-        return web.json_response({"success": True, "message": "ok"})
+    init_group = weight_update_route(engine.join_update_group)
+    update_distributed = weight_update_route(engine.receive_bucket)
 
     async def destroy_group(request):
         payload = await request.json()

@@ -572,11 +572,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def stats(self) -> dict:
-        import requests
-
-        s = requests.Session()
-        s.trust_env = False
-        return s.get(f"{self.url}/stats", timeout=10).json()
+        return _session().get(f"{self.url}/stats", timeout=10).json()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

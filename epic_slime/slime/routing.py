@@ -292,9 +292,11 @@ def check_r3_setup(args) -> str | None:
     """An error message when R3 runs with the project's rollout function (which stages routing)
     but the train ranks would load another ``--custom-megatron-init-path`` than the hook that
     fetches it; None when consistent (unset: the driver adds the hook, ``train.driver_argv``)."""
+    from epic_slime.slime.flags import ROLLOUT_FUNCTION_PATH
+
     if not _r3_on(args):
         return None
-    if getattr(args, "rollout_function_path", None) != "epic_slime.slime.rollout.generate_rollout":
+    if getattr(args, "rollout_function_path", None) != ROLLOUT_FUNCTION_PATH:
         return None
     hook = getattr(args, "custom_megatron_init_path", None)
     if hook not in (None, HOOK_PATH):

@@ -41,12 +41,12 @@ from epic_slime.slime.flags import (
     translate_argv,
     validate_project_args,
 )
+from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK  # the R3 train-rank hook
 
 logger = logging.getLogger("epic_slime.slime.train")
 
 DATA_SOURCE_PATH = "epic_slime.slime.rollout.StreamingDataSource"
 SLIME_DEFAULT_DATA_SOURCE = "slime.rollout.data_source.RolloutDataSourceWithBuffer"
-R3_TRAIN_HOOK = "epic_slime.slime.routing.install_train_hook"
 
 
 def needs_old_logprob_forward(behavior_logprobs: str, use_routing_replay: bool, use_rollout_routing_replay: bool) -> bool:
