@@ -289,12 +289,12 @@ class SyncDetector(TorchDispatchMode):
 @contextlib.contextmanager
 def accelerator_branches():
     """Make the core take its accelerator code paths on the CPU (no data-dependent shortcuts)."""
-    original = _bounds._host_checks_are_free
-    _bounds._host_checks_are_free = lambda x: False
+    original = _bounds.host_checks_are_free
+    _bounds.host_checks_are_free = lambda x: False
     try:
         yield
     finally:
-        _bounds._host_checks_are_free = original
+        _bounds.host_checks_are_free = original
 
 
 def detect_syncs(mode, inputs, topk, *, on_meta: bool, compute_metrics: bool) -> list[str]:

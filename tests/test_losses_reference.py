@@ -118,7 +118,7 @@ def test_epic_boundary_cases_are_all_exercised():
     adv_bt[1::2, ::3] *= -1  # both signs inside drifting rows
     adv_bt[7] = 0.0
     out = _check("epic", lp, blp, adv_bt, mask, {})
-    from epic_slime.losses.core import prepare_batch
+    from epic_slime.losses.inputs import prepare_batch
     from epic_slime.losses.modes import epic
     terms = epic(prepare_batch(lp, blp, adv_bt, mask))
     pos, neg = adv_bt > 0, adv_bt < 0

@@ -21,7 +21,7 @@ from epic_slime.losses.topk import topk_inputs_around
 
 @pytest.fixture
 def accelerator_branches(monkeypatch):
-    monkeypatch.setattr(_bounds, "_host_checks_are_free", lambda x: False)
+    monkeypatch.setattr(_bounds, "host_checks_are_free", lambda x: False)
 
 
 def _inputs(B=3, T=40, seed=0, dtype=torch.float32):
@@ -73,7 +73,7 @@ def test_accelerator_branches_give_the_cpu_metrics(mode, monkeypatch):
     lp, blp, adv, mask = _inputs(seed=3, dtype=torch.float64)
     topk = topk_inputs_around(lp, blp, 4, generator=torch.Generator().manual_seed(2)).loss_kwargs()
     cpu, _ = _run(mode, lp, blp, adv, mask, topk)
-    monkeypatch.setattr(_bounds, "_host_checks_are_free", lambda x: False)
+    monkeypatch.setattr(_bounds, "host_checks_are_free", lambda x: False)
     acc, _ = _run(mode, lp, blp, adv, mask, topk)
     for name, value in cpu.metrics.items():
         assert float(acc.metrics[name]) == pytest.approx(float(value), rel=1e-12, abs=1e-15), name
@@ -87,7 +87,7 @@ def test_accelerator_branches_give_the_cpu_metrics(mode, monkeypatch):
 @pytest.mark.parametrize("host", [True, False])
 def test_kth_smallest_is_exact(dtype, host, monkeypatch):
     if not host:
-        monkeypatch.setattr(_bounds, "_host_checks_are_free", lambda x: False)
+        monkeypatch.setattr(_bounds, "host_checks_are_free", lambda x: False)
     g = torch.Generator().manual_seed(4)
     cases = [
         torch.randn(1000, generator=g, dtype=torch.float64),

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from epic_slime.losses import kl_phi
-from epic_slime.losses.core import prepare_batch
+from epic_slime.losses.inputs import prepare_batch
 
 VOCAB, HORIZON, EOS = 3, 4, 0
 

@@ -18,7 +18,7 @@ import torch
 
 from _loss_reference import loss_and_grad, percentile_linear
 from epic_slime.losses import LOSS_MODES, PolicyLossInputError, compute_policy_loss
-from epic_slime.losses.core import prepare_batch
+from epic_slime.losses.inputs import prepare_batch
 from epic_slime.losses.flags import _parse_value, add_policy_loss_arguments, policy_loss_config_from_args
 from epic_slime.losses.topk import (
     TopKInputs,

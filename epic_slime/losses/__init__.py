@@ -10,7 +10,6 @@ from .bounds import exact_kl_log_bounds, exact_kl_lower_root, exact_kl_upper_roo
 from .core import (
     AGGREGATIONS,
     LOSS_MODES,
-    LossBatch,
     LossSpec,
     PolicyLossInputError,
     TokenTerms,
@@ -19,6 +18,7 @@ from .core import (
     resolve_params,
     sign_aware_clip,
 )
+from .inputs import LossBatch
 from .policy_loss import PolicyLossOutput, compute_policy_loss
 from .topk import TopKInputs, behavior_topk_set, gather_log_probs, topk_inputs_from_logits
 

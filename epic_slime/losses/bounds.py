@@ -191,7 +191,7 @@ def _hermite_table(which: str, device: torch.device) -> tuple[torch.Tensor, ...]
 _HALF_LOG_2 = 0.5 * math.log(2.0)
 
 
-def _host_checks_are_free(x: torch.Tensor) -> bool:
+def host_checks_are_free(x: torch.Tensor) -> bool:
     """On the CPU a data-dependent branch costs nothing; on accelerators it is a host sync."""
     return x.device.type == "cpu"
 
@@ -202,7 +202,7 @@ _EXP_GRID_X1 = math.exp(_GRID_X1)
 def _regions(flat: torch.Tensor) -> tuple[bool, bool, bool]:
     """(any below the grid, any beyond it, any +inf or NaN): on the CPU from one min/max pass,
     on accelerators all True (every branch is computed, no host synchronisation)."""
-    if not _host_checks_are_free(flat) or flat.numel() == 0:
+    if not host_checks_are_free(flat) or flat.numel() == 0:
         return True, True, True
     low, high = (float(v) for v in torch.aminmax(flat))
     special = math.isnan(low) or math.isnan(high) or high == math.inf

@@ -17,7 +17,7 @@ import argparse
 from typing import Any
 
 from . import LOSS_MODES, AGGREGATIONS, DEFAULT_MODE, PolicyLossInputError, resolve_params
-from .core import DEFAULT_MAX_BAD_TOKEN_FRAC, ON_BAD_TOKENS
+from .inputs import DEFAULT_MAX_BAD_TOKEN_FRAC, ON_BAD_TOKENS
 
 
 def _dest(prefix: str, param: str) -> str:

@@ -18,8 +18,9 @@ import math
 
 import torch
 
-from . import bounds as _bounds
-from .core import _INT_OF, LossBatch, TokenTerms, _max_log, as_float, select
+from . import bounds  # bounds.host_checks_are_free looked up per call: tests force the accelerator branches
+from .core import INT_DTYPE_OF, TokenTerms, as_float, max_exponent, select
+from .inputs import LossBatch
 
 POSITION_BINS = 10
 # A lower bound whose ratio e^{lo} underflows float32 is "no lower bound" in practice.
@@ -64,14 +65,14 @@ def _sortable_key(x: torch.Tensor) -> torch.Tensor:
     """Integer keys (int32 for float32, int64 for float64) ordered like the float values of x
     (-inf < ... < -0.0 < +0.0 < ... < +inf; NaNs at the ends by sign): the magnitude bits of
     negative numbers are flipped."""
-    int_dtype = _INT_OF[x.dtype]
+    int_dtype = INT_DTYPE_OF[x.dtype]
     bits = x.view(int_dtype)
     flip = torch.bitwise_right_shift(bits, torch.iinfo(int_dtype).bits - 1).bitwise_and_(torch.iinfo(int_dtype).max)
     return flip.bitwise_xor_(bits)
 
 
 def _float_of_key(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    int_dtype = _INT_OF[dtype]
+    int_dtype = INT_DTYPE_OF[dtype]
     key = key.to(int_dtype)
     flip = torch.bitwise_right_shift(key, torch.iinfo(int_dtype).bits - 1).bitwise_and_(torch.iinfo(int_dtype).max)
     return torch.bitwise_xor(key, flip).view(dtype)
@@ -83,7 +84,7 @@ def _histogram(index: torch.Tensor, bins: int) -> torch.Tensor:
     Accelerators: a scatter-add (CUDA's bincount reads the maximum back to size its output). The
     CPU: bincount (minlength fixes its size since index < bins; no device to wait for), because a
     CPU scatter-add into a few hot bins is a chain of dependent adds (3x slower here)."""
-    if _bounds._host_checks_are_free(index):
+    if bounds.host_checks_are_free(index):
         return torch.bincount(index, minlength=bins)
     index = index.to(torch.int64)
     ones = torch.ones((), dtype=torch.int64, device=index.device).expand(index.shape)
@@ -99,13 +100,13 @@ def kth_smallest(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     On the CPU (where reading a value back costs nothing) the rounds after the first are one
     kthvalue over the keys that share the chosen top digit."""
     key = _sortable_key(values.reshape(-1))
-    width = torch.iinfo(_INT_OF[values.dtype]).bits
+    width = torch.iinfo(INT_DTYPE_OF[values.dtype]).bits
     target = k.reshape(1).to(torch.int64)
     # The top digit, signed: [-2^15, 2^15) -> [0, 2^16).
     index = torch.bitwise_right_shift(key, width - _DIGIT_BITS).add_(_DIGITS // 2)
     counts = _histogram(index, _DIGITS).cumsum_(0)
     chosen = torch.searchsorted(counts, target).reshape(())
-    if _bounds._host_checks_are_free(key):
+    if bounds.host_checks_are_free(key):
         # The CPU may read back: select among the keys with the chosen top digit only (typically
         # a few percent of them), skipping the remaining full-size rounds.
         below = int(counts[chosen - 1]) if int(chosen) > 0 else 0
@@ -209,7 +210,7 @@ def _bound_sums(batch: LossBatch, terms: TokenTerms, n: torch.Tensor) -> dict[st
             has = has.to(torch.float64)
             count = has * n
             total = torch.where(has > 0, scalar.to(torch.float64), 0.0) * n
-        elif _bounds._host_checks_are_free(bound) and _all_present(bound, side):
+        elif bounds.host_checks_are_free(bound) and _all_present(bound, side):
             count, total = n, _dot(bound, m)  # every valid token has the bound (the CPU may ask)
         else:
             if side == "lower":
@@ -255,9 +256,9 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms, clipped: torch.Tens
     torch.lt(batch.advantages, 0.0, out=buffer)
     fractions["clipfrac_neg_adv"] = (_dot(clipped_f, buffer), _total(buffer))
     # Counted fallback: an unclipped value beyond e^44 (float32) / e^354 (float64) was capped
-    # (see core._max_log).
+    # (see core.max_exponent).
     if terms.log_value is not None:
-        capped = torch.gt(terms.log_value, _max_log(terms.log_value.dtype), out=buffer)
+        capped = torch.gt(terms.log_value, max_exponent(terms.log_value.dtype), out=buffer)
         fractions["value_capped_frac"] = (_dot(capped, m) - _dot(capped, clipped_f), n)
     fractions.update(_bound_sums(batch, terms, n))
     metrics = {"valid_tokens": n, "empty_responses": stats["empty_responses"]}

@@ -13,7 +13,6 @@ import torch
 
 from .bounds import exact_kl_lower_root, exact_kl_upper_root
 from .core import (
-    LossBatch,
     TokenTerms,
     greater_than_one,
     in_unit_interval,
@@ -24,6 +23,7 @@ from .core import (
     reinforce_terms,
     sign_aware_clip,
 )
+from .inputs import LossBatch
 
 _EPIC_CHECKS = {"delta_low": positive, "delta_high": positive}
 _PPO_CHECKS = {"clip_low": in_unit_interval, "clip_high": positive, "dual_clip": optional(greater_than_one)}
@@ -125,7 +125,7 @@ def ripo(batch: LossBatch, *, delta_low: float = 0.05, delta_high: float = 0.05,
 # Masking / weighting modes (REINFORCE form: S_t = sg(w_t) log pi_t)
 # ------------------------------------------------------------------------------------------
 
-def _dppo(batch: LossBatch, move_too_far_up, move_too_far_down, ratio_cap: float,
+def dppo_terms(batch: LossBatch, move_too_far_up, move_too_far_down, ratio_cap: float,
           log_lower: torch.Tensor, log_upper: torch.Tensor) -> TokenTerms:
     """Mask a token whose move is too far in its advantage's direction; -A sg(min(r, C)) log pi on the rest."""
     positive_adv = batch.advantages > 0
@@ -147,7 +147,7 @@ def dppo_tv(batch: LossBatch, *, clip_low: float = 0.15, clip_high: float = 0.15
     # The same rule as a ratio band: r > 1 + eps/mu_t, r < 1 - eps/mu_t (no lower bound if <= 0).
     log_upper = torch.log1p(clip_high / mu)
     log_lower = torch.log(torch.clamp(1.0 - clip_low / mu, min=0.0))
-    return _dppo(batch, diff > clip_high, diff < -clip_low, ratio_cap, log_lower, log_upper)
+    return dppo_terms(batch, diff > clip_high, diff < -clip_low, ratio_cap, log_lower, log_upper)
 
 
 @register_loss("dppo_kl", checks={"clip_low": positive, "clip_high": positive, "ratio_cap": greater_than_one})
@@ -160,7 +160,7 @@ def dppo_kl(batch: LossBatch, *, clip_low: float = 0.05, clip_high: float = 0.05
     log_ratio_not = torch.log(not_mu) - torch.log(-torch.expm1(batch.log_probs))
     kl = mu * (batch.behavior_log_probs - batch.log_probs) + torch.where(not_mu > 0, not_mu * log_ratio_not, 0.0)
     inf = torch.full_like(pi, math.inf)
-    return _dppo(batch, (kl > clip_high) & (pi > mu), (kl > clip_low) & (pi < mu), ratio_cap, -inf, inf)
+    return dppo_terms(batch, (kl > clip_high) & (pi > mu), (kl > clip_low) & (pi < mu), ratio_cap, -inf, inf)
 
 
 @register_loss("cispo", checks={"clip_low": optional(in_unit_interval), "clip_high": positive})

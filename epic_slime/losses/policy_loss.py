@@ -8,7 +8,8 @@ import torch
 
 from . import modes as _modes  # noqa: F401  (registers the modes)
 from . import trust_region as _trust_region  # noqa: F401  (registers cppo, bandpo, acpo, dppo_topk_*)
-from .core import DEFAULT_MAX_BAD_TOKEN_FRAC, LOSS_MODES, aggregate_loss, prepare_batch, resolve_params
+from .core import LOSS_MODES, aggregate_loss, resolve_params
+from .inputs import DEFAULT_MAX_BAD_TOKEN_FRAC, prepare_batch
 from .metrics import policy_loss_metrics
 
 

@@ -17,6 +17,7 @@ behaviour side from what a rollout engine records (SGLang's top log-probs), `gat
 log-probs of ids from logits, `topk_inputs_from_logits` all of it from full logits (the local
 runtime and tests), `synthetic_topk_inputs` random but consistent inputs for benchmarks, and
 `topk_inputs_around` random sets around given sampled-token log-probs (bench/loss_bench.py).
+The loss checks these inputs in `inputs.prepare_batch`.
 """
 
 from __future__ import annotations
@@ -26,14 +27,7 @@ import math
 
 import torch
 
-from .core import _MAX_LOG_PROB, PolicyLossInputError, _first_bad
-
-# A set whose probabilities sum beyond 1 by more than this holds a duplicate (or is not a set of
-# log-probabilities). Loose for 16-bit inputs, whose log-probs carry ~0.4% relative rounding.
-_MASS_TOLERANCE = {torch.float16: 0.05, torch.bfloat16: 0.05}
-_DEFAULT_MASS_TOLERANCE = 1e-3
-# The sampled token counts as "in the set" when one kept column's log mu is this close to its log mu.
-_SAMPLED_LOG_PROB_TOLERANCE = 1e-2
+from .core import PolicyLossInputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,89 +165,3 @@ def topk_inputs_around(log_probs: torch.Tensor, behavior_log_probs: torch.Tensor
     behavior = torch.cat([others(log_weights, behavior_log_probs), behavior_log_probs.detach().to(dtype)[..., None]], -1)
     current = torch.cat([others(current_weights, log_probs), log_probs.detach().to(dtype)[..., None]], -1)
     return TopKInputs(behavior, current, torch.ones(behavior.shape, dtype=torch.bool, device=device))
-
-
-# --------------------------------------------------------------------------------------------
-# Validation (called by core.prepare_batch)
-# --------------------------------------------------------------------------------------------
-
-def prepare_topk_inputs(behavior_topk_log_probs, current_topk_log_probs, topk_mask, valid: torch.Tensor,
-                        dtype: torch.dtype, *, validate: bool = True, behavior_log_probs: torch.Tensor | None = None):
-    """Check the Top-K inputs; return (behavior, current, mask): detached ``dtype`` tensors, -inf
-    where the returned mask [B, T, K] (``topk_mask`` and the token mask ``valid``) is False.
-
-    Raises PolicyLossInputError naming the field: one of the two log-prob tensors without the other,
-    non-tensors, shapes other than [B, T, K] with [B, T] = the token mask's, a non-bool topk_mask,
-    and (``validate``) NaN, +inf or positive log-probs on a used entry (-inf, a probability of 0, is
-    allowed), a set whose probabilities sum
-    beyond 1 (duplicate ids), and a position whose set lacks the sampled token (no used column with
-    log mu within 1e-2 of ``behavior_log_probs``).
-    """
-    if behavior_topk_log_probs is None or current_topk_log_probs is None:
-        missing = "behavior_topk_log_probs" if behavior_topk_log_probs is None else "current_topk_log_probs"
-        raise PolicyLossInputError(
-            f"{missing} is missing: the Top-K inputs are behavior_topk_log_probs and current_topk_log_probs "
-            f"(both [B, T, K]) and optionally topk_mask; pass both log-prob tensors or none")
-    fields = (("behavior_topk_log_probs", behavior_topk_log_probs), ("current_topk_log_probs", current_topk_log_probs))
-    for name, value in fields + (("topk_mask", topk_mask),):
-        if value is not None and not torch.is_tensor(value):
-            raise PolicyLossInputError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    shape = behavior_topk_log_probs.shape
-    if behavior_topk_log_probs.dim() != 3 or shape[:2] != valid.shape or shape[2] < 1:
-        raise PolicyLossInputError(f"behavior_topk_log_probs must be [B, T, K] with [B, T] = "
-                                   f"{tuple(valid.shape)} and K >= 1, got shape {tuple(shape)}")
-    for name, value in fields:
-        if not value.is_floating_point():
-            raise PolicyLossInputError(f"{name} must be floating point, got dtype {value.dtype}")
-    if current_topk_log_probs.shape != shape:
-        raise PolicyLossInputError(f"current_topk_log_probs shape {tuple(current_topk_log_probs.shape)} != "
-                                   f"behavior_topk_log_probs shape {tuple(shape)}")
-    if topk_mask is None:
-        topk_mask = torch.ones(shape, dtype=torch.bool, device=valid.device)
-    elif topk_mask.shape != shape or topk_mask.dtype != torch.bool:
-        raise PolicyLossInputError(f"topk_mask must be a bool tensor of shape {tuple(shape)}, "
-                                   f"got {topk_mask.dtype} {tuple(topk_mask.shape)}")
-    used = topk_mask & valid.unsqueeze(-1)
-    # -inf off the set: exp gives 0 there, so sums over the set need no mask.
-    behavior = torch.where(used, behavior_topk_log_probs.detach().to(dtype), -math.inf)
-    current = torch.where(used, current_topk_log_probs.detach().to(dtype), -math.inf)
-    if validate and used.numel():
-        _validate_topk_values(behavior, current, used, valid, behavior_topk_log_probs.dtype,
-                              None if behavior_log_probs is None else behavior_log_probs.detach().to(dtype))
-    return behavior, current, used
-
-
-def _validate_topk_values(behavior, current, used, valid, input_dtype, behavior_log_probs) -> None:
-    """The value checks of `prepare_topk_inputs` on the stored tensors (-inf off the set; -inf on
-    the set is a probability of 0, allowed): a handful of passes and reductions, one host sync;
-    the messages are built only on failure."""
-    tolerance = _MASS_TOLERANCE.get(input_dtype, _DEFAULT_MASS_TOLERANCE)
-    named = (("behavior_topk_log_probs", behavior), ("current_topk_log_probs", current))
-    # amax propagates NaN: one reduction catches NaN, +inf and positive log-probs.
-    flags = [~(t.amax() <= _MAX_LOG_PROB) for _, t in named]
-    # Probability mass of the set (float32 sums of a few hundred terms: error ~1e-6 << tolerance).
-    mass = [t.exp().sum(-1) for _, t in named]
-    flags += [(m > 1.0 + tolerance).any() for m in mass]
-    nearest = None
-    if behavior_log_probs is not None:
-        nearest = (behavior - behavior_log_probs.unsqueeze(-1)).abs_().amin(dim=-1)  # inf off the set
-        flags.append(((nearest > _SAMPLED_LOG_PROB_TOLERANCE) & valid).any())
-    flags = torch.stack(flags).tolist()  # the one host sync
-    if not any(flags):
-        return
-    for (name, tensor), flag in zip(named, flags[:2]):
-        if flag:
-            bad = used & ~(tensor <= _MAX_LOG_PROB)
-            first = tensor[bad][0]
-            what = "non-finite" if not bool(torch.isfinite(first)) else "positive"
-            raise PolicyLossInputError(f"{name} has a {what} value {float(first)} on a valid token {_first_bad(bad)}")
-    for (name, _), total, flag in zip(named, mass, flags[2:4]):
-        if flag:
-            bad = total > 1.0 + tolerance
-            raise PolicyLossInputError(
-                f"{name} has probabilities summing beyond 1 (duplicate ids? mask them with topk_mask): "
-                f"{float(total[bad][0])} on a valid token {_first_bad(bad)}")
-    bad = (nearest > _SAMPLED_LOG_PROB_TOLERANCE) & valid
-    raise PolicyLossInputError(
-        "behavior_topk_log_probs lacks the sampled token (append it: topk.append_sampled_token); nearest "
-        f"log mu gap {float(nearest[bad][0])} on a valid token {_first_bad(bad)}")

@@ -14,19 +14,19 @@ import math
 import torch
 
 from .core import (
-    LossBatch,
     PolicyLossInputError,
     TokenTerms,
-    _safe_exp,
     greater_than_one,
     in_unit_interval,
     nonnegative,
     one_of,
     positive,
     register_loss,
+    safe_exp,
     sign_aware_clip,
 )
-from .modes import _dppo
+from .inputs import LossBatch
+from .modes import dppo_terms
 
 BANDPO_GENERATORS = ("kl", "tv", "chi2")
 ACPO_BINS = 5
@@ -108,7 +108,7 @@ def cppo(batch: LossBatch, *, delta: float = 0.2, weight_min: float = 0.8, budge
     moves_away = ((advantages > 0) & (log_ratio > 0)) | ((advantages < 0) & (log_ratio < 0))
     masked = moves_away & (weighted > threshold)
     # "Loss on kept tokens": a masked token contributes neither value nor gradient.
-    value = torch.where(masked, 0.0, advantages * _safe_exp(log_ratio))
+    value = torch.where(masked, 0.0, advantages * safe_exp(log_ratio))
     coef = value
 
     # The rule as a ratio band (metrics): Z_t <= c_t  <=>  |r_t - 1| <= max(c_t, 0) / (w_t q_t).
@@ -304,7 +304,7 @@ def _dppo_topk(batch: LossBatch, divergence: torch.Tensor, name: str, clip_low: 
     up = batch.log_probs > batch.behavior_log_probs
     down = batch.log_probs < batch.behavior_log_probs
     inf = torch.full_like(batch.log_probs, math.inf)
-    terms = _dppo(batch, (divergence > clip_high) & up, (divergence > clip_low) & down, ratio_cap, -inf, inf)
+    terms = dppo_terms(batch, (divergence > clip_high) & up, (divergence > clip_low) & down, ratio_cap, -inf, inf)
     count = batch.valid.sum(dtype=torch.float64).clamp(min=1.0)
     terms.extra_metrics[f"topk_{name}_mean"] = torch.where(batch.valid, divergence, 0.0).sum() / count
     return terms
