@@ -1,14 +1,13 @@
 """Table 1 and curves from eval records (same as `epic-slime report`).
 
     python eval/report.py --records RECORDS.jsonl [more files or folders] --out REPORT_DIR
+
+Imports the installed package (`pip install -e .`).
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from epic_slime.evaluation.report import main  # noqa: E402
+from epic_slime.evaluation.report import main
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))

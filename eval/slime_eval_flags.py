@@ -1,15 +1,14 @@
 """Print slime's eval flags for the paper's protocol on prepared data (paste into a launch script).
 
     python eval/slime_eval_flags.py DATA_DIR
+
+Imports the installed package (`pip install -e .`).
 """
 
-import os
 import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from epic_slime.evaluation.config import slime_eval_arguments  # noqa: E402
+from epic_slime.evaluation.config import slime_eval_arguments
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
