@@ -233,7 +233,6 @@ def _mask_bad_tokens(checks, valid: torch.Tensor, max_frac: float) -> tuple[torc
     return bad, valid & ~bad
 
 
-
 # --------------------------------------------------------------------------------------------
 # Validation of the Top-K inputs (called by prepare_batch)
 # --------------------------------------------------------------------------------------------
