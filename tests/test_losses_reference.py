@@ -175,7 +175,7 @@ def test_bfloat16_inputs_are_accepted_and_close_to_float32():
     assert float(out16.loss.detach()) == pytest.approx(float(out32.loss), rel=0.05, abs=1e-3)
 
 
-# The paper defaults of every mode and its default aggregation (README table; docs/losses.md).
+# The paper defaults of every mode and its default aggregation (docs/losses.md, checked by tests/test_docs.py).
 PAPER_DEFAULTS = {
     "epic": ({"delta_low": 5e-4, "delta_high": 2e-3}, "seq-mean-token-mean"),
     "epic_raw_prob": ({"delta_low": 5e-4, "delta_high": 2e-3}, "seq-mean-token-mean"),
