@@ -769,16 +769,14 @@ def measure_runtime(steps: int, out: Path, config: str) -> dict:
     from epic_slime.runtime.config import parse_config
     from epic_slime.runtime.driver import run_training
     from epic_slime.runtime.rollout import PolicyEngine
-    from epic_slime.runtime.task import train_problem
+    from epic_slime.runtime.tasks import train_problem
     from epic_slime.runtime.trainer import PolicyTrainer, group_advantages
-    from epic_slime.runtime.warmstart import load_or_train_warm_start
+    from epic_slime.runtime.warmstart import warm_start_for
 
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="epic_slime_schedsim_"))
     cfg = parse_config(["--config", config, "--output-dir", str(root / "probe")])
-    state, _ = load_or_train_warm_start(cfg.model, cfg.task, steps=cfg.warm_start_steps, lr=cfg.warm_start_lr,
-                                        batch_size=cfg.warm_start_batch_size, seed=cfg.warm_start_seed_or_seed,
-                                        cache_dir=cfg.warm_start_cache_dir, answer_noise=cfg.warm_start_answer_noise)
+    state, _ = warm_start_for(cfg)
     engine = PolicyEngine(cfg.model, state, 0, dtype=cfg.rollout_dtype, seed=cfg.seed)
     per_request = max(1, cfg.rollout_batch_size // cfg.num_rollout_workers)
     sampling = dict(n_samples=cfg.n_samples_per_prompt, temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p,

@@ -75,7 +75,8 @@ def write_tokenizer(out_dir: str) -> str:
 def write_prompts(path: str, count: int, seed: int, first_pid: int = 0) -> None:
     """Synthetic-task prompts as slime reads them (--input-key prompt --label-key label
     --metadata-key metadata); metadata.pid identifies a prompt across runs."""
-    from epic_slime.runtime.task import BOS, TaskConfig, train_problem
+    from epic_slime.runtime.task import BOS, TaskConfig
+    from epic_slime.runtime.tasks import train_problem
 
     with open(path, "w") as f:
         for i in range(count):

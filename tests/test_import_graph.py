@@ -14,11 +14,8 @@ import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "epic_slime"
 
-# Circles being removed by the lead's part of issue 18 (tasks move into the runtime; the study's
-# report stops computing with the runner's helpers). Delete each entry once its circle is gone.
+# Circles being removed (issue 18). Delete each entry once its circle is gone.
 KNOWN_TO_BE_REMOVED = (
-    frozenset({"epic_slime.runtime.task", "epic_slime.study.task"}),
-    frozenset({"epic_slime.study.report", "epic_slime.study.runner"}),
     # Found by this test, not yet assigned (two deferred imports: routing reads the rollout-function
     # path from flags, flags calls routing's R3 check); reported to the lead.
     frozenset({"epic_slime.slime.flags", "epic_slime.slime.routing"}),

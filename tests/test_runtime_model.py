@@ -7,7 +7,8 @@ import torch
 
 from epic_slime.runtime.model import ModelConfig, _top_p_filter, build_policy, response_log_probs, sample
 from epic_slime.runtime.rollout import PolicyEngine
-from epic_slime.runtime.task import TaskConfig, Tokenizer, train_problem
+from epic_slime.runtime.task import TaskConfig, Tokenizer
+from epic_slime.runtime.tasks import train_problem
 
 TOK = Tokenizer()
 

@@ -4,8 +4,9 @@ import re
 
 import pytest
 
-from epic_slime.runtime.task import (ANSWER, TaskConfig, Tokenizer, answer_reward, eval_problems, is_heldout,
-                                     make_problem, parse_answer, train_problem)
+from epic_slime.runtime.task import ANSWER, TaskConfig, Tokenizer, answer_reward, make_problem, parse_answer
+from epic_slime.runtime.task_arith import is_heldout
+from epic_slime.runtime.tasks import TASKS, eval_problems, get_task, train_problem, validate_task_config
 
 
 def _left_to_right(prompt: str) -> int:
@@ -71,3 +72,18 @@ def test_exact_verifier():
     assert parse_answer("Answer:") is None and parse_answer("Answer:12") == 12
     p = make_problem([7, 9, 5], ["+", "-"])
     assert answer_reward(enc(p.solution), p.answer, tok) == 1.0 and p.answer == 11
+
+
+def test_the_registry_names_each_task_once_and_checks_its_limits():
+    assert sorted(TASKS) == ["arith", "chain"]
+    assert get_task("chain").modulus == 10 and get_task("arith").modulus is None
+    with pytest.raises(ValueError, match="task_name must be one of \\['arith', 'chain'\\], got 'poetry'"):
+        get_task("poetry")
+    validate_task_config(TaskConfig(name="chain", min_operands=12, max_operands=14))
+    with pytest.raises(ValueError, match="<= 6"):
+        validate_task_config(TaskConfig(max_operands=7))            # the arithmetic task's own limit
+    with pytest.raises(ValueError, match="<= 14"):
+        validate_task_config(TaskConfig(name="chain", min_operands=12, max_operands=15))
+    # dispatch by name: the chain task's stream differs from the arithmetic one for the same (index, seed)
+    assert train_problem(3, 1, TaskConfig(name="chain", min_operands=9, max_operands=9)).prompt.count("+") + \
+        train_problem(3, 1, TaskConfig(name="chain", min_operands=9, max_operands=9)).prompt.count("-") == 8

@@ -7,7 +7,8 @@ import torch
 
 from epic_slime.runtime.model import ModelConfig, build_policy, response_log_probs
 from epic_slime.runtime.rollout import PolicyEngine
-from epic_slime.runtime.task import TaskConfig, Tokenizer, train_problem
+from epic_slime.runtime.task import TaskConfig, Tokenizer
+from epic_slime.runtime.tasks import train_problem
 from epic_slime.runtime.trainer import PolicyTrainer, group_advantages
 
 TOK = Tokenizer()

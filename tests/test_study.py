@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from epic_slime.runtime.config import ConfigError, parse_config
-from epic_slime.runtime.task import TaskConfig, Tokenizer, answer_reward, eval_problems
-from epic_slime.runtime.task import train_problem as runtime_train_problem
+from epic_slime.runtime.task import TaskConfig, Tokenizer, answer_reward
+from epic_slime.runtime.task_chain import make_chain_problem, split_of, split_problems, train_problem
+from epic_slime.runtime.tasks import eval_problems
+from epic_slime.runtime.tasks import train_problem as runtime_train_problem
 from epic_slime.runtime.trainer import mean_token_entropy
 from epic_slime.study import analysis
 from epic_slime.study.entropy import position_entropy
-from epic_slime.study.task import make_chain_problem, split_of, split_problems, train_problem
 
 CHAIN = TaskConfig(min_operands=12, max_operands=13, eval_num_prompts=32, name="chain")
 

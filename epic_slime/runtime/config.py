@@ -19,6 +19,7 @@ import yaml
 
 from .model import ModelConfig
 from .task import TaskConfig
+from .tasks import TASKS, validate_task_config
 
 
 class ConfigError(ValueError):
@@ -82,6 +83,9 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "warm_start_lr": (float, 3e-3, _positive_float, None, "warm-start learning rate"),
     "warm_start_answer_noise": (float, 0.8, lambda v: isinstance(v, float) and 0.0 <= v < 1.0, None,
                                 "share of warm-start solutions whose final answer is off by 1..3 (a sloppy base model)"),
+    "warm_start_step_noise": (float, 0.0, lambda v: isinstance(v, float) and 0.0 <= v < 1.0, None,
+                              "per-step chance that a warm-start solution's step result is wrong, carried on "
+                              "(a careless base model: exact copies, uncertain results; 0: off)"),
     "warm_start_batch_size": (int, 64, _positive_int, None, "warm-start batch size"),
     "warm_start_seed": (int, None, _nonneg_int, None, "seed of the warm start (default: --seed); one value for "
                         "several seeds gives them the same base policy"),
@@ -96,7 +100,7 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "model_moe_intermediate_size": (int, 64, _positive_int, None, "expert MLP width"),
     "model_max_positions": (int, 64, _positive_int, None, "longest prompt + response the model takes"),
     # --- task ---
-    "task_name": (str, "arith", None, ("arith", "chain"), "arith: short chains; chain: the study's ~70-token chains"),
+    "task_name": (str, "arith", None, tuple(TASKS), "arith: short chains; chain: the study's long chains modulo 10"),
     "task_min_operands": (int, 2, _positive_int, None, "fewest operands per problem"),
     "task_max_operands": (int, 3, _positive_int, None, "most operands per problem"),
     "task_max_operand": (int, 9, _positive_int, None, "operands are drawn from 0..this"),
@@ -298,7 +302,7 @@ def _validate(cfg: RuntimeConfig) -> None:
         raise ConfigError(f"task_min_operands ({v['task_min_operands']}) > task_max_operands ({v['task_max_operands']})")
     try:
         cfg.model.validate()
-        cfg.task.validate()
+        validate_task_config(cfg.task)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     from .task import VOCAB

@@ -34,7 +34,8 @@ from epic_slime.metric_names import runtime_to_shared
 from .config import ConfigError, RuntimeConfig, resume_differences
 from .progress import Progress, say
 from .staleness import Accounting, Group, select_batch
-from .task import Tokenizer, eval_problems, train_problem
+from .task import Tokenizer
+from .tasks import eval_problems, train_problem
 from .tensorboard_log import log_scalars, open_tensorboard
 
 HELDOUT = "heldout"
@@ -524,7 +525,8 @@ class Run:
         init_state, provenance = load_or_train_warm_start(
             cfg.model, self.task, steps=cfg.warm_start_steps, lr=cfg.warm_start_lr,
             batch_size=cfg.warm_start_batch_size, seed=cfg.warm_start_seed_or_seed, cache_dir=cfg.warm_start_cache_dir,
-            answer_noise=cfg.warm_start_answer_noise, progress=cfg.progress)
+            answer_noise=cfg.warm_start_answer_noise, step_noise=cfg.warm_start_step_noise,
+            progress=cfg.progress)
         warm_s = time.time() - t0
         self.wandb = _open_wandb(cfg)
         self.tensorboard = open_tensorboard(cfg.use_tensorboard, cfg.tensorboard_dir, cfg.output_dir)

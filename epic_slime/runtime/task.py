@@ -1,19 +1,15 @@
-"""Synthetic verifiable math task: multi-step integer arithmetic with an `Answer:` line.
+"""The synthetic tasks' shared text format: vocabulary, tokenizer, problems, and the exact verifier.
 
 Prompt  : <bos> 3+5-2=
 Response: 3+5=8;8-2=6;Answer:6<eos>
 
 The tokenizer is character level plus two specials (`Answer:` is one token so that the verifier
-and the model agree on where the answer starts). Problems are a pure function of (seed, index), so
-a data position is a single integer and a resumed run draws exactly the prompts it would have drawn.
-The held-out split is fixed by a hash of the problem text, independent of the seed, and the train
-sampler never returns a held-out problem.
+and the model agree on where the answer starts). The tasks themselves (which problems, which are
+held out) are `task_arith` and `task_chain`, chosen by name through the registry `tasks.TASKS`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import random
 import re
 from dataclasses import dataclass
 
@@ -71,14 +67,12 @@ class TaskConfig:
     ops: str = "+-"               # any of "+-*"
     eval_num_prompts: int = 64    # size of the held-out split actually evaluated
     eval_fraction: float = 0.1    # share of all problems reserved for held-out evaluation
-    name: str = "arith"           # "chain": the study's long-response task (epic_slime.study.task)
+    name: str = "arith"           # a key of `epic_slime.runtime.tasks.TASKS`
 
     def validate(self) -> None:
-        if self.name not in ("arith", "chain"):
-            raise ValueError(f"task_name must be 'arith' or 'chain', got {self.name!r}")
-        most = 14 if self.name == "chain" else 6
-        if not 2 <= self.min_operands <= self.max_operands <= most:
-            raise ValueError(f"task: need 2 <= task_min_operands ({self.min_operands}) <= task_max_operands ({self.max_operands}) <= {most}")
+        """The ranges every task shares; `tasks.validate_task_config` adds the task's own limits."""
+        if not 2 <= self.min_operands <= self.max_operands:
+            raise ValueError(f"task: need 2 <= task_min_operands ({self.min_operands}) <= task_max_operands ({self.max_operands})")
         if not 1 <= self.max_operand <= 99:
             raise ValueError(f"task_max_operand must be in [1, 99], got {self.max_operand}")
         if not self.ops or any(o not in "+-*" for o in self.ops):
@@ -110,61 +104,6 @@ def make_problem(operands: list[int], ops: list[str], modulus: int | None = None
         acc = new
     prompt = str(operands[0]) + "".join(f"{op}{b}" for op, b in zip(ops, operands[1:])) + "="
     return Problem(prompt=prompt, solution="".join(steps) + f"{ANSWER}{acc}", answer=acc)
-
-
-def _random_problem(rng: random.Random, cfg: TaskConfig) -> Problem:
-    n = rng.randint(cfg.min_operands, cfg.max_operands)
-    operands = [rng.randint(0, cfg.max_operand) for _ in range(n)]
-    ops = [rng.choice(cfg.ops) for _ in range(n - 1)]
-    return make_problem(operands, ops)
-
-
-def is_heldout(prompt: str, cfg: TaskConfig) -> bool:
-    h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big")
-    return (h % 10_000) < cfg.eval_fraction * 10_000
-
-
-def train_problem(index: int, seed: int, cfg: TaskConfig) -> Problem:
-    """The index-th training problem of a seed (rejection-samples away from the held-out split)."""
-    if cfg.name == "chain":
-        from epic_slime.study.task import train_problem as chain_train_problem
-        return chain_train_problem(index, seed, cfg)
-    rng = random.Random(f"train/{seed}/{index}")
-    while True:
-        p = _random_problem(rng, cfg)
-        if not is_heldout(p.prompt, cfg):
-            return p
-
-
-def eval_problems(cfg: TaskConfig) -> list[Problem]:
-    """The held-out split: fixed for a task config (seed-independent), distinct prompts, stratified by
-    operand count in the training proportions (as far as a stratum has enough held-out problems).
-    The chain task's held-out split is its validation split (its test split is the study's)."""
-    if cfg.name == "chain":
-        from epic_slime.study.task import split_problems
-        return split_problems("validation", cfg)
-    rng = random.Random("heldout")
-    counts = list(range(cfg.min_operands, cfg.max_operands + 1))
-    strata: dict[int, dict[str, Problem]] = {n: {} for n in counts}
-    quota = {n: cfg.eval_num_prompts // len(counts) + (1 if i < cfg.eval_num_prompts % len(counts) else 0)
-             for i, n in enumerate(counts)}
-    for _ in range(400_000):
-        if all(len(strata[n]) >= quota[n] for n in counts):
-            break
-        p = _random_problem(rng, cfg)
-        n = len(re.findall(r"\d+", p.prompt))
-        if is_heldout(p.prompt, cfg) and len(strata[n]) < 4 * quota[n]:
-            strata[n].setdefault(p.prompt, p)
-    out: list[Problem] = []
-    for n in counts:   # a small stratum gives what it has; the others fill up the total
-        out.extend(list(strata[n].values())[: quota[n]])
-    spare = [p for n in counts for p in list(strata[n].values())[quota[n]:]]
-    out.extend(spare[: cfg.eval_num_prompts - len(out)])
-    if len(out) < cfg.eval_num_prompts:
-        raise ValueError(
-            f"task_eval_num_prompts={cfg.eval_num_prompts} exceeds the {len(out)} held-out problems this task "
-            f"config has; lower it or widen the task (task_max_operand, task_max_operands)")
-    return out
 
 
 _ANSWER_RE = re.compile(r"Answer:(-?\d+)$")

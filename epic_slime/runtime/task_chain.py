@@ -1,15 +1,15 @@
-"""The study task: long chains of intermediate results (reasoning-like responses for the loss).
+"""The chain task: long chains of intermediate results (reasoning-like responses for the loss).
 
 Arithmetic modulo 10, left to right, one step per operator:
 
-Prompt  : <bos>3+5-2+7-9+4+1-6+8+2-4=
-Response: 3+5=8;8-2=6;6+7=3;3-9=4;4+4=8;8+1=9;9-6=3;3+8=1;1+2=3;3-4=9;Answer:9<eos>
+Prompt  : <bos>3+5-2+7-9+4+1-6+8=
+Response: 3+5=8;8-2=6;6+7=3;3-9=4;4+4=8;8+1=9;9-6=3;3+8=1;Answer:1<eos>
 
-Same tokenizer and verifier as the default task (`epic_slime.runtime.task`), but `task_min_operands`
-..`task_max_operands` (11..12 in the study configs) single-digit operands, so a response is about
-66 tokens and every step `a op b = c;` carries a fresh, uncertain result (c) next to near-certain
-copies (a, op, b): the policy's uncertainty is spread over the whole response instead of sitting at
-one answer token. Modulo 10 keeps every number one digit, so a tiny model can learn the steps.
+Same tokenizer and verifier as the arithmetic task (`epic_slime.runtime.task`), but
+`task_min_operands`..`task_max_operands` single-digit operands, so that every step `a op b = c;`
+carries a fresh, uncertain result (c) next to exact copies (a, op, b): the policy's uncertainty is
+spread over the whole response instead of sitting at one answer token. Modulo 10 keeps every number
+one digit, so a tiny model can learn the steps. The study (`epic_slime.study`) chooses it by name.
 
 Splits (by a fixed hash of the prompt, seed-independent): 5% validation (checkpoint selection,
 what the runtime evaluates as `heldout`), 5% test (reported, never used to select), 90% train.
@@ -20,9 +20,11 @@ from __future__ import annotations
 import hashlib
 import random
 
-from epic_slime.runtime.task import Problem, TaskConfig, make_problem
+from .task import Problem, TaskConfig, make_problem
 
-TASK_NAME = "chain"
+NAME = "chain"
+MODULUS = 10
+MAX_OPERANDS = 14
 SPLITS = ("train", "validation", "test")
 _VALIDATION_SHARE = 0.05
 _TEST_SHARE = 0.05
@@ -32,7 +34,7 @@ def make_chain_problem(operands: list[int], ops: list[str]) -> Problem:
     """Left-to-right evaluation modulo 10 (operands 0..9), one `a op b = c;` step per operator."""
     if any(not 0 <= x <= 9 for x in operands) or any(o not in "+-" for o in ops) or len(ops) != len(operands) - 1:
         raise ValueError(f"chain problem: operands must be digits and ops '+'/'-', one fewer op; got {operands}, {ops}")
-    return make_problem(operands, ops, modulus=10)
+    return make_problem(operands, ops, modulus=MODULUS)
 
 
 def _random_problem(rng: random.Random, cfg: TaskConfig) -> Problem:
@@ -77,3 +79,8 @@ def split_problems(split: str, cfg: TaskConfig) -> list[Problem]:
         raise ValueError(f"task_eval_num_prompts={cfg.eval_num_prompts}: the {split} split of this task config "
                          f"has only {len(out)} distinct prompts found")
     return list(out.values())
+
+
+def eval_problems(cfg: TaskConfig) -> list[Problem]:
+    """What the runtime evaluates as `heldout`: the validation split (the test split is the study's)."""
+    return split_problems("validation", cfg)
