@@ -11,21 +11,25 @@ import hashlib
 import json
 import os
 import random
+import re
 from pathlib import Path
 
 import torch
 
 from .model import ModelConfig, build_policy, response_log_probs
-from .task import ANSWER, TaskConfig, Tokenizer, train_problem
+from .task import ANSWER, TaskConfig, Tokenizer
+from .tasks import get_task, train_problem
 
 WARM_START_VERSION = 1   # bump when the recipe changes so old cache entries are not reused
 
 
 def warm_start_key(model_cfg: ModelConfig, task_cfg: TaskConfig, steps: int, lr: float, batch_size: int, seed: int,
-                   answer_noise: float) -> str:
-    blob = json.dumps({"model": model_cfg.__dict__, "task": task_cfg.__dict__, "steps": steps, "lr": lr,
-                       "batch_size": batch_size, "seed": seed, "answer_noise": answer_noise,
-                       "recipe": WARM_START_VERSION}, sort_keys=True)
+                   answer_noise: float, step_noise: float = 0.0) -> str:
+    recipe = {"model": model_cfg.__dict__, "task": task_cfg.__dict__, "steps": steps, "lr": lr,
+              "batch_size": batch_size, "seed": seed, "answer_noise": answer_noise, "recipe": WARM_START_VERSION}
+    if step_noise:      # only when used, so that every existing cache entry keeps its key
+        recipe["step_noise"] = step_noise
+    blob = json.dumps(recipe, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -34,9 +38,35 @@ def default_cache_dir() -> Path:
     return Path(base) / "epic-slime" / "warm_start"
 
 
-def warm_start_target(problem, rng: random.Random, answer_noise: float) -> str:
+_STEP = re.compile(r"(-?\d+)([+\-*])(-?\d+)=(-?\d+);")
+
+
+def slipped_solution(problem, rng: random.Random, step_noise: float, modulus: int | None) -> str:
+    """The solution with arithmetic slips: each step's result is wrong with probability `step_noise`
+    (off by 1..3, or by 1..modulus-1 modulo `modulus`), and every later step carries the wrong value on
+    consistently, as a careless solver would. Copies (operands, operators) stay exact, so the imitating
+    policy is certain where the prompt decides and uncertain at every step's result."""
+    steps, acc = [], None
+    for a, op, b, _ in _STEP.findall(problem.solution):
+        a = int(a) if acc is None else acc
+        b = int(b)
+        new = a + b if op == "+" else a - b if op == "-" else a * b
+        if modulus is not None:
+            new %= modulus
+        if rng.random() < step_noise:
+            new = (new + rng.randint(1, modulus - 1)) % modulus if modulus else new + rng.choice((-3, -2, -1, 1, 2, 3))
+        steps.append(f"{a}{op}{b}={new};")
+        acc = new
+    return "".join(steps) + f"{ANSWER}{acc}"
+
+
+def warm_start_target(problem, rng: random.Random, answer_noise: float, step_noise: float = 0.0,
+                      modulus: int | None = None) -> str:
     """The solution text the warm start imitates: with probability `answer_noise` the steps are right
-    but the final `Answer:` is off by 1..3 (a sloppy base model: knows how, often does not finish right)."""
+    but the final `Answer:` is off by 1..3 (a sloppy base model: knows how, often does not finish right);
+    with `step_noise` > 0 each step's result slips with that probability (`slipped_solution`)."""
+    if step_noise > 0:
+        return slipped_solution(problem, rng, step_noise, modulus)
     if rng.random() >= answer_noise:
         return problem.solution
     wrong = problem.answer + rng.choice((-3, -2, -1, 1, 2, 3))
@@ -45,18 +75,20 @@ def warm_start_target(problem, rng: random.Random, answer_noise: float) -> str:
 
 
 def supervised_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, steps: int, lr: float, batch_size: int,
-                          seed: int, answer_noise: float = 0.0, on_step=None) -> dict:
+                          seed: int, answer_noise: float = 0.0, step_noise: float = 0.0, on_step=None) -> dict:
     """on_step(step, loss): called after every step (progress output)."""
     tok = Tokenizer()
     model = build_policy(model_cfg, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(f"warm/{seed}")
+    modulus = get_task(task_cfg.name).modulus
     for step in range(steps):
         # problems from a separate stream of indices (negative), so RL data is not memorised verbatim
         probs = [train_problem(-1 - rng.randrange(1 << 30), seed, task_cfg) for _ in range(batch_size)]
         prompts = [[tok.bos_id] + tok.encode(p.prompt) for p in probs]
-        targets = [tok.encode(warm_start_target(p, rng, answer_noise)) + [tok.eos_id] for p in probs]
+        targets = [tok.encode(warm_start_target(p, rng, answer_noise, step_noise, modulus)) + [tok.eos_id]
+                   for p in probs]
         lp, mask = response_log_probs(model, prompts, targets, 1.0, tok.pad_id)
         loss = -((lp * mask).sum(1) / mask.sum(1)).mean()
         opt.zero_grad(set_to_none=True)
@@ -73,7 +105,8 @@ def supervised_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, steps
 
 def load_or_train_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, steps: int, lr: float,
                              batch_size: int, seed: int, cache_dir: str | Path | None,
-                             answer_noise: float = 0.0, progress: bool = False) -> tuple[dict, str]:
+                             answer_noise: float = 0.0, step_noise: float = 0.0,
+                             progress: bool = False) -> tuple[dict, str]:
     """(state_dict, provenance) where provenance is "cache:<path>", "trained:<path>" or "fresh-init".
     progress: say what happens (cached at PATH / training with a progress bar)."""
     from .progress import Progress, say
@@ -82,7 +115,7 @@ def load_or_train_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, st
         tok = Tokenizer()
         model = build_policy(model_cfg, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}, "fresh-init"
-    key = warm_start_key(model_cfg, task_cfg, steps, lr, batch_size, seed, answer_noise)
+    key = warm_start_key(model_cfg, task_cfg, steps, lr, batch_size, seed, answer_noise, step_noise)
     path = Path(cache_dir or default_cache_dir()) / f"{key}.pt"
     if path.exists():
         try:
@@ -97,7 +130,7 @@ def load_or_train_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, st
     bar = Progress(steps, desc="warm start", enabled=progress, interval=max(1, steps // 5))
     try:
         state = supervised_warm_start(model_cfg, task_cfg, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
-                                      answer_noise=answer_noise, on_step=lambda i, loss: bar.update(i, {"loss": loss}))
+                                      answer_noise=answer_noise, step_noise=step_noise, on_step=lambda i, loss: bar.update(i, {"loss": loss}))
     finally:
         bar.close()
     try:
@@ -108,3 +141,12 @@ def load_or_train_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, st
     except OSError as e:
         print(f"warm start: could not write cache {path} ({e}); continuing without cache")
     return state, f"trained:{path}"
+
+
+def warm_start_for(cfg, progress: bool = False) -> tuple[dict, str]:
+    """The warm start of a run configuration (`epic_slime.runtime.config.RunConfig`): one call site
+    for the driver, the study and the benches, so that every recipe field reaches the cache key."""
+    return load_or_train_warm_start(
+        cfg.model, cfg.task, steps=cfg.warm_start_steps, lr=cfg.warm_start_lr,
+        batch_size=cfg.warm_start_batch_size, seed=cfg.warm_start_seed_or_seed, cache_dir=cfg.warm_start_cache_dir,
+        answer_noise=cfg.warm_start_answer_noise, step_noise=cfg.warm_start_step_noise, progress=progress)
