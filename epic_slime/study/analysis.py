@@ -9,20 +9,23 @@ from __future__ import annotations
 import math
 import statistics
 
+# scipy is imported inside the functions that need it: the run phase imports this module too, and
+# the statistics are only needed when the report is written.
+
 POSITION_BINS = 10
 CLIPFRAC_BIN = "train/policy/clipfrac_position_bin_{}"
 
-# Two-sided 95% Student-t quantiles t_{0.975, df} (df = 1..30); beyond 30 the normal 1.96 is
-# within 2% of the exact value.
-_T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
-         2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
-         2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423)
+ALPHA = 0.05          # two-sided level of every interval and test in the study
+POWER = 0.80          # the power a "detectable" difference is computed for
 
 
 def t_quantile_975(df: int) -> float:
+    """t_{0.975, df} (scipy.stats.t), the half-width factor of a two-sided 95% interval."""
     if df < 1:
         raise ValueError(f"t quantile: degrees of freedom must be >= 1, got {df}")
-    return _T975[df - 1] if df <= len(_T975) else 1.96
+    from scipy import stats
+
+    return float(stats.t.ppf(1 - ALPHA / 2, df))
 
 
 def mean_sd(values: list[float]) -> tuple[float, float | None]:
@@ -42,9 +45,59 @@ def paired_difference(method: dict[int, float], baseline: dict[int, float]) -> d
     diffs = [method[s] - baseline[s] for s in seeds]
     mean = statistics.fmean(diffs)
     if len(diffs) < 2:
-        return {"n": 1, "mean": mean, "low": None, "high": None, "seeds": seeds}
+        return {"n": 1, "mean": mean, "low": None, "high": None, "seeds": seeds, "diffs": diffs}
     half = t_quantile_975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return {"n": len(diffs), "mean": mean, "low": mean - half, "high": mean + half, "seeds": seeds}
+    return {"n": len(diffs), "mean": mean, "low": mean - half, "high": mean + half, "seeds": seeds, "diffs": diffs}
+
+
+def paired_t_power(delta: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided paired t-test at level alpha with n pairs when the true mean difference is
+    delta and the sd of one pair's difference is sd (noncentral t, scipy.stats.nct)."""
+    from scipy import stats
+
+    if n < 2:
+        return 0.0
+    if sd <= 0:
+        return 1.0 if delta != 0 else alpha
+    df, nc = n - 1, abs(delta) * math.sqrt(n) / sd          # the test is symmetric in the sign of delta
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    upper = float(stats.nct.sf(crit, df, nc))
+    lower = float(stats.nct.cdf(-crit, df, nc))   # the far tail: scipy returns NaN once it underflows
+    return upper + (lower if math.isfinite(lower) else 0.0)
+
+
+def minimum_detectable_difference(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float | None:
+    """The smallest true paired difference that n pairs detect with the given power (None for n < 2)."""
+    from scipy import optimize
+
+    if n < 2:
+        return None
+    if sd <= 0:
+        return 0.0
+    hi = sd
+    while paired_t_power(hi, sd, n, alpha) < power:
+        hi *= 2
+    return float(optimize.brentq(lambda d: paired_t_power(d, sd, n, alpha) - power, 0.0, hi, xtol=1e-10))
+
+
+def pairs_needed(delta: float, sd: float, power: float = POWER, alpha: float = ALPHA, most: int = 10_000) -> int | None:
+    """The fewest pairs (seeds) that detect a true difference delta with the given power (None: > most)."""
+    if sd <= 0:
+        return 2
+    for n in range(2, most + 1):
+        if paired_t_power(delta, sd, n, alpha) >= power:
+            return n
+    return None
+
+
+def bootstrap_mean_interval(values: list[float], seed: int = 0, resamples: int = 2000) -> tuple[float, float]:
+    """95% percentile bootstrap interval of a mean (scipy.stats.bootstrap; e.g. over prompts)."""
+    import numpy as np
+    from scipy import stats
+
+    res = stats.bootstrap((np.asarray(values, dtype=float),), np.mean, confidence_level=1 - ALPHA,
+                          n_resamples=resamples, method="percentile", rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def interval_excludes_zero(diff: dict) -> bool:

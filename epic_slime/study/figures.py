@@ -100,3 +100,54 @@ def curve_figure(runs_by_method: dict[str, list[list[dict]]], key: str, label: s
     ax.set_title(f"{label.split(' (')[0]}, mean over seeds, setting {setting}", fontsize=9)
     ax.legend(fontsize=7); ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def ladder_figure(summary: dict, axes: dict[str, list[dict]], methods: list[str], warm_start: float, chance: float,
+                  k: int, path: Path) -> Path:
+    """Test mean@k at the last checkpoint against lag (top: D at K = 0, K at D = 8; one line per method,
+    95% t intervals over seeds) and the collapse rate (bottom); the warm start and chance as lines."""
+    from .analysis import t_quantile_975
+
+    plt = _plt()
+    plt.rcParams.update({"font.size": 13})
+    fig, grid = plt.subplots(2, 2, figsize=(14, 9), sharey="row", gridspec_kw={"height_ratios": [2, 1]})
+    colors = plt.get_cmap("tab10")
+    for col, (axis, lags) in enumerate(axes.items()):
+        top, bottom = grid[0][col], grid[1][col]
+        xs = [lag[axis] for lag in lags]
+        for i, m in enumerate(methods):
+            pts = [(lag[axis], summary["cells"][lag["setting"]]["methods"].get(m)) for lag in lags]
+            pts = [(x, d) for x, d in pts if d is not None]
+            if not pts:
+                continue
+            x = [p[0] for p in pts]
+            y = [p[1]["test_last_mean"] for p in pts]
+            err = [t_quantile_975(p[1]["n_seeds"] - 1) * p[1]["test_last_sd"] / p[1]["n_seeds"] ** 0.5
+                   if p[1]["test_last_sd"] is not None else 0.0 for p in pts]
+            # spread the methods' markers a little so that their intervals do not hide each other
+            offset = (i - (len(methods) - 1) / 2) * 0.025
+            xt = [v * 2 ** offset if axis == "D" else v + offset * max(1, max(xs)) for v in x]
+            top.errorbar(xt, y, yerr=err, marker="o", ms=6, lw=2, capsize=4, color=colors(i), label=m)
+            bottom.plot(xt, [p[1]["collapse_frac"] for p in pts], marker="s", ms=6, lw=2, color=colors(i), label=m)
+        top.axhline(warm_start, color="k", ls="--", lw=1.5, label="warm start")
+        top.axhline(chance, color="gray", ls=":", lw=1.5, label="chance")
+        if axis == "D":
+            for ax in (top, bottom):
+                ax.set_xscale("log", base=2)
+        for ax in (top, bottom):
+            ax.set_xticks(xs, [str(v) for v in xs])
+            ax.grid(alpha=0.3)
+        top.set_title("update depth D (synchronous, K = 0)" if axis == "D" else "staleness bound K (D = 8, asynchronous)")
+        bottom.set_xlabel("update depth D" if axis == "D" else "staleness bound K")
+        bottom.set_ylim(-0.05, 1.05)
+        top.set_ylim(-0.02, 1.02)
+    grid[0][0].set_ylabel(f"test mean@{k}, last checkpoint")
+    grid[1][0].set_ylabel("collapse rate")
+    handles, labels = grid[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.86, 0.5), fontsize=13, frameon=False)
+    fig.suptitle(f"Policy-lag ladder at toy scale: mean over seeds, 95% t intervals", fontsize=15)
+    fig.tight_layout(rect=(0, 0, 0.85, 0.96))
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    plt.rcParams.update({"font.size": plt.rcParamsDefault["font.size"]})
+    return path

@@ -4,45 +4,19 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
-from . import figures
-from .analysis import interval_excludes_zero, late_stage, mean_sd, paired_difference, position_profile
+from . import figures, ladder
+from .analysis import bootstrap_mean_interval, interval_excludes_zero, late_stage, mean_sd, paired_difference, position_profile
+from .files import read_provenance, read_warm_start, run_metrics
+from .plan import plan
 
 # The paper's late-stage position CV of the clip fraction (Fig. 3a), for the comparison in words.
 PAPER_POSITION_CV = {"epic": 0.054, "ctpo": 0.085, "ripo": 0.126}
 SPARSE_CLIPFRAC = 0.005   # below this late-stage clip fraction a position CV is noise from a few tokens
 LATE = {"entropy": "train/entropy", "grad_norm": "train/grad_norm",
         "logprob_gap": "train/logprob_abs_diff_step_start", "abs_log_r_pre": "train/policy/abs_L_mean"}
-
-
-def git_commit(repo: Path) -> str:
-    """Short commit of the code that ran, '+dirty' when the tracked tree had changes; 'unknown' outside git."""
-    try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-PROVENANCE = "provenance.jsonl"
-
-
-def record_provenance(out: Path, command: str, commit: str, runs_executed: int) -> None:
-    """One line per study invocation that ran runs: which code and command produced them."""
-    with open(out / PROVENANCE, "a") as f:
-        f.write(json.dumps({"command": command, "commit": commit, "runs_executed": runs_executed,
-                            "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}) + "\n")
-
-
-def read_provenance(out: Path) -> list[dict]:
-    path = out / PROVENANCE
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -82,7 +56,7 @@ def diagnostics(out: Path, results: list[dict], methods: list[str]) -> dict[str,
     finite-lower coverage, late-stage entropy / grad norm / log-prob gap / |log r_pre|; plus the runs."""
     diag = {}
     for m in methods:
-        runs = [_metrics(out, r) for r in results if r["method"] == m]
+        runs = [run_metrics(out, r) for r in results if r["method"] == m]
         if not runs:
             continue
         profs = [position_profile(rows) for rows in runs]
@@ -96,32 +70,6 @@ def diagnostics(out: Path, results: list[dict], methods: list[str]) -> dict[str,
             d[name] = statistics.fmean(statistics.fmean(r[key] for r in late_stage(rows)) for rows in runs)
         diag[m] = d
     return diag
-
-
-def _metrics(out: Path, result: dict) -> list[dict]:
-    path = out / "runs" / result["setting"] / f"{result['method']}_s{result['seed']}" / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-
-
-def _entropy_profile(cfg, out: Path) -> dict:
-    """The warm-started policy's entropy profile on the validation prompts (cached in the study dir)."""
-    path = out / "entropy_profile.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    from dataclasses import replace
-
-    from epic_slime.runtime.config import parse_config
-    from epic_slime.study.task import split_problems
-
-    from .entropy import warm_start_entropy_profile
-    from .runner import _weights_at, plan, run_argv
-
-    spec = plan(cfg)[0]
-    run_cfg = parse_config(run_argv(cfg, spec, out / "runs" / spec.name, out / "warm_start"))
-    problems = split_problems("validation", replace(run_cfg.task, eval_num_prompts=run_cfg.task_eval_num_prompts))
-    profile = warm_start_entropy_profile(run_cfg, _weights_at(run_cfg, out, 0), problems)
-    path.write_text(json.dumps(profile))
-    return profile
 
 
 def table1_markdown(rows: list[dict]) -> list[str]:
@@ -230,11 +178,15 @@ def findings(rows: list[dict], diag: dict[str, dict], results: list[dict]) -> li
 
 
 def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: float, commit: str) -> Path:
-    from .runner import plan
-
+    """study.md, its figures and summary.json, from the files the run phase wrote (nothing is run)."""
     planned = plan(cfg)
-    profile = _entropy_profile(cfg, out)
+    warm = read_warm_start(out)
+    if warm is None:
+        raise FileNotFoundError(f"study report: {out / 'warm_start.json'} is missing (the run phase writes it "
+                                f"before the first run); run the study without --analyze-only first")
+    profile = warm["entropy_profile"]
     figures.entropy_profile_figure(profile, out / "entropy_profile.png")
+    k = results[0]["k"] if results else 8
     made_by = sorted({(p["command"], p["commit"]) for p in read_provenance(out) if p["runs_executed"]})
     lines = [f"# epic-slime study ({Path(cfg.path).name})", "",
              "Runs made by: " + ("; ".join(f"`{c}` at commit `{h}`" for c, h in made_by) or "none yet") + ". "
@@ -249,6 +201,7 @@ def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: 
              "(evaluated every `eval_interval` steps and at the end, the warm start included) is selected; "
              f"its test mean@k on {cfg.test_prompts} disjoint test prompts is reported.", "",
              "## The task: chains of intermediate results", "",
+             *warm_start_lines(warm, k),
              f"Warm-started policy on {profile['responses']} sampled responses: mean length "
              f"{profile['mean_length']:.1f} tokens (shortest {profile['min_length']}, truncated "
              f"{profile['truncated_frac']:.2%}), mean entropy {profile['mean_entropy']:.3f} nats per token; "
@@ -258,7 +211,11 @@ def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: 
              + f" (CV across bins {profile['relative_bin_cv']:.2f}): the uncertainty is spread over the whole "
              "response, at every step's result, not at one place.", "",
              "![entropy profile](entropy_profile.png)", ""]
-    summary = {"command": command, "commit": commit, "config": cfg.path, "entropy_profile": profile, "settings": {}}
+    summary = {"command": command, "commit": commit, "config": cfg.path, "entropy_profile": profile,
+               "chance": warm["chance_test"]["chance"], "warm_start_test": warm["test_mean"],
+               "warm_start_test_by_seed": warm["test_by_seed"], "settings": {}}
+    if cfg.ladder and results:
+        lines += ladder_section(cfg, out, results, warm, summary, k)
     for setting in [s["name"] for s in cfg.settings]:
         res = [r for r in results if r["setting"] == setting]
         if not res or not any(r["method"] == "epic" for r in res):
@@ -266,6 +223,14 @@ def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: 
             continue
         rows = method_rows(res, cfg.methods)
         diag = diagnostics(out, res, cfg.methods)
+        if cfg.ladder:      # the ladder's figure stands for its settings; per-setting tables only
+            lines += [f"## Setting {setting}: " + ", ".join(f"{k}={v}" for k, v in
+                                                             next(s for s in cfg.settings if s["name"] == setting).items()
+                                                             if k != "name"), "",
+                      *table1_markdown(rows), "", *diagnostics_markdown(diag), ""]
+            summary["settings"][setting] = {"table1": rows, "diagnostics": {m: {k: v for k, v in d.items() if k != "runs"}
+                                                                            for m, d in diag.items()}}
+            continue
         figures.table1_figure(rows, setting, out / f"table1_{setting}.png")
         figures.position_figure({m: diag[m] for m in diag if m in ("epic", "ctpo", "ripo", "grpo", "dapo", "gspo")},
                                 setting, out / f"fig3a_position_{setting}.png", "late-stage clip fraction by position")
@@ -295,3 +260,42 @@ def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: 
     (out / "study.md").write_text("\n".join(lines))
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return out / "study.md"
+
+
+def warm_start_lines(warm: dict, k: int) -> list[str]:
+    """Chance level and the warm start's test score, computed by the run phase."""
+    ch, prof = warm["chance_test"], warm["entropy_profile"]
+    lo, hi = bootstrap_mean_interval(warm["test_by_prompt"])
+    seeds = ", ".join(f"s{s} {v:.3f}" for s, v in warm["test_by_seed"].items())
+    spread = f" (per seed {seeds}; 95% bootstrap interval over the test prompts {lo:.3f}..{hi:.3f})"
+    return [f"Chance: answering without reading the prompt scores {ch['chance']:.3f} on the test split (the best "
+            f"constant answer, {ch['best_constant_answer']}, computed from the {ch['problems']} test answers; a uniform "
+            f"guess over the {ch['distinct_answers']} answers that occur scores {ch['uniform_guess']:.3f}).",
+            f"Warm start: test mean@{k} {warm['test_mean']:.3f}{spread}, "
+            f"{warm['test_mean'] / ch['chance']:.1f}x chance; entropy at positions that copy the prompt "
+            f"{prof.get('entropy_copy_tokens', float('nan')):.3f} nats on average, "
+            f"{prof.get('entropy_copy_max_position', float('nan')):.3f} at the most uncertain copy position; at step "
+            f"results {prof['entropy_result_tokens']:.3f}.", ""]
+
+
+def ladder_section(cfg, out: Path, results: list[dict], warm: dict, summary: dict, k: int) -> list[str]:
+    """The lag ladder: table, figure, findings; and its part of summary.json."""
+    metrics = {(r["setting"], r["method"], r["seed"]): run_metrics(out, r) for r in results}
+    lad = ladder.ladder_summary(cfg, results, metrics, warm)
+    panels = ladder.axes(cfg)
+    figures.ladder_figure(lad, panels, cfg.methods, warm["test_mean"], warm["chance_test"]["chance"], k,
+                          out / "ladder.png")
+    summary["ladder"] = {
+        "power": lad["power"],
+        "collapse_definition": {"margin": ladder.COLLAPSE_MARGIN, "last_evaluations": ladder.COLLAPSE_EVALS},
+        "cells": {name: {"D": c["lag"]["D"], "K": c["lag"]["K"],
+                         "methods": {m: {key: v for key, v in d.items()} for m, d in c["methods"].items()}}
+                  for name, c in lad["cells"].items()}}
+    return ["## The policy-lag ladder", "",
+            f"Each cell: {len(cfg.seeds)} seeds per method (paired), the same budget; the last checkpoint's test "
+            f"mean@{k} and the validation-selected one. A run **collapses** when its validation mean@{k} is below the "
+            f"warm start's by more than {ladder.COLLAPSE_MARGIN} at each of its last {ladder.COLLAPSE_EVALS} "
+            f"evaluations (it fell and stayed there to the end; {ladder.COLLAPSE_MARGIN} is above the validation "
+            f"score's sampling noise). `*`: the paired 95% t interval excludes 0.", "",
+            *ladder.ladder_markdown(lad, cfg.methods, k), "", "![lag ladder](ladder.png)", "",
+            "### What the ladder shows", "", *[f"- {x}" for x in ladder.ladder_findings(lad, cfg.methods, warm)], ""]

@@ -1,0 +1,73 @@
+"""`epic-slime study [--quick | --ladder [--quick]]`: plan the runs, run them, write the report.
+
+    epic-slime study --quick                    # configs/study/quick.yaml -> runs/study-quick
+    epic-slime study                            # configs/study/default.yaml -> runs/study
+    epic-slime study --ladder [--quick]         # configs/study/ladder[_quick].yaml -> runs/ladder[-quick]
+    epic-slime study --config X.yaml --output-dir D [--analyze-only]
+
+Phases: `study.plan` (the config and its runs), `study.run` (execute and measure; resumable), then
+`study.report` (tables, figures and summary.json from the files alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from epic_slime.provenance import git_commit
+
+from .files import finished_results
+from .plan import (DEFAULT_CONFIG, LADDER_CONFIG, LADDER_QUICK_CONFIG, QUICK_CONFIG, REPO, StudyConfigError,
+                   load_study_config, plan)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="epic-slime study", description="The paper's claims at toy scale: Table 1 "
+                                "methods + EPIC ablations, paired by seed, selected on validation, reported on test.")
+    p.add_argument("--quick", action="store_true", help=f"the quick study ({QUICK_CONFIG.relative_to(REPO)}; with "
+                   f"--ladder: {LADDER_QUICK_CONFIG.relative_to(REPO)})")
+    p.add_argument("--ladder", action="store_true", help=f"the policy-lag ladder ({LADDER_CONFIG.relative_to(REPO)})")
+    p.add_argument("--config", default=None, help=f"study YAML (default: {DEFAULT_CONFIG.relative_to(REPO)})")
+    p.add_argument("--output-dir", default=None, help="study directory (default: runs/study or runs/study-quick)")
+    p.add_argument("--analyze-only", action="store_true", help="only write tables and figures from finished runs")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _build_parser().parse_args(argv)
+    if (args.quick or args.ladder) and args.config:
+        print("epic-slime study: error: --quick / --ladder and --config exclude each other", file=sys.stderr)
+        return 2
+    config_path, default_out = {(False, False): (DEFAULT_CONFIG, "runs/study"),
+                                (True, False): (QUICK_CONFIG, "runs/study-quick"),
+                                (False, True): (LADDER_CONFIG, "runs/ladder"),
+                                (True, True): (LADDER_QUICK_CONFIG, "runs/ladder-quick")}[(args.quick, args.ladder)]
+    config_path = args.config or config_path
+    out = Path(args.output_dir or default_out)
+    try:
+        cfg = load_study_config(config_path)
+    except (StudyConfigError, ValueError) as e:
+        print(f"epic-slime study: error: {e}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    command = "epic-slime study " + " ".join(argv)
+    from .report import write_report
+
+    commit = git_commit(REPO, short=True) or "unknown"   # taken before the runs (edits meanwhile do not count)
+    t0 = time.time()
+    if args.analyze_only:
+        results = finished_results(out, plan(cfg))
+    else:
+        from epic_slime.runtime.config import ConfigError
+
+        from .run import execute
+        try:
+            results = execute(cfg, out, provenance=(command.strip(), commit))
+        except ConfigError as e:
+            print(f"epic-slime study: error: a run's train settings are invalid: {e}", file=sys.stderr)
+            return 2
+    write_report(cfg, out, results, command=command.strip(), study_s=time.time() - t0, commit=commit)
+    print(f"[study] wrote {out / 'study.md'} and its figures in {time.time() - t0:.0f}s")
+    return 0

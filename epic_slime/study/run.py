@@ -1,0 +1,158 @@
+"""The study's run phase: execute every planned run as an ordinary `train` run, measure it on the test
+split at its validation-selected and its last checkpoint, and measure the warm start itself (chance
+level, test score, entropy profile). Everything it learns goes into files (`study.files`).
+
+Resumable: a run is finished when its `result.json` exists; a killed study skips finished runs on
+restart, and an unfinished run directory is removed and rerun from scratch (a fresh output dir).
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from .analysis import select_checkpoint
+from .files import (RESULT, WARM_START, finished_results, read_jsonl, read_warm_start, record_provenance, run_dir as _run_dir,
+                    write_json_atomically)
+from .plan import RunSpec, StudyConfig, plan, run_argv
+
+
+def run_dir_of(out: Path, spec: RunSpec) -> Path:
+    return _run_dir(out, spec.setting, spec.method, spec.seed)
+
+
+def weights_at(run_cfg, run_dir: Path, version: int) -> dict:
+    """Model weights of version v: the warm start for 0, else the step checkpoint."""
+    import torch
+
+    if version == 0:
+        from epic_slime.runtime.warmstart import warm_start_for
+        return warm_start_for(run_cfg)[0]
+    path = run_cfg.checkpoint_dir / f"step_{version:06d}" / "trainer.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"study: no checkpoint for version {version} in {run_dir} ({path})")
+    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+
+
+def evaluate_split(run_cfg, state: dict, version: int, split: str, n_prompts: int) -> list[list[bool]]:
+    """correct[prompt][sample] of `n_samples_per_eval_prompt` samples per prompt of a split."""
+    from dataclasses import replace
+
+    from epic_slime.runtime.rollout import PolicyEngine
+    from epic_slime.runtime.task_chain import split_problems
+
+    problems = split_problems(split, replace(run_cfg.task, eval_num_prompts=n_prompts))
+    engine = PolicyEngine(run_cfg.model, state, version, seed=run_cfg.seed)
+    return engine.evaluate(problems, k=run_cfg.n_samples_per_eval_prompt, temperature=run_cfg.eval_temperature,
+                           top_p=run_cfg.eval_top_p, max_new_tokens=run_cfg.rollout_max_response_len,
+                           seed=run_cfg.seed)
+
+
+def _mean(correct: list[list[bool]]) -> float:
+    return statistics.fmean(c for row in correct for c in row)
+
+
+def finish_run(cfg: StudyConfig, spec: RunSpec, run_cfg, run_dir: Path, wall_s: float) -> dict:
+    """Select on validation, evaluate the test split at the selected and the final version."""
+    k = run_cfg.n_samples_per_eval_prompt
+    evals = [(r["eval/version"], r[f"eval/heldout/mean@{k}"]) for r in read_jsonl(run_dir / "eval_metrics.jsonl")]
+    version, val_score = select_checkpoint(evals)
+    final_version = max(v for v, _ in evals)
+    test_sel = evaluate_split(run_cfg, weights_at(run_cfg, run_dir, version), version, "test", cfg.test_prompts)
+    test_final = test_sel if final_version == version else evaluate_split(
+        run_cfg, weights_at(run_cfg, run_dir, final_version), final_version, "test", cfg.test_prompts)
+    result = {"setting": spec.setting, "method": spec.method, "seed": spec.seed, "k": k,
+              "validation_curve": evals, "selected_version": version,
+              "validation_at_selected": val_score, "test_at_selected": _mean(test_sel),
+              "final_version": final_version, "validation_at_final": dict(evals)[final_version],
+              "test_at_final": _mean(test_final),
+              "test_correct_at_selected": test_sel, "wall_s": wall_s}
+    shutil.rmtree(run_cfg.checkpoint_dir, ignore_errors=True)   # result.json holds what the study needs
+    write_json_atomically(run_dir / RESULT, result)               # the "finished" marker, written last
+    return result
+
+
+def execute(cfg: StudyConfig, out: Path, log=print, provenance: tuple[str, str] | None = None) -> list[dict]:
+    """Run every planned run that has no result yet; returns every run's result."""
+    from epic_slime.runtime.config import parse_config
+    from epic_slime.runtime.driver import init_local_ray, run_training
+
+    specs = plan(cfg)
+    cache_dir = out / "warm_start"
+    todo = [s for s in specs if not (run_dir_of(out, s) / RESULT).exists()]
+    log(f"[study] {len(specs)} runs planned, {len(specs) - len(todo)} already finished, {len(todo)} to run")
+    for spec in todo:     # every run's config is checked before anything starts
+        parse_config(run_argv(cfg, spec, run_dir_of(out, spec), cache_dir))
+    t0, durations = time.time(), []
+    if todo:
+        if provenance is not None:
+            record_provenance(out, *provenance, runs_executed=len(todo))
+        init_local_ray(num_cpus=4)
+    try:
+        if todo and read_warm_start(out) is None:
+            measure_warm_start(cfg, out, log)
+        for i, spec in enumerate(todo):
+            run_dir = run_dir_of(out, spec)
+            if run_dir.exists():
+                shutil.rmtree(run_dir)      # an unfinished run: start it again in a fresh directory
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            run_cfg = parse_config(run_argv(cfg, spec, run_dir, cache_dir))
+            t = time.time()
+            run_training(run_cfg, reuse_ray=True)
+            finish_run(cfg, spec, run_cfg, run_dir, time.time() - t)
+            durations.append(time.time() - t)
+            done = len(specs) - len(todo) + i + 1
+            typical = durations[1:] or durations     # the first run also trains the warm start
+            left = statistics.fmean(typical) * (len(todo) - i - 1)
+            log(f"[study] {done}/{len(specs)} done: {spec.name} in {durations[-1]:.0f}s; "
+                f"elapsed {time.time() - t0:.0f}s, about {left / 60:.1f} min left")
+    finally:
+        if todo:
+            import ray
+            ray.shutdown()
+    return finished_results(out, specs)
+
+
+def chance_level(problems) -> dict:
+    """Accuracy of answering without reading the prompt: the best constant answer on these problems
+    (computed from their answers), and a uniform guess over the answers that occur."""
+    answers = [p.answer for p in problems]
+    counts = {a: answers.count(a) for a in set(answers)}
+    best = max(counts, key=lambda a: (counts[a], -a))
+    return {"chance": counts[best] / len(answers), "best_constant_answer": best,
+            "uniform_guess": 1.0 / len(counts), "distinct_answers": len(counts), "problems": len(answers)}
+
+
+def measure_warm_start(cfg: StudyConfig, out: Path, log=print) -> dict:
+    """The warm start on the test split (per seed, with the runs' evaluation streams: version 0 of a run),
+    its entropy profile on the validation prompts, and the task's chance level; written to warm_start.json."""
+    from dataclasses import replace
+
+    from epic_slime.runtime.config import parse_config
+    from epic_slime.runtime.task_chain import split_problems
+
+    from .entropy import warm_start_entropy_profile
+
+    t = time.time()
+    by_seed, per_prompt, state, run_cfg = {}, {}, None, None
+    for seed in cfg.seeds:
+        spec = next(s for s in plan(cfg) if s.seed == seed)
+        run_cfg = parse_config(run_argv(cfg, spec, run_dir_of(out, spec), out / "warm_start"))
+        if state is None:
+            state = weights_at(run_cfg, run_dir_of(out, spec), 0)
+        correct = evaluate_split(run_cfg, state, 0, "test", cfg.test_prompts)
+        by_seed[seed] = _mean(correct)
+        per_prompt[seed] = [statistics.fmean(row) for row in correct]
+    test = split_problems("test", replace(run_cfg.task, eval_num_prompts=cfg.test_prompts))
+    validation = split_problems("validation", replace(run_cfg.task, eval_num_prompts=run_cfg.task_eval_num_prompts))
+    record = {"test_by_seed": by_seed, "test_mean": statistics.fmean(by_seed.values()),
+              "test_by_prompt": [statistics.fmean(col) for col in zip(*per_prompt.values())],
+              "chance_test": chance_level(test), "chance_validation": chance_level(validation),
+              "entropy_profile": warm_start_entropy_profile(run_cfg, state, validation),
+              "measure_s": time.time() - t}
+    write_json_atomically(out / WARM_START, record)
+    log(f"[study] warm start: test mean@{run_cfg.n_samples_per_eval_prompt} {record['test_mean']:.3f} "
+        f"(chance {record['chance_test']['chance']:.3f}) in {record['measure_s']:.0f}s")
+    return record
