@@ -334,26 +334,6 @@ def parse_config(argv: list[str], prog: str = "epic-slime train") -> RuntimeConf
     return cfg
 
 
-# Keys a resumed run may change: where things go, how long, how often to evaluate / save / log.
-# Everything else (model, task, seed, loss, optimizer, rollout, staleness) must match the checkpoint.
-RESUME_FREE_KEYS = frozenset({
-    "output_dir", "num_rollout", "save", "load", "save_interval", "overwrite", "eval_interval",
-    "n_samples_per_eval_prompt", "eval_temperature", "eval_top_p", "task_eval_num_prompts",
-    "warm_start_cache_dir", "use_wandb", "wandb_mode", "wandb_project", "progress", "log_interval", "plots",
-    "debug_kill_rollout_worker_at_step", "on_bad_tokens", "max_bad_token_frac",
-})
-
-
-def resume_differences(saved: dict, current: dict) -> list[str]:
-    """'key: checkpoint X, now Y' for every training-relevant key that differs (keys absent on
-    either side, e.g. from an older version, cannot be compared and are skipped)."""
-    out = []
-    for key in sorted(set(saved) & set(current) - RESUME_FREE_KEYS):
-        if saved[key] != current[key]:
-            out.append(f"{key}: checkpoint {saved[key]!r}, now {current[key]!r}")
-    return out
-
-
 def config_fields() -> list[str]:
     return list(FIELDS)
 
