@@ -37,6 +37,11 @@ def step_dir(checkpoint_dir: Path, step: int) -> Path:
     return checkpoint_dir / f"step_{step:06d}"
 
 
+def has_checkpoint(checkpoint_dir: Path) -> bool:
+    """True when some step directory of `checkpoint_dir` holds a complete driver state."""
+    return checkpoint_dir.is_dir() and any((d / DRIVER_STATE_FILE).exists() for d in checkpoint_dir.iterdir())
+
+
 def save_driver_state(checkpoint_dir: Path, step: int, state: dict) -> Path:
     """Write the driver's state of `step` (the trainer's is written beside it first) and mark the
     step as the latest. Atomic: a crash mid-write leaves the previous checkpoint the latest."""

@@ -31,7 +31,7 @@ from epic_slime.staleness import Accounting, Group, select_batch, trainable_grou
 from . import checkpoint
 from .config import RuntimeConfig
 from .progress import Progress, say
-from .run_files import HELDOUT, RunLog, prepare_output_dir, run_outcome, write_config, \
+from .run_files import HELDOUT, RunLog, discard_unsaved_run, prepare_output_dir, run_outcome, write_config, \
     write_summary
 from .signals import StopRequest
 from .task import Tokenizer, eval_problems, train_problem
@@ -357,16 +357,24 @@ class Run:
         """reuse_ray: use an already initialised local Ray (tests, sweeps) and leave it running.
 
         SIGINT / SIGTERM (main thread only): checkpoint after the step in flight, then the summary and
-        plots as usual; summary["interrupted"] names the signal."""
+        plots as usual; summary["interrupted"] names the signal. Stopped before its first checkpoint
+        (during start-up, or by a second signal), a new run leaves none of its files behind: there is
+        nothing to resume, and the same command starts it again."""
         cfg = self.cfg
         resume_path = self._check_resume()
         prepare_output_dir(cfg, resume_path)
-        write_config(cfg)
-        self.stop.install()
         try:
-            summary = self._run(reuse_ray, resume_path)
-        finally:
-            self.stop.restore()
+            write_config(cfg)
+            self.stop.install()
+            try:
+                summary = self._run(reuse_ray, resume_path)
+            finally:
+                self.stop.restore()
+        except KeyboardInterrupt:
+            self._discard_if_unsaved(resume_path)
+            raise
+        if summary["interrupted"] and self._discard_if_unsaved(resume_path):
+            return summary
         summary.update(run_outcome(self.out, cfg))
         write_summary(cfg, summary)
         if cfg.plots:
@@ -374,6 +382,13 @@ class Run:
 
             write_plots(self.out, self.acc.lag_hist)
         return summary
+
+    def _discard_if_unsaved(self, resume_path: Path | None) -> bool:
+        """A new run with no checkpoint yet: remove its files (True); else leave them for --load."""
+        if resume_path is not None or checkpoint.has_checkpoint(self.cfg.checkpoint_dir):
+            return False
+        discard_unsaved_run(self.cfg)
+        return True
 
     def _run(self, reuse_ray: bool, resume_path: Path | None) -> dict:
         import ray

@@ -66,6 +66,15 @@ def prepare_output_dir(cfg: RuntimeConfig, resume_path: Path | None) -> None:
                           "it, or choose another --output-dir")
 
 
+def discard_unsaved_run(cfg: RuntimeConfig) -> None:
+    """Remove the files of a run stopped before its first checkpoint, so that the same command can
+    start it again (nothing in them could be resumed; other files in the directory stay)."""
+    out = Path(cfg.output_dir)
+    _remove([*(out / n for n in RUN_FILES), *(out / n for n in PLOT_NAMES)])
+    if cfg.checkpoint_dir.is_dir() and not any(cfg.checkpoint_dir.iterdir()):
+        cfg.checkpoint_dir.rmdir()
+
+
 def write_config(cfg: RuntimeConfig) -> None:
     """config.json: the values actually used, plus the versions of the code that used them."""
     out = Path(cfg.output_dir)
