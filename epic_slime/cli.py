@@ -22,7 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 
 def version_line() -> str:
     """`epic-slime --version`: package, torch and git commit (when this is a git checkout)."""
-    from epic_slime.runtime.driver import versions
+    from epic_slime.provenance import versions
 
     v = versions()
     return f"epic-slime {v['epic_slime']} (torch {v['torch']}, git {v['git_commit'] or 'n/a'})"

@@ -2,10 +2,10 @@
 cluster run show the same names in metrics.jsonl, W&B and TensorBoard.
 
 The names are slime's: slime logs every metric its loss function returns as ``train/<name>``, its
-rollout data as ``rollout/<name>``, and cannot be renamed from outside. The slime path therefore
-logs these names as they are (``epic_slime.slime.adapter`` builds ``train/policy/<core name>`` from
-``POLICY_PREFIX``; ``epic_slime.slime.rollout`` uses ``STALENESS_PREFIX``); the runtime keeps its
-internal keys and renames them once, in its logging function (``runtime_to_shared``).
+rollout data as ``rollout/<name>``, and cannot be renamed from outside. Both paths write these
+names where they make a metric: ``epic_slime.slime.adapter`` builds ``train/policy/<core name>``
+from ``POLICY_PREFIX``, ``epic_slime.slime.rollout`` uses ``STALENESS_PREFIX``, and the runtime's
+trainer and driver use the constants below.
 
 This table is the documentation (the README's "Metric names" table is checked against it).
 """
@@ -26,6 +26,9 @@ RESPONSE_LENGTH_MEAN = "rollout/response_lengths"
 TRUNCATED_FRAC = "rollout/truncated"
 STALENESS_MEAN = STALENESS_PREFIX + "mean"
 STALENESS_MAX = STALENESS_PREFIX + "max"
+# the runtime's step counts (slime cannot log a summed count; it logs bad_token_frac)
+BAD_TOKENS = POLICY_PREFIX + "bad_tokens"
+SKIPPED_STEPS = POLICY_PREFIX + "skipped_steps"
 
 # name (or prefix, ending in "/") -> meaning; logged by both paths
 SHARED_METRICS: dict[str, str] = {
@@ -40,39 +43,7 @@ SHARED_METRICS: dict[str, str] = {
     STALENESS_PREFIX: "staleness of the trained groups (mean, max, ...) and drop counters",
 }
 
-# runtime key -> shared name; plus prefix renames below (everything else keeps its name)
-_RUNTIME_RENAMES: dict[str, str] = {
-    "loss/pg_loss": PG_LOSS,
-    "loss/kl_loss": KL_LOSS,
-    "loss/total": TRAIN_LOSS,
-    "rollout/reward_mean": REWARD_MEAN,
-    "rollout/response_len_mean": RESPONSE_LENGTH_MEAN,
-    "rollout/truncated_frac": TRUNCATED_FRAC,
-}
-_RUNTIME_PREFIXES: tuple[tuple[str, str], ...] = (("loss/", POLICY_PREFIX), ("staleness/", STALENESS_PREFIX))
-
 
 def policy_metric(core_name: str) -> str:
     """The logged name of a loss-core diagnostic (``clipfrac`` -> ``train/policy/clipfrac``)."""
     return POLICY_PREFIX + core_name
-
-
-def runtime_name(key: str) -> str:
-    """The shared name of one runtime metric key."""
-    if key in _RUNTIME_RENAMES:
-        return _RUNTIME_RENAMES[key]
-    for old, new in _RUNTIME_PREFIXES:
-        if key.startswith(old):
-            return new + key[len(old):]
-    return key
-
-
-def runtime_to_shared(metrics: dict) -> dict:
-    """A runtime metrics line under the shared names; two keys that would meet are an error."""
-    out: dict = {}
-    for key, value in metrics.items():
-        name = runtime_name(key)
-        if name in out:
-            raise KeyError(f"metric names: runtime keys {key!r} and another both map to {name!r}")
-        out[name] = value
-    return out

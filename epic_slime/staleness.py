@@ -9,7 +9,7 @@ trained lag histogrammed, and the bookkeeping invariant is checked every step / 
 
     consumed (generated) = trained + dropped for staleness + in flight (buffered)
 
-Runtime: ``select_batch`` + ``Accounting`` (samples). slime: ``StalenessGate`` +
+Runtime: ``select_batch`` + ``trainable_groups`` + ``Accounting`` (samples). slime: ``StalenessGate`` +
 ``collect_admitted_groups`` (groups, versions from ``Sample.weight_versions``) + ``GroupLedger``
 (every consumed prompt: delivered to training in rollout r, dropped, or in flight).
 
@@ -276,6 +276,15 @@ def select_batch(buffer: deque, current_version: int, n_groups: int, max_stalene
     buffer.extend(rest)
     stale_kept = sum(len(g) for g in kept if over_limit(current_version - g.version, max_staleness))
     return Selection(batch=kept, dropped=dropped, stale_kept=stale_kept)
+
+
+def trainable_groups(buffer: deque, current_version: int, max_staleness: int, stale_policy: str) -> int:
+    """How many buffered groups ``select_batch`` would train rather than drop at ``current_version``
+    (the same gate: the runtime tops its buffer up to a full batch of these before a checkpoint)."""
+    check_stale_policy(stale_policy)
+    if stale_policy == "keep":
+        return len(buffer)
+    return sum(1 for g in buffer if not over_limit(current_version - g.version, max_staleness))
 
 
 @dataclass

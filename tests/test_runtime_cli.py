@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from _runtime_helpers import tiny_config
-from epic_slime.runtime.config import ConfigError, resume_differences
-from epic_slime.runtime.driver import Run, prepare_output_dir, run_outcome, versions
+from epic_slime.provenance import versions
+from epic_slime.runtime.checkpoint import resume_differences
+from epic_slime.runtime.config import ConfigError
+from epic_slime.runtime.driver import Run
+from epic_slime.runtime.run_files import prepare_output_dir, run_outcome
 
 
 def _old_run(out: Path) -> None:
@@ -175,7 +178,7 @@ def test_first_signal_asks_for_a_checkpoint_and_a_second_exits_at_once(capsys):
     import os
     import signal
 
-    from epic_slime.runtime.driver import StopRequest
+    from epic_slime.runtime.signals import StopRequest
 
     stop = StopRequest()
     before = signal.getsignal(signal.SIGTERM)

@@ -13,7 +13,7 @@ from _runtime_helpers import read_jsonl, tiny_config
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 
-from epic_slime.runtime import driver  # noqa: E402
+from epic_slime.runtime import checkpoint, driver  # noqa: E402
 
 REQUIRED = ("step", "rollout/raw_reward", "rollout/staleness/mean", "rollout/staleness/max", "train/policy/clipfrac")
 
@@ -110,9 +110,9 @@ def test_resume_continues_exactly(root):
     assert acc["generated"] == acc["trained"] + acc["dropped"] + summary_b["buffered"]   # nothing lost
     assert acc["trained"] == 3 * a.samples_per_step
     # a checkpoints directory resolves to its latest step
-    assert driver.resolve_checkpoint(str(Path(a.output_dir) / "checkpoints")).name == "step_000003"
+    assert checkpoint.resolve_checkpoint(str(Path(a.output_dir) / "checkpoints")).name == "step_000003"
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        driver.resolve_checkpoint(str(root))
+        checkpoint.resolve_checkpoint(str(root))
 
 
 def test_sync_on_policy_run(root):

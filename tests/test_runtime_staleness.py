@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from epic_slime.runtime.staleness import Accounting, Group, select_batch
+from epic_slime.staleness import Accounting, Group, select_batch
 
 
 def _groups(versions, n=2):

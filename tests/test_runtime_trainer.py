@@ -47,7 +47,7 @@ def test_train_step_updates_weights_and_version_and_reports_metrics():
     m = trainer.train_step(samples)
     assert trainer.version == 1 and m["train/version"] == 1
     assert m["train/logprob_abs_diff_step_start"] < 1e-5          # same weights sampled and train
-    assert 0.0 <= m["loss/clipfrac"] <= 1.0 and "loss/kl_loss" in m
+    assert 0.0 <= m["train/policy/clipfrac"] <= 1.0 and "train/kl_loss" in m
     new = trainer.get_weights()
     assert any(not torch.equal(new[k], state[k]) for k in state)
     # the update moved log-probs of positive-advantage samples up relative to negative ones
@@ -79,7 +79,7 @@ def test_state_round_trip_gives_identical_next_step():
     t2, _, _ = _setup(seed=5)        # a different minibatch RNG until the state is loaded
     t2.load_state(saved)
     m2 = t2.train_step(samples)
-    assert m2["loss/pg_loss"] == m1["loss/pg_loss"] and m2["train/grad_norm"] == m1["train/grad_norm"]
+    assert m2["train/pg_loss"] == m1["train/pg_loss"] and m2["train/grad_norm"] == m1["train/grad_norm"]
     assert all(torch.equal(a, b) for a, b in zip(t1.get_weights().values(), t2.get_weights().values()))
 
 
@@ -106,7 +106,7 @@ def test_topk_mode_gets_the_behaviour_top_k_set_and_trains():
                             policy_loss_params={}, policy_loss_aggregation=None, update_depth=2, lr=1e-3,
                             weight_decay=0.0, clip_grad=1.0, kl_loss_coef=0.0, temperature=0.8, seed=0)
     m = trainer.train_step(samples)
-    assert math.isfinite(m["loss/pg_loss"]) and trainer.version == 1
+    assert math.isfinite(m["train/pg_loss"]) and trainer.version == 1
     with pytest.raises(ValueError, match="topk_ids"):
         trainer.train_step([{k: v for k, v in s.items() if k not in ("topk_ids",)} for s in samples])
 
@@ -116,9 +116,9 @@ def test_bad_tokens_are_skipped_and_counted_with_the_kl_term_finite():
     samples[3] = {**samples[3], "behavior_log_probs": [float("nan")] + list(samples[3]["behavior_log_probs"][1:])}
     samples[7] = {**samples[7], "behavior_log_probs": [0.5] + list(samples[7]["behavior_log_probs"][1:])}
     m = trainer.train_step(samples)
-    assert m["loss/bad_tokens"] == 2 and m["loss/skipped_steps"] == 0
+    assert m["train/policy/bad_tokens"] == 2 and m["train/policy/skipped_steps"] == 0
     valid = sum(len(s["response_ids"]) for s in samples)   # every response token is on the mask here
-    assert m["loss/bad_token_frac"] == pytest.approx(2 / valid)
+    assert m["train/policy/bad_token_frac"] == pytest.approx(2 / valid)
     assert all(math.isfinite(v) for k, v in m.items() if isinstance(v, float)), m
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     raising, samples, _ = _setup(on_bad_tokens="raise")
@@ -140,7 +140,7 @@ def test_non_finite_gradient_skips_the_optimizer_step_and_counts_it(monkeypatch)
     trainer, samples, state = _setup(on_bad_tokens="skip")
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", first_norm_is_nan)
     m = trainer.train_step(samples)
-    assert m["loss/skipped_steps"] == 1 and trainer.version == 1
+    assert m["train/policy/skipped_steps"] == 1 and trainer.version == 1
     assert trainer.opt.state_dict()["state"][0]["step"] == 1        # 2 minibatches, one update
     calls.clear()
     raising, samples, _ = _setup(on_bad_tokens="raise")
@@ -174,7 +174,7 @@ def test_kl_term_pulls_the_policy_back_to_the_reference():
     kls = []
     for _ in range(3):
         m = trainer.train_step(samples)
-        kls.append(m["loss/kl_loss"])
+        kls.append(m["train/kl_loss"])
     after = _k3_kl(trainer.model, trainer.ref, samples)
     assert kls[0] == pytest.approx(before, rel=1e-3)   # the logged term is the KL measured here
     assert after < 0.8 * before, (before, after)

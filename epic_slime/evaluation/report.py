@@ -147,7 +147,9 @@ def write_scores_csv(path: str, runs: dict[str, RunInfo], benchmarks: Sequence[s
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epic-slime report", description="Table 1 and curves from eval records")
-    parser.add_argument("--records", nargs="+", required=True, help="record files (JSONL) or folders of them")
+    parser.add_argument("--records", nargs="+", required=True,
+                        help="record files (JSONL), folders of them, or run folders of `epic-slime train` "
+                             "(their eval_records.jsonl)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS),
                         help="benchmarks of the average, in column order (default: the paper's four)")
@@ -177,13 +179,27 @@ def _check_benchmarks_present(runs: dict, benchmarks: Sequence[str]) -> None:
                           f"{' '.join(held)}{local}: pass --benchmarks {' '.join(held)}")
 
 
+# an `epic-slime train` run folder: its records file, and the .jsonl files beside it that are not records
+RUN_FOLDER_RECORDS = "eval_records.jsonl"
+RUN_FOLDER_OTHER_JSONL = ("metrics.jsonl", "batches.jsonl")
+
+
+def record_paths(paths: Sequence[str]) -> list[str]:
+    """A run folder of the embedded runtime stands for its eval records (a folder otherwise stands
+    for every .jsonl in it, and the run's metrics and batches files are not records)."""
+    def is_run_folder(p: str) -> bool:
+        return all(os.path.isfile(os.path.join(p, n)) for n in (RUN_FOLDER_RECORDS, *RUN_FOLDER_OTHER_JSONL))
+
+    return [os.path.join(p, RUN_FOLDER_RECORDS) if is_run_folder(p) else p for p in paths]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         k = resolve_k(args)
         if isinstance(k, int) and k < 1:
             raise ValueError(f"--k must be >= 1, got {k}")
-        records = read_record_paths(args.records)
+        records = read_record_paths(record_paths(args.records))
         if not records:
             raise RecordError(f"no eval records in {', '.join(args.records)}")
         runs = group_records(records, k=k)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import shlex
 import sys
 
+from .checkpoint import has_checkpoint
 from .config import ConfigError, RuntimeConfig, parse_config
 
 EXIT_INTERRUPTED = 130   # the shell's convention for a run ended by SIGINT
+_NOTHING_SAVED = ("before the first checkpoint: nothing to resume, and the run's files were removed from {out}; "
+                  "run the same command again to start over")
 
 
 def key_settings(cfg: RuntimeConfig) -> str:
@@ -39,7 +42,8 @@ def end_of_run_lines(summary: dict, cfg: RuntimeConfig) -> list[str]:
         f"  staleness max {summary['staleness_max']} (K={cfg.max_staleness}); samples dropped "
         f"{summary['accounting/dropped']}, lost {summary['accounting/lost']}; bad tokens skipped "
         f"{summary['bad_tokens']}, optimizer steps skipped {summary['skipped_steps']}",
-        f"  files: {out}/metrics.jsonl, summary.json, config.json, eval_records.jsonl"
+        f"  files: {out}/metrics.jsonl, batches.jsonl, eval_metrics.jsonl, eval_records.jsonl, summary.json, "
+        "config.json"
         + (", *.png" if cfg.plots else "") + f"; checkpoints {cfg.checkpoint_dir}",
     ]
     return lines
@@ -77,8 +81,16 @@ def train_main(argv: list[str]) -> int:
         print(f"epic-slime train: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        print(f"epic-slime train: stopped at once ({e or 'interrupt'}): no checkpoint written by this "
-              "interruption; resume from the last saved one with --load", file=sys.stderr)
+        if has_checkpoint(cfg.checkpoint_dir):
+            print(f"epic-slime train: stopped at once ({e or 'interrupt'}): no checkpoint written by this "
+                  "interruption; resume from the last saved one with --load", file=sys.stderr)
+        else:
+            print(f"epic-slime train: stopped at once ({e or 'interrupt'}) {_NOTHING_SAVED.format(out=cfg.output_dir)}",
+                  file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if summary["interrupted"] and not has_checkpoint(cfg.checkpoint_dir):
+        print(f"epic-slime train: interrupted by {summary['interrupted']} during start-up "
+              f"{_NOTHING_SAVED.format(out=cfg.output_dir)}", flush=True)
         return EXIT_INTERRUPTED
     for line in end_of_run_lines(summary, cfg):
         print(line)

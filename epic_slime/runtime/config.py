@@ -9,8 +9,10 @@ wrong types and out-of-range values are errors that name the field and the value
 from __future__ import annotations
 
 import argparse
+import difflib
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,11 +28,27 @@ class ConfigError(ValueError):
     """Bad configuration value; the message names the field and the value."""
 
 
-def _positive_int(v): return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-def _nonneg_int(v): return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-def _positive_float(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and v == v and v != float("inf")
-def _nonneg_float(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and v == v and v != float("inf")
-def _unit_open_closed(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1
+class Rule:
+    """A value check and the rule it enforces, in words, for the error message ("must be <text>")."""
+
+    def __init__(self, text: str, test):
+        self.text, self.test = text, test
+
+    def __call__(self, v) -> bool:
+        return self.test(v)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_positive_int = Rule("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+_nonneg_int = Rule("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+_positive_float = Rule("a finite number > 0", lambda v: _number(v) and v > 0 and v == v and v != float("inf"))
+_nonneg_float = Rule("a finite number >= 0", lambda v: _number(v) and v >= 0 and v == v and v != float("inf"))
+_unit_open_closed = Rule("a number in (0, 1]", lambda v: _number(v) and 0 < v <= 1)
+_fraction = Rule("a number in [0, 1]", lambda v: _nonneg_float(v) and v <= 1)
+_fraction_below_one = Rule("a number in [0, 1)", lambda v: isinstance(v, float) and 0.0 <= v < 1.0)
 
 
 # name -> (type, default, check or None, choices or None, help). Order = order in --help.
@@ -63,9 +81,9 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "use_kl_loss": (bool, False, None, None, "add a k3 KL-to-reference term"),
     "kl_loss_coef": (float, 0.0, _nonneg_float, None, "coefficient of the KL-to-reference term"),
     "on_bad_tokens": (str, "skip", None, ("raise", "skip"), "a NaN/inf log-prob or advantage, or a log-prob > 1e-3, "
-                      "on a token: skip (mask it out, count it as loss/bad_tokens; a non-finite gradient skips "
-                      "the optimizer step, loss/skipped_steps) or raise"),
-    "max_bad_token_frac": (float, 0.01, lambda v: _nonneg_float(v) and v <= 1, None,
+                      "on a token: skip (mask it out, count it as train/policy/bad_tokens; a non-finite gradient "
+                      "skips the optimizer step, train/policy/skipped_steps) or raise"),
+    "max_bad_token_frac": (float, 0.01, _fraction, None,
                            "with --on-bad-tokens skip: abort when more than this share of a minibatch's tokens is bad"),
     # --- eval ---
     "eval_interval": (int, 25, _nonneg_int, None, "evaluate every N steps (0: only before and after training)"),
@@ -81,9 +99,9 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     # --- warm start ---
     "warm_start_steps": (int, 300, _nonneg_int, None, "supervised warm-start steps on correct solutions (0: none)"),
     "warm_start_lr": (float, 3e-3, _positive_float, None, "warm-start learning rate"),
-    "warm_start_answer_noise": (float, 0.8, lambda v: isinstance(v, float) and 0.0 <= v < 1.0, None,
+    "warm_start_answer_noise": (float, 0.8, _fraction_below_one, None,
                                 "share of warm-start solutions whose final answer is off by 1..3 (a sloppy base model)"),
-    "warm_start_step_noise": (float, 0.0, lambda v: isinstance(v, float) and 0.0 <= v < 1.0, None,
+    "warm_start_step_noise": (float, 0.0, _fraction_below_one, None,
                               "per-step chance that a warm-start solution's step result is wrong, carried on "
                               "(a careless base model: exact copies, uncertain results; 0: off)"),
     "warm_start_batch_size": (int, 64, _positive_int, None, "warm-start batch size"),
@@ -194,19 +212,75 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse whose errors are one line: argparse's message, the flag's rule, and a "did you mean"
+    for a misspelt flag or choice (argparse prints the whole usage, ~80 lines here, before them)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {self.explain(message)}\n")
+
+    def _action(self, option: str) -> argparse.Action | None:
+        return next((a for a in self._actions if option in a.option_strings), None)
+
+    def explain(self, message: str) -> str:
+        if message.startswith("unrecognized arguments: "):
+            flags = [a.split("=")[0] for a in message.split(": ", 1)[1].split() if a.startswith("--")]
+            known = [o for a in self._actions for o in a.option_strings]
+            hints = [(f, close[0]) for f in flags if (close := difflib.get_close_matches(f, known, n=1))]
+            if len(hints) == 1:
+                return message + f"; did you mean {hints[0][1]}?"
+            return message + ("; did you mean " + ", ".join(f"{c} (for {f})" for f, c in hints) + "?" if hints else "")
+        choice = re.match(r"argument (\S+): invalid choice: '([^']*)'", message)
+        if choice:
+            action = self._action(choice[1].split("/")[0])
+            close = difflib.get_close_matches(choice[2], [str(c) for c in action.choices or ()], n=1) \
+                if action is not None else []
+            return message + (f"; did you mean '{close[0]}'?" if close else "")
+        bad_type = re.match(r"argument (\S+): invalid \w+ value: ", message)
+        if bad_type:
+            action = self._action(bad_type[1].split("/")[0])
+            rule = FIELDS.get(action.dest, (None,) * 3)[2] if action is not None else None
+            return message + (f"; {bad_type[1]} must be {rule.text}" if isinstance(rule, Rule) else "")
+        return message
+
+
+def attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`--lr -1e-4` -> `--lr=-1e-4`: argparse reads `-1e-4` as an unknown option ("expected one
+    argument"); attached, the value reaches the value check, which states the rule."""
+    takes_value = {o for a in parser._actions if a.nargs is None for o in a.option_strings}
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in takes_value and i + 1 < len(argv) and _negative_number(argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def _negative_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return text.startswith("-")
+
+
 def build_parser(prog: str = "epic-slime train") -> argparse.ArgumentParser:
     from epic_slime.losses.flags import add_policy_loss_arguments
 
-    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False, description="The embedded asynchronous EPIC loop on CPU "
-                                     "(Ray actors, tiny Qwen3-MoE, synthetic arithmetic).")
+    parser = OneLineErrorParser(prog=prog, allow_abbrev=False, description="The embedded asynchronous EPIC loop on "
+                                "CPU (Ray actors, tiny Qwen3-MoE, synthetic arithmetic).")
     parser.add_argument("--config", default=None, help="YAML config (keys = flag names with underscores)")
     for name, (typ, default, _check, choices, help_text) in FIELDS.items():
         if typ is bool:
             parser.add_argument(_flag(name), dest=name, default=default, action=argparse.BooleanOptionalAction,
                                 help=help_text)
         else:
-            parser.add_argument(_flag(name), dest=name, type=typ, default=default, choices=choices,
-                                help=f"{help_text} (default: {default})")
+            # a help text that says its default itself ("default: <output-dir>/...") is not given a second one
+            shown = help_text if "default:" in help_text else f"{help_text} (default: {default})"
+            parser.add_argument(_flag(name), dest=name, type=typ, default=default, choices=choices, help=shown)
     add_policy_loss_arguments(parser)
     return parser
 
@@ -288,7 +362,7 @@ def _validate(cfg: RuntimeConfig) -> None:
         if typ is bool and not isinstance(val, bool):
             raise ConfigError(f"{name} must be true or false, got {val!r}")
         if check is not None and not check(val):
-            raise ConfigError(f"{name}: invalid value {val!r} ({FIELDS[name][4]})")
+            raise ConfigError(f"{name}: invalid value {val!r}: must be {check.text} ({FIELDS[name][4]})")
         if choices is not None and val not in choices:
             raise ConfigError(f"{name} must be one of {list(choices)}, got {val!r}")
     if cfg.samples_per_step % v["update_depth"]:
@@ -320,7 +394,8 @@ def parse_config(argv: list[str], prog: str = "epic-slime train") -> RuntimeConf
     from epic_slime.losses.flags import policy_loss_config_from_args
 
     parser = build_parser(prog)
-    parser.parse_args(argv)            # --help, malformed flags: argparse's own messages and exit
+    argv = attach_negative_values(parser, list(argv))
+    parser.parse_args(argv)            # --help, malformed flags: one-line messages and exit 2
     defaults = vars(parser.parse_args([]))
     explicit = _explicit_args(parser, argv)
     from_yaml = load_yaml(explicit["config"], parser) if explicit.get("config") else {}
@@ -336,26 +411,6 @@ def parse_config(argv: list[str], prog: str = "epic-slime train") -> RuntimeConf
                         policy_loss_aggregation=aggregation)
     _validate(cfg)
     return cfg
-
-
-# Keys a resumed run may change: where things go, how long, how often to evaluate / save / log.
-# Everything else (model, task, seed, loss, optimizer, rollout, staleness) must match the checkpoint.
-RESUME_FREE_KEYS = frozenset({
-    "output_dir", "num_rollout", "save", "load", "save_interval", "overwrite", "eval_interval",
-    "n_samples_per_eval_prompt", "eval_temperature", "eval_top_p", "task_eval_num_prompts",
-    "warm_start_cache_dir", "use_wandb", "wandb_mode", "wandb_project", "progress", "log_interval", "plots",
-    "debug_kill_rollout_worker_at_step", "on_bad_tokens", "max_bad_token_frac",
-})
-
-
-def resume_differences(saved: dict, current: dict) -> list[str]:
-    """'key: checkpoint X, now Y' for every training-relevant key that differs (keys absent on
-    either side, e.g. from an older version, cannot be compared and are skipped)."""
-    out = []
-    for key in sorted(set(saved) & set(current) - RESUME_FREE_KEYS):
-        if saved[key] != current[key]:
-            out.append(f"{key}: checkpoint {saved[key]!r}, now {current[key]!r}")
-    return out
 
 
 def config_fields() -> list[str]:

@@ -11,143 +11,33 @@ Checkpoints are taken at quiescent points: in-flight requests are drained into t
 buffer is topped up to one full batch, and the buffer itself is saved, so a resumed run trains
 on exactly the batch the uninterrupted run would have trained on next, and no sample is lost or
 trained twice.
+
+Beside it: `run_files` (the run directory and its files), `checkpoint` (what a checkpoint holds and
+when it may resume a run) and `signals` (SIGINT / SIGTERM).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from pathlib import Path
 
-from epic_slime.evaluation.records import EvalRecord, write_records
 from epic_slime import metric_names as names
-from epic_slime.metric_names import runtime_to_shared
-from .config import ConfigError, RuntimeConfig, resume_differences
+from epic_slime.provenance import resident_memory_mib
+from epic_slime.staleness import Accounting, Group, select_batch, trainable_groups
+from . import checkpoint
+from .config import RuntimeConfig
 from .progress import Progress, say
-from .staleness import Accounting, Group, select_batch
+from .run_files import HELDOUT, RunLog, discard_unsaved_run, prepare_output_dir, run_outcome, write_config, \
+    write_summary
+from .signals import StopRequest
 from .task import Tokenizer
 from .tasks import eval_problems, train_problem
-from .tensorboard_log import log_scalars, open_tensorboard
 
-HELDOUT = "heldout"
 MAX_WORKER_RESTARTS = 20
-STOP_WAIT_S = 120.0   # after SIGINT / SIGTERM: longest wait for the step in flight before giving up
-RUN_FILES = ("metrics.jsonl", "batches.jsonl", "eval_metrics.jsonl", "eval_records.jsonl", "summary.json",
-             "config.json")
-
-
-class StopRequest:
-    """SIGINT / SIGTERM handling of a run: the first signal asks for a checkpoint at the next
-    quiescent point (the driver polls `requested`); a second one raises KeyboardInterrupt at once."""
-
-    def __init__(self):
-        self.signal_name: str | None = None
-        self.at: float | None = None
-        self._previous: dict = {}
-
-    @property
-    def requested(self) -> bool:
-        return self.signal_name is not None
-
-    def _handle(self, signum, _frame):
-        if self.requested:
-            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}")
-        self.signal_name, self.at = signal.Signals(signum).name, time.time()
-        print(f"\n[epic-slime] {self.signal_name}: finishing the step in flight, then checkpoint, summary and "
-              "plots (send it again to exit at once, without a checkpoint)", flush=True)
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return   # signal handlers can only be set from the main thread (sweeps in threads, tests)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def check_deadline(self) -> None:
-        if self.requested and time.time() - self.at > STOP_WAIT_S:
-            raise KeyboardInterrupt(f"no quiescent point within {STOP_WAIT_S:.0f} s of {self.signal_name}")
-
-
-def versions() -> dict:
-    """Package, torch and git commit of this checkout (None where unavailable): for config.json."""
-    import torch
-
-    from epic_slime import __version__
-
-    root = Path(__file__).resolve().parents[2]
-    commit = None
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        if out.returncode == 0:
-            commit = out.stdout.strip()
-            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=5)
-            if dirty.returncode == 0 and dirty.stdout.strip():
-                commit += "-dirty"
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {"epic_slime": __version__, "torch": torch.__version__, "git_commit": commit}
-
-
-def _plot_names() -> tuple[str, ...]:
-    from .plots import PLOT_NAMES
-
-    return PLOT_NAMES
-
-
-def existing_run(cfg: RuntimeConfig) -> list[Path]:
-    """The files of an earlier run in cfg's output directory (and its checkpoints), if any."""
-    out, ckpt = Path(cfg.output_dir), cfg.checkpoint_dir
-    found = [out / n for n in RUN_FILES if (out / n).exists()]
-    if ckpt.is_dir() and any(ckpt.iterdir()):
-        found.append(ckpt)
-    return found
-
-
-def prepare_output_dir(cfg: RuntimeConfig, resume_path: Path | None) -> None:
-    """Refuse to mix two runs in one directory: an existing run needs --load (resume it) or
-    --overwrite (clear it first: only this runtime's own files and the checkpoints, nothing else)."""
-    out, ckpt = Path(cfg.output_dir), cfg.checkpoint_dir
-    found = existing_run(cfg)
-    if not found:
-        return
-    if cfg.overwrite:
-        if resume_path is not None and ckpt.resolve() in resume_path.resolve().parents:
-            raise ConfigError(f"--overwrite would delete the checkpoint --load {cfg.load} resumes from; drop one of them")
-        for p in [*found, *(out / n for n in _plot_names())]:
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
-        say(f"--overwrite: cleared the previous run in {out}")
-        return
-    if resume_path is None:
-        names = ", ".join(p.name for p in found)
-        hint = f"--load {ckpt} to resume it, " if ckpt in found else ""
-        raise ConfigError(f"--output-dir {out} already holds a run ({names}): pass {hint}--overwrite to replace "
-                          "it, or choose another --output-dir")
-
-
-def rss_mb() -> float:
-    """Current resident set size of this process (Linux /proc; 0.0 where unavailable)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def _init_ray(num_cpus: int) -> None:
@@ -167,30 +57,30 @@ def _init_ray(num_cpus: int) -> None:
              logging_level="ERROR", _node_ip_address="127.0.0.1")
 
 
-def resolve_checkpoint(path: str) -> Path:
-    p = Path(path)
-    if (p / "driver.pkl").exists():
-        return p
-    latest = p / "latest"
-    if latest.exists():
-        q = p / latest.read_text().strip()
-        if (q / "driver.pkl").exists():
-            return q
-    raise FileNotFoundError(f"--load {path}: no checkpoint there (expected driver.pkl or a 'latest' file)")
-
-
 class Run:
+    """One run: the rollout workers, the trainer and the eval worker, scheduled from this process."""
+
     def __init__(self, cfg: RuntimeConfig):
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
         self.tok = Tokenizer()
         self.task = cfg.task
         self.eval_set = eval_problems(self.task)
+        self.log = RunLog(cfg)
+        self.stop = StopRequest()
+        # data and staleness (what a checkpoint saves: checkpoint.DRIVER_STATE_KEYS)
         self.buffer: deque[Group] = deque()
         self.acc = Accounting()
         self.step = 0            # finished rollout steps
         self.version = 0         # trainer weight version (= step)
         self.next_group_id = 0   # data position
+        self.trained_group_ids: list[int] = []
+        self.dropped_group_ids: list[int] = []
+        self.killed_once = False
+        # actors and what is in flight
+        self.workers: list = []
+        self.trainer = None
+        self.eval_worker = None
         self.pending_gen: dict = {}      # future -> (worker index, requests, version)
         self.worker_versions: list[int] = []
         self.weights_ref = None
@@ -198,11 +88,18 @@ class Run:
         self.eval_queue: deque = deque()       # (weights ref, version) due and not yet started
         self.eval_future_version: int | None = None
         self.eval_ready: list[dict] = []
-        self.t_start = None
-        self.step_t = None
-        self.killed_once = False
-        self.trained_group_ids: list[int] = []
-        self.dropped_group_ids: list[int] = []
+        # the step being trained: its batch and lags, and the groups dropped while choosing it
+        self._step_batch: list[Group] = []
+        self._step_lags: list[int] = []
+        self._step_dropped = 0
+        self._step_dropped_ids: list[int] = []
+        # this process's part of the run (a resumed run starts at the checkpoint's step)
+        self._resume_state: dict | None = None
+        self.start_step = 0
+        self.checkpoint_path: Path | None = None
+        self.t_start: float | None = None
+        self.step_t: float | None = None
+        self._trained_at_start = 0
 
     # ---------------- set-up ----------------
     @property
@@ -302,9 +199,7 @@ class Run:
             self.buffer = deque(sorted(self.buffer, key=lambda g: g.group_id))
 
     def _trainable_groups(self) -> int:
-        if self.cfg.stale_policy == "keep":
-            return len(self.buffer)
-        return sum(1 for g in self.buffer if self.version - g.version <= self.cfg.max_staleness)
+        return trainable_groups(self.buffer, self.version, self.cfg.max_staleness, self.cfg.stale_policy)
 
     def _top_up(self) -> None:
         """Generate (all workers, current weights) until the buffer holds one full trainable batch."""
@@ -346,28 +241,27 @@ class Run:
         rewards = [s["reward"] for s in samples]
         m = {
             "step": self.step, "version": self.version,
-            "rollout/reward_mean": statistics.fmean(rewards),
-            "rollout/response_len_mean": statistics.fmean(len(s["response_ids"]) for s in samples),
-            "rollout/truncated_frac": statistics.fmean(s["status"] == "truncated" for s in samples),
+            names.REWARD_MEAN: statistics.fmean(rewards),
+            names.RESPONSE_LENGTH_MEAN: statistics.fmean(len(s["response_ids"]) for s in samples),
+            names.TRUNCATED_FRAC: statistics.fmean(s["status"] == "truncated" for s in samples),
             "rollout/top_p_logprob_gap": statistics.fmean(
                 (b - q) for s in samples for b, q in zip(s["behavior_log_probs"], s["sampling_log_probs"])),
-            "staleness/mean": statistics.fmean(lags), "staleness/max": max(lags),
-            "staleness/dropped_step": self._step_dropped,
-            "staleness/dropped_total": self.acc.dropped, "staleness/stale_kept_total": self.acc.stale_kept,
+            names.STALENESS_MEAN: statistics.fmean(lags), names.STALENESS_MAX: max(lags),
+            names.STALENESS_PREFIX + "dropped_step": self._step_dropped,
+            names.STALENESS_PREFIX + "dropped_total": self.acc.dropped,
+            names.STALENESS_PREFIX + "stale_kept_total": self.acc.stale_kept,
             "accounting/generated": self.acc.generated, "accounting/trained": self.acc.trained,
             "accounting/dropped": self.acc.dropped, "accounting/buffered": self._buffered_samples(),
             "accounting/in_flight_requests": self._pending_samples(),
             "accounting/lost": self.acc.lost, "accounting/worker_restarts": self.acc.worker_restarts,
             "time/elapsed_s": now - self.t_start, "time/step_s": now - self.step_t,
             "perf/trained_samples_per_s": self._trained_since_start() / max(1e-9, now - self.t_start),
-            "driver/rss_mb": rss_mb(),
+            "driver/rss_mb": resident_memory_mib(),
             **train_metrics,
         }
         self.step_t = now
-        with open(self.out / "batches.jsonl", "a") as f:   # which prompts each step trained / dropped
-            f.write(json.dumps({"step": self.step, "trained_group_ids": [g.group_id for g in batch],
-                                "dropped_group_ids": self._step_dropped_ids,
-                                "lags": [self.version - 1 - g.version for g in batch]}) + "\n")
+        self.log.batch(self.step, [g.group_id for g in batch], self._step_dropped_ids,
+                       [self.version - 1 - g.version for g in batch])
         self._step_dropped = 0
         self._step_dropped_ids = []
         self.acc.check(self._buffered_samples())
@@ -406,44 +300,42 @@ class Run:
         result = {f"eval/{HELDOUT}/mean@{k}": statistics.fmean(flat),
                   f"eval/{HELDOUT}/pass@{k}": statistics.fmean(any(r) for r in correct), "eval/version": version}
         self.eval_ready.append(result)
-        with open(self.out / "eval_metrics.jsonl", "a") as f:   # every evaluation, one line each
-            f.write(json.dumps({"step": self.step, **result}) + "\n")
-        # The evaluation package's record format, so `epic-slime report` reads local runs as-is.
-        write_records(str(self.out / "eval_records.jsonl"), [
-            EvalRecord(run=self.out.name, method=self.cfg.policy_loss, seed=self.cfg.seed, step=version,
-                       benchmark=HELDOUT, prompt_id=str(pid), sample_idx=j, correct=bool(c))
-            for pid, row in enumerate(correct) for j, c in enumerate(row)])
+        self.log.evaluation(self.step, result, version, correct)
         self._maybe_submit_eval()
 
     # ---------------- checkpoints ----------------
     def _checkpoint(self, top_up: bool) -> Path:
+        """Save at a quiescent point: nothing in flight and (top_up) one full trainable batch buffered."""
         import ray
 
         self._drain()
         if top_up:
             self._top_up()
         self.acc.check(self._buffered_samples())
-        d = self.cfg.checkpoint_dir / f"step_{self.step:06d}"
+        d = checkpoint.step_dir(self.cfg.checkpoint_dir, self.step)
         d.mkdir(parents=True, exist_ok=True)
-        ray.get(self.trainer.save_state.remote(str(d / "trainer.pt")))
+        ray.get(self.trainer.save_state.remote(str(d / checkpoint.TRAINER_STATE_FILE)))
         state = {"step": self.step, "version": self.version, "next_group_id": self.next_group_id,
                  "buffer": list(self.buffer), "accounting": self.acc.state(),
                  "trained_group_ids": self.trained_group_ids, "dropped_group_ids": self.dropped_group_ids,
                  "killed_once": self.killed_once, "config": self.cfg.to_dict()}
-        tmp = d / "driver.pkl.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(state, f)
-        os.replace(tmp, d / "driver.pkl")
-        (self.cfg.checkpoint_dir / "latest").write_text(d.name)
-        return d
+        return checkpoint.save_driver_state(self.cfg.checkpoint_dir, self.step, state)
+
+    def _check_resume(self) -> Path | None:
+        """The checkpoint to resume from (None without --load), refused when it may not resume this run."""
+        if not self.cfg.load:
+            return None
+        path = checkpoint.resolve_checkpoint(self.cfg.load)
+        self._resume_state = checkpoint.load_driver_state(path)
+        checkpoint.check_resumable(self._resume_state, self.cfg)
+        return path
 
     def _restore(self, path: Path) -> None:
         import ray
 
         state = self._resume_state
-        version = ray.get(self.trainer.load_state.remote(str(path / "trainer.pt")))
-        if version != state["version"]:
-            raise RuntimeError(f"checkpoint {path}: trainer version {version} != driver version {state['version']}")
+        version = ray.get(self.trainer.load_state.remote(str(path / checkpoint.TRAINER_STATE_FILE)))
+        checkpoint.check_trainer_version(path, version, state)
         self.step, self.version = state["step"], state["version"]
         self.next_group_id = state["next_group_id"]
         self.buffer = deque(state["buffer"])
@@ -453,73 +345,58 @@ class Run:
         self.killed_once = state["killed_once"]
 
     # ---------------- metrics ----------------
-    def _open_metrics(self, resumed_step: int | None):
-        for name in ("metrics.jsonl", "batches.jsonl", "eval_metrics.jsonl", "eval_records.jsonl"):
-            path = self.out / name
-            if resumed_step is None:
-                path.write_text("")
-            elif path.exists():   # keep lines up to the checkpoint, so the file stays one line per step
-                keep = [ln for ln in path.read_text().splitlines()
-                        if ln.strip() and json.loads(ln)["step"] <= resumed_step]
-                path.write_text("".join(ln + "\n" for ln in keep))
-        return open(self.out / "metrics.jsonl", "a")
-
-    def _write_metrics(self, f, m: dict) -> None:
+    def _write_metrics(self, m: dict) -> None:
         # the newest evaluation goes on this step's line; eval_metrics.jsonl and eval_records.jsonl
         # keep every one (two can finish within one step when evaluations queue up)
         if self.eval_ready:
             m.update(self.eval_ready[-1])
         self.eval_ready = []
-        line = runtime_to_shared(m)  # the names the slime path logs (epic_slime.metric_names)
-        f.write(json.dumps(line) + "\n")
-        f.flush()
-        if self.wandb is not None:
-            self.wandb.log(line, step=m["step"])
-        if self.tensorboard is not None:
-            log_scalars(self.tensorboard, line, m["step"])
+        self.log.metrics(m)
 
     # ---------------- main ----------------
-    def _check_resume(self) -> Path | None:
-        """The checkpoint to resume from, refused when its config differs in a training-relevant key."""
-        cfg = self.cfg
-        if not cfg.load:
-            return None
-        path = resolve_checkpoint(cfg.load)
-        with open(path / "driver.pkl", "rb") as f:
-            self._resume_state = pickle.load(f)
-        diffs = resume_differences(self._resume_state.get("config", {}), cfg.to_dict())
-        if diffs:
-            raise ConfigError(f"--load {cfg.load}: the checkpoint was trained with a different config; resuming "
-                              "would mix two runs. Differences:\n  " + "\n  ".join(diffs))
-        if self._resume_state["step"] >= cfg.num_rollout:
-            raise ConfigError(f"--load {cfg.load}: the checkpoint is at step {self._resume_state['step']}, "
-                              f"--num-rollout is {cfg.num_rollout}: nothing to train (raise --num-rollout)")
-        return path
-
     def run(self, reuse_ray: bool = False) -> dict:
         """reuse_ray: use an already initialised local Ray (tests, sweeps) and leave it running.
 
         SIGINT / SIGTERM (main thread only): checkpoint after the step in flight, then the summary and
-        plots as usual; summary["interrupted"] names the signal."""
+        plots as usual; summary["interrupted"] names the signal. Stopped before its first checkpoint
+        (during start-up, or by a second signal), a new run leaves none of its files behind: there is
+        nothing to resume, and the same command starts it again."""
+        cfg = self.cfg
+        resume_path = self._check_resume()
+        prepare_output_dir(cfg, resume_path)
+        try:
+            write_config(cfg)
+            self.stop.install()
+            try:
+                summary = self._run(reuse_ray, resume_path)
+            finally:
+                self.stop.restore()
+        except KeyboardInterrupt:
+            self._discard_if_unsaved(resume_path)
+            raise
+        if summary["interrupted"] and self._discard_if_unsaved(resume_path):
+            return summary
+        summary.update(run_outcome(self.out, cfg))
+        write_summary(cfg, summary)
+        if cfg.plots:
+            from .plots import write_plots
+
+            write_plots(self.out, self.acc.lag_hist)
+        return summary
+
+    def _discard_if_unsaved(self, resume_path: Path | None) -> bool:
+        """A new run with no checkpoint yet: remove its files (True); else leave them for --load."""
+        if resume_path is not None or checkpoint.has_checkpoint(self.cfg.checkpoint_dir):
+            return False
+        discard_unsaved_run(self.cfg)
+        return True
+
+    def _run(self, reuse_ray: bool, resume_path: Path | None) -> dict:
         import ray
 
         from .actors import EvalWorker, Trainer
         from .warmstart import load_or_train_warm_start
 
-        cfg = self.cfg
-        resume_path = self._check_resume()
-        prepare_output_dir(cfg, resume_path)
-        self.out.mkdir(parents=True, exist_ok=True)
-        with open(self.out / "config.json", "w") as f:
-            json.dump({**cfg.to_dict(), "versions": versions()}, f, indent=1, sort_keys=True)
-        self.stop = StopRequest()
-        self.stop.install()
-        try:
-            return self._run(reuse_ray, resume_path, ray, EvalWorker, Trainer, load_or_train_warm_start)
-        finally:
-            self.stop.restore()
-
-    def _run(self, reuse_ray, resume_path, ray, EvalWorker, Trainer, load_or_train_warm_start) -> dict:
         cfg = self.cfg
         t0 = time.time()
         init_state, provenance = load_or_train_warm_start(
@@ -528,8 +405,7 @@ class Run:
             answer_noise=cfg.warm_start_answer_noise, step_noise=cfg.warm_start_step_noise,
             progress=cfg.progress)
         warm_s = time.time() - t0
-        self.wandb = _open_wandb(cfg)
-        self.tensorboard = open_tensorboard(cfg.use_tensorboard, cfg.tensorboard_dir, cfg.output_dir)
+        self.log.open_mirrors()
         own_ray = not (reuse_ray and ray.is_initialized())
         if cfg.progress:
             say(("starting local Ray, then " if own_ray else "starting ") +
@@ -537,8 +413,6 @@ class Run:
         if own_ray:
             _init_ray(num_cpus=cfg.num_rollout_workers + 2)
             self.stop.install()   # after ray.init, whatever handlers it set
-        self.workers, self.trainer, self.eval_worker = [], None, None
-        self.start_step = 0
         try:
             t1 = time.time()
             init_ref = ray.put(init_state)
@@ -563,13 +437,10 @@ class Run:
             startup_s = time.time() - t1
             if cfg.progress:
                 say(f"workers up in {startup_s:.1f} s; training steps {self.step + 1}..{cfg.num_rollout}")
-            rss_start = rss_mb()
-            metrics_file = self._open_metrics(self.step if resume_path else None)
+            rss_start = resident_memory_mib()
+            self.log.open_files(self.step if resume_path else None)
             self._trained_at_start = self.acc.trained
             self.t_start = self.step_t = time.time()
-            self._step_dropped = 0
-            self._step_dropped_ids = []
-            self.checkpoint_path = None
             if not resume_path:
                 self._maybe_submit_eval(force=True)          # the warm-start level
             bar = Progress(cfg.num_rollout, initial=self.step, desc="epic-slime", enabled=cfg.progress,
@@ -578,12 +449,12 @@ class Run:
                 if self.stop.requested:
                     pass                                     # interrupted during start-up: nothing trained
                 elif cfg.rollout_mode == "async":
-                    self._loop_async(metrics_file, bar)
+                    self._loop_async(bar)
                 else:
-                    self._loop_sync(metrics_file, bar)
+                    self._loop_sync(bar)
             finally:
                 bar.close()
-                metrics_file.close()
+                self.log.close_files()
             loop_s = time.time() - self.t_start
             summary = {
                 "steps": self.step, "start_step": self.start_step, "steps_this_run": self.step - self.start_step,
@@ -592,7 +463,8 @@ class Run:
                 "loop_s": loop_s, "warm_start_s": warm_s, "warm_start": provenance,
                 "ray_startup_s": startup_s,
                 "trained_samples_per_s": self._trained_since_start() / max(1e-9, loop_s),
-                "generated_samples": self.acc.generated, "rss_mb_start": rss_start, "rss_mb_end": rss_mb(),
+                "generated_samples": self.acc.generated, "rss_mb_start": rss_start,
+                "rss_mb_end": resident_memory_mib(),
                 **{f"accounting/{k}": v for k, v in self.acc.state().items()},
                 "buffered": self._buffered_samples(),
             }
@@ -603,24 +475,14 @@ class Run:
                 for actor in [*self.workers, self.trainer, self.eval_worker]:
                     if actor is not None:
                         ray.kill(actor)
-            if self.wandb is not None:
-                self.wandb.finish()
-            if self.tensorboard is not None:
-                self.tensorboard.close()
-        summary.update(run_outcome(self.out, cfg))
-        with open(self.out / "summary.json", "w") as f:
-            json.dump(summary, f, indent=1)
-        if cfg.plots:
-            from .plots import write_plots
-
-            write_plots(self.out, self.acc.lag_hist)
+            self.log.close_mirrors()
         return summary
 
-    def _end_of_step(self, metrics_file, bar, m: dict) -> bool:
+    def _end_of_step(self, bar, m: dict) -> bool:
         """Eval / checkpoint / logging after a finished step. Returns True when the run is over."""
         cfg = self.cfg
         if self.stop.requested:          # SIGINT / SIGTERM: log this step, checkpoint, stop
-            self._write_metrics(metrics_file, m)
+            self._write_metrics(m)
             bar.update(self.step, _progress_fields(m))
             self.checkpoint_path = self._checkpoint(top_up=True)
             return True
@@ -636,7 +498,7 @@ class Run:
             self._maybe_submit_eval(force=True)
             ray.wait([self.eval_future])
             self._collect_eval()
-        self._write_metrics(metrics_file, m)
+        self._write_metrics(m)
         if not last:
             self._maybe_submit_eval()
         bar.update(self.step, _progress_fields(m))
@@ -652,7 +514,7 @@ class Run:
             self.killed_once = True
             ray.kill(self.workers[0], no_restart=True)
 
-    def _loop_async(self, metrics_file, bar) -> None:
+    def _loop_async(self, bar) -> None:
         import ray
 
         if self.step >= self.cfg.num_rollout:
@@ -686,11 +548,11 @@ class Run:
             else:
                 m = self._finish_train(ray.get(train_future))
                 train_future = None
-                if self._end_of_step(metrics_file, bar, m):
+                if self._end_of_step(bar, m):
                     return
                 self._maybe_kill()
 
-    def _loop_sync(self, metrics_file, bar) -> None:
+    def _loop_sync(self, bar) -> None:
         import ray
 
         while self.step < self.cfg.num_rollout:
@@ -719,55 +581,17 @@ class Run:
                     break
                 self._collect_eval()
             m = self._finish_train(ray.get(train_future))
-            if self._end_of_step(metrics_file, bar, m):
+            if self._end_of_step(bar, m):
                 return
 
 
 def _progress_fields(m: dict) -> dict:
-    fields = {"reward": round(m["rollout/reward_mean"], 3), "lag": round(m["staleness/mean"], 2),
-              "clipfrac": round(m.get("loss/clipfrac", 0.0), 4)}
+    fields = {"reward": round(m[names.REWARD_MEAN], 3), "lag": round(m[names.STALENESS_MEAN], 2),
+              "clipfrac": round(m.get(names.CLIPFRAC, 0.0), 4)}
     evals = [k for k in m if k.startswith(f"eval/{HELDOUT}/mean@")]
     if evals:
         fields[evals[0].split("/")[-1]] = round(m[evals[0]], 3)
     return fields
-
-
-def run_outcome(out: Path, cfg: RuntimeConfig) -> dict:
-    """What the end-of-run summary reports, from the run's own files (so resumed runs count all steps),
-    under the shared metric names the files hold."""
-    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()] \
-        if (out / "metrics.jsonl").exists() else []
-    key = f"eval/{HELDOUT}/mean@{cfg.n_samples_per_eval_prompt}"
-    evals = [json.loads(ln) for ln in (out / "eval_metrics.jsonl").read_text().splitlines() if ln.strip()] \
-        if (out / "eval_metrics.jsonl").exists() else []
-    evals = [(e["eval/version"], e[key]) for e in evals if key in e]
-    rewards = [r[names.REWARD_MEAN] for r in rows]
-    n = max(1, min(10, len(rewards) // 2))
-    best = max(evals, key=lambda e: (e[1], -e[0])) if evals else None   # earliest step on ties
-    return {
-        "reward_first": statistics.fmean(rewards[:n]) if rewards else None,
-        "reward_last": statistics.fmean(rewards[-n:]) if rewards else None,
-        "reward_window": n,
-        "eval_key": key,
-        "eval_start": evals[0][1] if evals else None,
-        "eval_best": best[1] if best else None, "eval_best_step": best[0] if best else None,
-        "staleness_max": max((r[names.STALENESS_MAX] for r in rows), default=None),
-        "bad_tokens": sum(r.get(names.runtime_name("loss/bad_tokens"), 0) for r in rows),
-        "skipped_steps": sum(r.get(names.runtime_name("loss/skipped_steps"), 0) for r in rows),
-        "output_dir": str(out),
-    }
-
-
-def _open_wandb(cfg: RuntimeConfig):
-    if not cfg.use_wandb or cfg.wandb_mode == "disabled":
-        return None
-    try:
-        import wandb
-    except ImportError:
-        raise RuntimeError("--use-wandb needs the wandb package: pip install wandb "
-                           "(or drop --use-wandb; metrics.jsonl is always written)") from None
-    return wandb.init(project=cfg.wandb_project, mode=cfg.wandb_mode, dir=str(cfg.output_dir),
-                      name=Path(cfg.output_dir).name, config=cfg.to_dict())
 
 
 def run_training(cfg: RuntimeConfig, reuse_ray: bool = False) -> dict:

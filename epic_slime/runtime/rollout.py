@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from epic_slime.staleness import Group
 from .model import ModelConfig, build_policy, sample
-from .staleness import Group
 from .task import Problem, Tokenizer, answer_reward
 
 

@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
                     cfg = parse_config([*train_args, "--policy-loss", mode, "--update-depth", str(depth),
                                         "--seed", str(seed), "--output-dir", str(run_dir)], prog="epic-slime sweep")
                     plan.append((mode, depth, seed, run_dir, cfg))
-        from .driver import existing_run
+        from .run_files import existing_run
 
         taken = [str(c.output_dir) for *_, c in plan if existing_run(c) and not (c.overwrite or c.load)]
         if taken:

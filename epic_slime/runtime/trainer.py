@@ -13,6 +13,7 @@ import random
 
 import torch
 
+from epic_slime import metric_names as names
 from .model import ModelConfig, build_policy, response_log_probs
 from .task import Tokenizer
 
@@ -153,13 +154,13 @@ class PolicyTrainer:
             checked_tokens += int(mask.sum())
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"policy loss {self.policy_loss} is {float(loss)} at version {self.version}, minibatch {d}")
-            add("loss/pg_loss", loss)
+            add(names.PG_LOSS, loss)
             add("train/entropy", mean_token_entropy(all_lp[0].detach(), mask))   # Fig. 6 of the paper
             for k, v in out.metrics.items():
                 if k == "bad_tokens":
                     continue   # a count: summed over the step below, not averaged
                 try:
-                    add(f"loss/{k}", v)
+                    add(names.policy_metric(k), v)
                 except (TypeError, ValueError, RuntimeError):
                     pass   # non-scalar diagnostics (e.g. per-bin vectors) are not averaged here
             if self.ref is not None:
@@ -171,7 +172,7 @@ class PolicyTrainer:
                 k3 = kl_penalty(log_probs.masked_fill(~kl_mask, 0.0), ref_lp.masked_fill(~kl_mask, 0.0), "k3")
                 kl = aggregate_loss(k3, kl_mask, self.aggregation or "seq-mean-token-mean")
                 loss = loss + self.kl_loss_coef * kl
-                add("loss/kl_loss", kl)
+                add(names.KL_LOSS, kl)
             if first_gap is None:  # before any update of this step: the train-rollout mismatch
                 first_gap = float(out.metrics["logprob_abs_diff"])
             self.opt.zero_grad(set_to_none=True)
@@ -184,15 +185,15 @@ class PolicyTrainer:
                 skipped += 1   # as Megatron's NaN check: no update from this minibatch, counted
                 self.opt.zero_grad(set_to_none=True)
                 continue
-            add("train/grad_norm", grad_norm)
-            add("loss/total", loss)
+            add(names.GRAD_NORM, grad_norm)
+            add(names.TRAIN_LOSS, loss)
             self.opt.step()
         self.version += 1
         metrics = {k: sums[k] / counts[k] for k in sums}
         metrics["train/logprob_abs_diff_step_start"] = first_gap
-        metrics["loss/bad_tokens"] = bad_tokens          # skipped tokens over the step's minibatches
-        metrics["loss/skipped_steps"] = skipped          # optimizer steps skipped for a non-finite gradient
+        metrics[names.BAD_TOKENS] = bad_tokens          # skipped tokens over the step's minibatches
+        metrics[names.SKIPPED_STEPS] = skipped          # optimizer steps skipped for a non-finite gradient
         # the slime path's name for the same thing (it cannot log a summed count)
-        metrics["loss/bad_token_frac"] = bad_tokens / max(checked_tokens, 1)
+        metrics[names.policy_metric("bad_token_frac")] = bad_tokens / max(checked_tokens, 1)
         metrics["train/version"] = self.version
         return metrics
