@@ -57,14 +57,26 @@ def test_step_token_kinds_name_prompt_copies_carries_and_results():
     assert broken[7:] == ["format", "format"]                     # out of format from the misplaced '='
 
 
-def test_chance_level_is_the_best_constant_answer():
+def test_chance_level_is_the_training_distributions_best_constant_answer():
     class P:
         def __init__(self, answer):
             self.answer = answer
 
-    got = chance_level([P(a) for a in [3, 3, 3, 1, 2, 7, 7, 0]])
-    assert got["chance"] == 3 / 8 and got["best_constant_answer"] == 3
+    train = [P(a) for a in [3, 3, 3, 1, 2, 7, 7, 0]]
+    test = [P(a) for a in [7, 7, 7, 3]]          # the test split's own mode (7) is not what is guessed
+    got = chance_level(train, test)
+    assert got["chance"] == 3 / 8 and got["best_constant_answer"] == 3 and got["best_constant_on_test"] == 1 / 4
     assert got["distinct_answers"] == 5 and got["uniform_guess"] == pytest.approx(0.2)
+
+
+def test_the_chain_tasks_chance_is_one_in_ten():
+    from epic_slime.runtime.task import TaskConfig
+    from epic_slime.runtime.tasks import train_problem
+
+    cfg = TaskConfig(name="chain", min_operands=9, max_operands=9)
+    got = chance_level([train_problem(i, 0, cfg) for i in range(20_000)], [train_problem(-1, 0, cfg)])
+    # the answer of a chain of uniform digits modulo 10 is uniform: chance 0.1 (sampling sd 0.002)
+    assert got["distinct_answers"] == 10 and 0.1 <= got["chance"] < 0.11
 
 
 @pytest.mark.parametrize("curve, expect", [

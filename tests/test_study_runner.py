@@ -115,3 +115,36 @@ def test_tiny_study_end_to_end_and_resume(tmp_path, capsys):
     again = json.loads((out / "runs" / "d2" / "grpo_s1" / RESULT).read_text())
     # a rerun is the same run: the same validation value at every version
     assert again["validation_curve"] == results["grpo"]["validation_curve"]
+
+
+@pytest.mark.slow
+def test_quick_ladder_end_to_end(tmp_path, capsys):
+    """`epic-slime study --ladder --quick`: every cell, the warm start's record, the figure and summary.json."""
+    out = tmp_path / "ladder"
+    assert cli_main(["study", "--ladder", "--quick", "--output-dir", str(out)]) == 0
+    cfg = load_study_config(LADDER_QUICK_CONFIG)
+    assert cfg.ladder and len(plan(cfg)) == len(cfg.seeds) * len(cfg.settings) * len(cfg.methods)
+    summary = json.loads((out / "summary.json").read_text())
+    warm = json.loads((out / "warm_start.json").read_text())
+    assert 0.1 <= summary["chance"] < 0.11                      # ten equally likely answer digits
+    assert summary["warm_start_test"] == warm["test_mean"] and 0 <= warm["test_mean"] <= 1
+    cells = summary["ladder"]["cells"]
+    assert sorted(cells) == sorted(s["name"] for s in cfg.settings)
+    assert (cells["d16"]["D"], cells["d16"]["K"]) == (16, 0) and (cells["d8_k2"]["D"], cells["d8_k2"]["K"]) == (8, 2)
+    for name, c in cells.items():
+        for m in cfg.methods:
+            d = c["methods"][m]
+            assert d["n_seeds"] == len(cfg.seeds) and 0 <= d["test_last_mean"] <= 1 and 0 <= d["collapse_frac"] <= 1
+            assert d["test_last_sd"] is not None
+            run_results = [json.loads((out / "runs" / name / f"{m}_s{s}" / RESULT).read_text()) for s in cfg.seeds]
+            assert d["test_last_mean"] == pytest.approx(sum(r["test_at_final"] for r in run_results) / len(cfg.seeds))
+    assert cells["d8"]["methods"]["epic"]["staleness_max"] == 0 and cells["d8_k2"]["methods"]["epic"]["staleness_max"] <= 2
+    assert summary["ladder"]["power"]["n_seeds"] == len(cfg.seeds)
+    md = (out / "study.md").read_text()
+    assert "## The policy-lag ladder" in md and "collapses" in md and "Power:" in md and "Chance:" in md
+    assert (out / "ladder.png").stat().st_size > 10_000
+    # the report phase reads files only: a second report from the same files is the same report
+    first = (out / "summary.json").read_text()
+    assert cli_main(["study", "--ladder", "--quick", "--output-dir", str(out), "--analyze-only"]) == 0
+    again = json.loads((out / "summary.json").read_text())
+    assert again["ladder"] == json.loads(first)["ladder"]

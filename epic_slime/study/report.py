@@ -268,9 +268,10 @@ def warm_start_lines(warm: dict, k: int) -> list[str]:
     lo, hi = bootstrap_mean_interval(warm["test_by_prompt"])
     seeds = ", ".join(f"s{s} {v:.3f}" for s, v in warm["test_by_seed"].items())
     spread = f" (per seed {seeds}; 95% bootstrap interval over the test prompts {lo:.3f}..{hi:.3f})"
-    return [f"Chance: answering without reading the prompt scores {ch['chance']:.3f} on the test split (the best "
-            f"constant answer, {ch['best_constant_answer']}, computed from the {ch['problems']} test answers; a uniform "
-            f"guess over the {ch['distinct_answers']} answers that occur scores {ch['uniform_guess']:.3f}).",
+    return [f"Chance: answering without reading the prompt scores {ch['chance']:.3f} (the most frequent answer of "
+            f"{ch['train_problems']} training problems, {ch['best_constant_answer']}, and its frequency there; it scores "
+            f"{ch['best_constant_on_test']:.3f} on the {ch['problems']} test prompts; a uniform guess over the "
+            f"{ch['distinct_answers']} answers that occur scores {ch['uniform_guess']:.3f}).",
             f"Warm start: test mean@{k} {warm['test_mean']:.3f}{spread}, "
             f"{warm['test_mean'] / ch['chance']:.1f}x chance; entropy at positions that copy the prompt "
             f"{prof.get('entropy_copy_tokens', float('nan')):.3f} nats on average, "

@@ -42,6 +42,7 @@ def evaluate_split(run_cfg, state: dict, version: int, split: str, n_prompts: in
 
     from epic_slime.runtime.rollout import PolicyEngine
     from epic_slime.runtime.task_chain import split_problems
+    from epic_slime.runtime.tasks import train_problem
 
     problems = split_problems(split, replace(run_cfg.task, eval_num_prompts=n_prompts))
     engine = PolicyEngine(run_cfg.model, state, version, seed=run_cfg.seed)
@@ -91,7 +92,7 @@ def execute(cfg: StudyConfig, out: Path, log=print, provenance: tuple[str, str] 
             record_provenance(out, *provenance, runs_executed=len(todo))
         init_local_ray(num_cpus=4)
     try:
-        if todo and read_warm_start(out) is None:
+        if read_warm_start(out) is None:      # in-process (no Ray): also after every run has finished
             measure_warm_start(cfg, out, log)
         for i, spec in enumerate(todo):
             run_dir = run_dir_of(out, spec)
@@ -115,14 +116,22 @@ def execute(cfg: StudyConfig, out: Path, log=print, provenance: tuple[str, str] 
     return finished_results(out, specs)
 
 
-def chance_level(problems) -> dict:
-    """Accuracy of answering without reading the prompt: the best constant answer on these problems
-    (computed from their answers), and a uniform guess over the answers that occur."""
-    answers = [p.answer for p in problems]
-    counts = {a: answers.count(a) for a in set(answers)}
+CHANCE_SAMPLE = 20_000   # training problems the answer distribution is estimated from
+
+
+def chance_level(train_problems, test_problems) -> dict:
+    """Accuracy of answering without reading the prompt: the most frequent answer of the training
+    distribution, its frequency there (the expected score of that guess) and its score on the test split;
+    and a uniform guess over the answers that occur. The guess is fitted on training problems, not on the
+    split it is scored on, so that chance is not inflated by the split's own sampling noise."""
+    train = [p.answer for p in train_problems]
+    counts = {a: train.count(a) for a in set(train)}
     best = max(counts, key=lambda a: (counts[a], -a))
-    return {"chance": counts[best] / len(answers), "best_constant_answer": best,
-            "uniform_guess": 1.0 / len(counts), "distinct_answers": len(counts), "problems": len(answers)}
+    test = [p.answer for p in test_problems]
+    return {"chance": counts[best] / len(train), "best_constant_answer": best,
+            "best_constant_on_test": sum(a == best for a in test) / len(test),
+            "uniform_guess": 1.0 / len(counts), "distinct_answers": len(counts),
+            "train_problems": len(train), "problems": len(test)}
 
 
 def measure_warm_start(cfg: StudyConfig, out: Path, log=print) -> dict:
@@ -132,6 +141,7 @@ def measure_warm_start(cfg: StudyConfig, out: Path, log=print) -> dict:
 
     from epic_slime.runtime.config import parse_config
     from epic_slime.runtime.task_chain import split_problems
+    from epic_slime.runtime.tasks import train_problem
 
     from .entropy import warm_start_entropy_profile
 
@@ -147,9 +157,10 @@ def measure_warm_start(cfg: StudyConfig, out: Path, log=print) -> dict:
         per_prompt[seed] = [statistics.fmean(row) for row in correct]
     test = split_problems("test", replace(run_cfg.task, eval_num_prompts=cfg.test_prompts))
     validation = split_problems("validation", replace(run_cfg.task, eval_num_prompts=run_cfg.task_eval_num_prompts))
+    train = [train_problem(i, 0, run_cfg.task) for i in range(CHANCE_SAMPLE)]
     record = {"test_by_seed": by_seed, "test_mean": statistics.fmean(by_seed.values()),
               "test_by_prompt": [statistics.fmean(col) for col in zip(*per_prompt.values())],
-              "chance_test": chance_level(test), "chance_validation": chance_level(validation),
+              "chance_test": chance_level(train, test), "chance_validation": chance_level(train, validation),
               "entropy_profile": warm_start_entropy_profile(run_cfg, state, validation),
               "measure_s": time.time() - t}
     write_json_atomically(out / WARM_START, record)
