@@ -22,6 +22,8 @@ STALE_POLICIES = ("drop", "keep")
 BEHAVIOR_LOGPROBS = ("rollout", "recompute")
 LOSS_FUNCTION_PATH = "epic_slime.slime.loss.policy_loss"
 ROLLOUT_FUNCTION_PATH = "epic_slime.slime.rollout.generate_rollout"
+# the data source the project's rollout function needs (its prompt ledger: accounting and resume)
+DATA_SOURCE_PATH = "epic_slime.slime.rollout.StreamingDataSource"
 TOKEN_MEAN = "token-mean"
 GENERATE_FUNCTION_PATH = "epic_slime.slime.generate.generate"
 DEFAULT_POLICY_LOSS_TOPK = 20

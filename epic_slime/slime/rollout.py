@@ -59,6 +59,7 @@ import threading
 from collections import Counter, deque
 
 from epic_slime.metric_names import STALENESS_PREFIX
+from epic_slime.slime.flags import DATA_SOURCE_PATH
 from epic_slime.staleness import (
     GroupLedger,
     StalenessGate,
@@ -71,7 +72,6 @@ from epic_slime.staleness import (
 
 logger = logging.getLogger("epic_slime.slime.rollout")
 
-DATA_SOURCE_PATH = "epic_slime.slime.rollout.StreamingDataSource"
 MAX_GROUP_ATTEMPTS = 3
 # A group too stale to train is regenerated from its prompt at most this many times, then dropped
 # (counted): only a group overtaken again and again (a response far longer than the rest) gets there.

@@ -33,7 +33,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from epic_slime.provenance import resident_memory_mib
 from epic_slime.slime.flags import (
+    DATA_SOURCE_PATH,
     ROLLOUT_FUNCTION_PATH,
     ProjectFlagError,
     add_project_arguments,
@@ -45,7 +47,6 @@ from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK  # the R3 train-
 
 logger = logging.getLogger("epic_slime.slime.train")
 
-DATA_SOURCE_PATH = "epic_slime.slime.rollout.StreamingDataSource"
 SLIME_DEFAULT_DATA_SOURCE = "slime.rollout.data_source.RolloutDataSourceWithBuffer"
 
 
@@ -96,24 +97,10 @@ def driver_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def driver_rss_mb() -> float:
-    """Resident memory of this (driver) process in MiB (Linux /proc; resource's peak elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-        import os
-
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def log_driver_metrics(args: Any, rollout_id: int) -> dict[str, float]:
     """``perf/driver_rss_mb`` every rollout (the paper's Fig. 4b compares driver memory), through
     slime's tracking when it is importable."""
-    metrics = {"perf/driver_rss_mb": driver_rss_mb(), "rollout/step": float(rollout_id)}
+    metrics = {"perf/driver_rss_mb": resident_memory_mib(), "rollout/step": float(rollout_id)}
     logger.info("rollout %d driver: %s", rollout_id, metrics)
     try:
         from slime.observability import logging_utils
