@@ -117,7 +117,7 @@ dry_run_or_check_flags() {
   cluster_settings
   submit_command
   if [[ "${DRY_RUN}" != "1" ]]; then
-    "${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}" >/dev/null
+    "${PYTHON}" -m epic_slime.slime.dry_run "${DRIVER_ARGS[@]}" >/dev/null
     return
   fi
   echo "# runtime env (RUNTIME_ENV_YAML):"
@@ -128,7 +128,7 @@ dry_run_or_check_flags() {
   printf '%q ' "${SUBMIT[@]}"; echo
   cd "${REPO_DIR}"
   local status=0
-  "${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}" || status=$?
+  "${PYTHON}" -m epic_slime.slime.dry_run "${DRIVER_ARGS[@]}" || status=$?
   echo "# dry run (DRY_RUN=1): nothing was submitted and no Ray cluster started; run again without --dry-run to submit"
   exit "${status}"
 }

@@ -29,7 +29,7 @@ Staleness on a cluster (the driver's overlap schedule, slime's push order): grou
 rollout r + 1 is asked for run on the weights trained on r - 1 and train at staleness 1 in r + 1,
 or, left over, at staleness 2 in r + 2 (aborted by the push in between and continued). So K = 2
 trains every group that finishes within two batches; K = 1 trains groups in the rollout they
-started in, so it takes no oversampling (``flags.check_oversampling``).
+started in, so it takes no oversampling (``checks.check_oversampling``).
 
 Resume: ``StreamingDataSource`` records every consumed group until it is trained or dropped
 (``GroupLedger``); ``save(r)`` (rollouts <= r are trained) writes the fresh prompts of all others
