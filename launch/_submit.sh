@@ -54,8 +54,22 @@ run_config_yaml() {
   echo "epic_eval_records_path: \"${EVAL_RECORDS}\""
 }
 
+# The launcher's own checks run in PYTHON (the YAML configs, the driver's flags): without the project's
+# environment they would end in an import traceback, so say in one line what is missing and what to do.
+check_python() {
+  command -v "${PYTHON}" >/dev/null 2>&1 \
+    || die "PYTHON=${PYTHON} is not a command: activate the project's virtual environment or set PYTHON"
+  local missing
+  missing=$(cd "${REPO_DIR}" && "${PYTHON}" -c 'import importlib.util as u
+print(" ".join(m for m in ("torch", "yaml", "epic_slime") if u.find_spec(m) is None))' 2>/dev/null) \
+    || die "PYTHON=${PYTHON} does not run: activate the project's virtual environment or set PYTHON"
+  [[ -z "${missing}" ]] || die "PYTHON=${PYTHON} cannot import ${missing// /, } (needed to check the flags): \
+activate the project's virtual environment (. .venv/bin/activate) or install it (README), or set PYTHON=<its python>"
+}
+
 # read_config_args FILE...: the driver flags the YAML configs set (later files win) into CONFIG_ARGS.
 read_config_args() {
+  check_python
   CONFIG_ARGS=()
   local arg
   while IFS= read -r -d '' arg; do CONFIG_ARGS+=("${arg}"); done < <(
@@ -97,12 +111,13 @@ submit_command() {  # into SUBMIT; RUNTIME_ENV_YAML is replaced by the runtime-e
 
 # Before Ray starts: validate the cluster settings and the driver's flags (a typo fails in seconds,
 # not after the nodes joined). DRY_RUN=1: print the runtime env (W&B key redacted), the run config
-# and the command, then let the flag checker validate and exit with its status.
+# and the command, let the flag checker validate, say that nothing was submitted, and exit with the
+# checker's status.
 dry_run_or_check_flags() {
   cluster_settings
   submit_command
   if [[ "${DRY_RUN}" != "1" ]]; then
-    "${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}" >/dev/null
+    "${PYTHON}" -m epic_slime.slime.dry_run "${DRIVER_ARGS[@]}" >/dev/null
     return
   fi
   echo "# runtime env (RUNTIME_ENV_YAML):"
@@ -112,7 +127,10 @@ dry_run_or_check_flags() {
   run_config_yaml | sed 's/^/#   /'
   printf '%q ' "${SUBMIT[@]}"; echo
   cd "${REPO_DIR}"
-  exec "${PYTHON}" -m epic_slime.slime.flags "${DRIVER_ARGS[@]}"
+  local status=0
+  "${PYTHON}" -m epic_slime.slime.dry_run "${DRIVER_ARGS[@]}" || status=$?
+  echo "# dry run (DRY_RUN=1): nothing was submitted and no Ray cluster started; run again without --dry-run to submit"
+  exit "${status}"
 }
 
 # Write the run config, hand the runtime env over in a private file, submit.

@@ -94,3 +94,4 @@ for top_p in ${TOP_PS}; do
   done
   run "${PYTHON}" -m epic_slime report --records "${records}" --reeval-protocol --out "${OUT_DIR}/report_topp${top_p}" --no-plots
 done
+[[ "${DRY_RUN}" != 1 ]] || echo "# dry run (DRY_RUN=1): nothing was run; the commands above are only printed"

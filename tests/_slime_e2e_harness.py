@@ -158,8 +158,9 @@ def megatron_arguments(parser: argparse.ArgumentParser) -> None:
 def build_args(argv: list[str]) -> argparse.Namespace:
     from slime.utils.eval_config import build_eval_dataset_configs
 
-    from epic_slime.slime.flags import add_project_arguments, validate_project_args
-    from epic_slime.slime.train import driver_argv
+    from epic_slime.slime.checks import validate_project_args
+    from epic_slime.slime.command_line import driver_argv
+    from epic_slime.slime.flags import add_project_arguments
 
     parser = slime_argument_parser()
     add_project_arguments(parser)

@@ -202,3 +202,28 @@ def test_a_real_launch_checks_the_flags_before_ray_starts(tmp_path, script):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "--num-rollout" in result.stderr and not calls.exists()
+
+
+@pytest.mark.parametrize("script", ["launch/qwen3_30b_epic.sh", "launch/smoke_1gpu.sh", "launch/table1/epic.sh"])
+def test_a_dry_run_ends_saying_nothing_was_submitted(script):
+    passed, failed = _dry_run(script=script), _dry_run("--", "--colocate", "--max-staleness", "2", script=script)
+    assert passed.returncode == 0 and failed.returncode == 2
+    for result in (passed, failed):
+        assert result.stdout.splitlines()[-1].startswith("# dry run (DRY_RUN=1): nothing was submitted")
+
+
+@pytest.mark.parametrize("script", ["launch/qwen3_30b_epic.sh", "launch/smoke_1gpu.sh"])
+def test_without_the_project_environment_one_line_says_what_to_activate(tmp_path, script):
+    """A python without torch (the venv's interpreter without its site-packages, under `env -i`)."""
+    bare = tmp_path / "python3"
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S -E "$@"\n')
+    bare.chmod(0o755)
+    result = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", f"PYTHON={bare}", "bash", script, "--dry-run"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "cannot import torch" in lines[0] and "activate the project's virtual environment" in lines[0]
+    missing = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", f"PYTHON={tmp_path / 'none'}", "bash", script,
+                              "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and len(missing.stderr.splitlines()) == 1 and "is not a command" in missing.stderr

@@ -45,6 +45,7 @@ def test_dry_run_prints_both_top_p_passes_for_the_selected_step(tmp_path):
         assert "--reeval-protocol" in command
         assert flag["--out"] == f"/root/reeval/epic-s2/reeval_topp{top_p}.jsonl"
     assert all("--reeval-protocol" in c for c in reports)
+    assert done.stdout.splitlines()[-1] == "# dry run (DRY_RUN=1): nothing was run; the commands above are only printed"
 
 
 def test_bad_input_is_named(tmp_path):

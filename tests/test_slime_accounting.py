@@ -3,10 +3,13 @@ data source) and the driver's RSS metric; no slime needed."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from epic_slime.slime.flags import ProjectFlagError
-from epic_slime.slime.train import DATA_SOURCE_PATH, driver_argv, driver_rss_mb, needs_old_logprob_forward
+from epic_slime.slime.flags import DATA_SOURCE_PATH, ProjectFlagError
+from epic_slime.slime.command_line import driver_argv, needs_old_logprob_forward
+from epic_slime.slime.train import log_driver_metrics
 from epic_slime.staleness import GroupLedger
 
 BASE = [
@@ -75,11 +78,14 @@ def test_driver_sets_the_streaming_data_source_and_rejects_another():
     assert "--data-source-path" not in driver_argv(BASE[:4] + other + BASE[6:])
 
 
-def test_driver_rss_grows_with_an_allocation():
-    before = driver_rss_mb()
+def test_driver_rss_metric_grows_with_an_allocation():
+    def rss() -> float:
+        return log_driver_metrics(SimpleNamespace(), 0)["perf/driver_rss_mb"]
+
+    before = rss()
     block = bytearray(64 * 2**20)
     block[:: 4096] = b"x" * len(block[:: 4096])   # touch every page
-    assert driver_rss_mb() - before > 48
+    assert rss() - before > 48
     del block
 
 

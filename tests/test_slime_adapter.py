@@ -316,3 +316,31 @@ def test_bad_tokens_are_skipped_on_the_cluster_path():
     # raise (no flag on the args) names the field
     with pytest.raises(ValueError, match="log_probs has a non-finite value"):
         slime_policy_loss_from_log_probs(_args("epic"), batch, log_probs, None, reducer)
+
+
+def test_loss_flags_are_resolved_once_per_run_not_per_micro_batch(monkeypatch):
+    import epic_slime.losses.flags as loss_flags
+
+    resolutions = []
+    resolve = loss_flags.policy_loss_config_from_args
+
+    def counting(args):
+        resolutions.append(args)
+        return resolve(args)
+
+    monkeypatch.setattr(loss_flags, "policy_loss_config_from_args", counting)
+    args = _args("epic", "--epic-delta-high", "0.004")
+    losses = []
+    for seed in range(4):  # four micro-batches of one step, the same args object as slime passes
+        _, log_probs, batch, reducer = _slime_inputs(_full_data(seed), 0, 1, args)
+        losses.append(float(slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)[0].detach()))
+    assert len(resolutions) == 1
+    assert len(set(losses)) == 4
+    # another run's args (a test, a new process) is resolved afresh, with its own mode
+    other = _args("grpo")
+    _, log_probs, batch, reducer = _slime_inputs(_full_data(0), 0, 1, other)
+    ref_loss, _, _ = _core_reference("grpo", other, _full_data(0), "seq-mean-token-mean")
+    torch.testing.assert_close(slime_policy_loss_from_log_probs(other, batch, log_probs, None, reducer)[0].detach(),
+                               ref_loss, rtol=1e-12, atol=1e-12)
+    assert [a is other for a in resolutions].count(True) == 2  # the reference resolves it too
+    assert [a is args for a in resolutions].count(True) == 1

@@ -7,7 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from epic_slime.slime.config_flags import config_argv, mapping_to_argv
-from epic_slime.slime.flags import ProjectFlagError, check_argv, translate_argv
+from epic_slime.slime.command_line import translate_argv
+from epic_slime.slime.dry_run import check_argv
+from epic_slime.slime.flags import ProjectFlagError
 from epic_slime.slime.train import async_training_loop
 
 BASE = [
@@ -141,14 +143,15 @@ def test_overlap_schedule_without_global_dataset_saves_only_the_model():
 
 
 def test_r3_with_the_project_rollout_gets_the_train_hook_and_refuses_another():
-    from epic_slime.slime.train import R3_TRAIN_HOOK, driver_argv
+    from epic_slime.slime.command_line import driver_argv
+    from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK
 
     out = driver_argv(BASE + ["--use-rollout-routing-replay"])
     assert out[out.index("--custom-megatron-init-path") + 1] == R3_TRAIN_HOOK
     assert "--custom-megatron-init-path" not in driver_argv(BASE)
     config, args, _ = check_argv(BASE + ["--use-rollout-routing-replay", "--custom-megatron-init-path", R3_TRAIN_HOOK])
     args.custom_megatron_init_path = "my.own.init"
-    from epic_slime.slime.flags import validate_project_args
+    from epic_slime.slime.checks import validate_project_args
 
     with pytest.raises(ProjectFlagError, match="--custom-megatron-init-path epic_slime.slime.routing.install_train_hook"):
         validate_project_args(args)
@@ -170,3 +173,27 @@ def _write(tmp_path, text):
     path = tmp_path / "c.yaml"
     path.write_text(text)
     return path
+
+
+def test_the_command_line_is_parsed_once_for_every_rewrite(monkeypatch):
+    import argparse
+
+    from epic_slime.slime.command_line import read_command_line
+
+    parsed = []
+    parse_known_args = argparse.ArgumentParser.parse_known_args
+
+    def counting(self, args=None, namespace=None):
+        parsed.append(list(args))
+        return parse_known_args(self, args, namespace)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", counting)
+    argv = BASE[:-2] + ["--policy-loss", "dapo", "--update-depth", "4", "--oversample-ratio", "0.1", "--max-staleness", "2",
+                   "--lr-warmup-rollouts", "10", "--use-rollout-routing-replay"]
+    line = read_command_line(argv)
+    # update depth, aggregation, oversampling, warmup; rollout log-probs, data source, R3 hook
+    assert line.slime_flags == ["--num-steps-per-rollout", "4", "--calculate-per-token-loss",
+                                "--async-groups-in-flight", "72", "--lr-warmup-iters", "40"]
+    assert line.driver_flags == ["--use-rollout-logprobs", "--data-source-path", "epic_slime.slime.rollout.StreamingDataSource",
+                                 "--custom-megatron-init-path", "epic_slime.slime.routing.install_train_hook"]
+    assert parsed == [argv]  # the checks included (spelling, then the values of slime flags)

@@ -16,7 +16,10 @@ import pytest
 import yaml
 
 from epic_slime.slime import flags, train
-from epic_slime.slime.flags import UNSUPPORTED_FLAGS, ProjectFlagError, check_argv, check_command_line
+from epic_slime.slime.checks import UNSUPPORTED_FLAGS
+from epic_slime.slime.command_line import read_command_line
+from epic_slime.slime.dry_run import check_argv
+from epic_slime.slime.flags import ProjectFlagError
 from epic_slime.slime.option_strings import (
     FlagSpellingError,
     Override,
@@ -124,7 +127,7 @@ def test_option_kinds_of_a_parser():
 @pytest.mark.parametrize("flag", sorted(UNSUPPORTED_FLAGS))
 def test_flags_the_project_would_ignore_are_rejected(flag):
     with pytest.raises(ProjectFlagError, match=f"{flag} is not supported by the epic-slime driver: it "):
-        check_command_line(BASE + [flag, "1"])
+        read_command_line(BASE + [flag, "1"])
     if flag != "--use-critic":  # the others are real slime flags: the list must not drift from slime
         assert flag in load_option_strings()["parsers"]["slime"]
 
@@ -133,7 +136,7 @@ def test_a_critic_is_refused_by_the_dry_run_and_the_driver_flags():
     with pytest.raises(ProjectFlagError, match="--advantage-estimator ppo trains a critic"):
         check_argv(BASE + ["--advantage-estimator", "ppo"])
     with pytest.raises(ProjectFlagError, match="--advantage-estimator ppo trains a critic"):
-        check_command_line(BASE + ["--advantage-estimator", "ppo"])
+        read_command_line(BASE + ["--advantage-estimator", "ppo"])
 
 
 @pytest.mark.parametrize(
@@ -152,7 +155,7 @@ def test_driver_exits_2_with_the_message_before_slime_is_needed(extra, message, 
 
 
 def test_dry_run_exits_2_naming_the_flag_and_reports_overrides():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "epic_slime.slime.flags", *BASE, *a],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "epic_slime.slime.dry_run", *BASE, *a],  # noqa: E731
                                     cwd=REPO, capture_output=True, text=True, timeout=60)
     bad = run("--num-rollouts", "3")
     assert bad.returncode == 2 and "unknown flag --num-rollouts" in bad.stderr and "--num-rollout?" in bad.stderr
@@ -182,7 +185,7 @@ def test_a_malformed_option_strings_file_is_named(tmp_path, content, message):
 def test_delta_weight_sync_is_refused_naming_the_flag_and_value(spelling, capsys):
     message = "--update-weight-mode delta is not supported by the epic-slime driver"
     with pytest.raises(ProjectFlagError, match=message):
-        check_command_line(BASE + spelling)
+        read_command_line(BASE + spelling)
     with pytest.raises(ProjectFlagError, match=message):
         check_argv(BASE + spelling)  # the dry run's validation, and validate_project_args on slime's args
     assert train.main(BASE + spelling) == 2  # before slime is imported
@@ -190,7 +193,7 @@ def test_delta_weight_sync_is_refused_naming_the_flag_and_value(spelling, capsys
 
 
 def test_full_weight_sync_is_accepted():
-    check_command_line(BASE + ["--update-weight-mode", "full"])
+    read_command_line(BASE + ["--update-weight-mode", "full"])
     check_argv(BASE + ["--update-weight-mode", "full"])
 
 

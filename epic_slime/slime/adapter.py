@@ -194,14 +194,36 @@ def _cat(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     return torch.cat(list(tensors), dim=0) if tensors else like.new_zeros(0)
 
 
-def _loss_config(args: Any) -> tuple[str, dict[str, Any], str, str]:
-    from epic_slime.losses.flags import policy_loss_config_from_args
+@dataclasses.dataclass(frozen=True)
+class LossSettings:
+    """What the loss hook reads from the run's flags, resolved and validated once per process."""
+
+    mode: str
+    params: dict[str, Any]  # the mode's parameters as set on the command line (the core fills defaults)
+    aggregation: str
+    behavior: str  # --behavior-logprobs
+    bad_tokens: dict[str, Any]  # the core's on_bad_tokens / max_bad_token_frac keywords
+
+
+# (args, its settings): slime hands every micro-batch of a run the same args object, which does not
+# change after parsing, so the flags are resolved once per process instead of once per micro-batch.
+_resolved: tuple[Any, LossSettings] | None = None
+
+
+def loss_settings(args: Any) -> LossSettings:
+    """The loss settings of ``args``, resolved on the first call with this args object."""
+    global _resolved
+    if _resolved is not None and _resolved[0] is args:
+        return _resolved[1]
+    from epic_slime.losses.flags import bad_token_config_from_args, policy_loss_config_from_args
 
     mode, params, aggregation = policy_loss_config_from_args(args)
     behavior = getattr(args, "behavior_logprobs", None) or "rollout"
     if behavior not in BEHAVIOR_LOGPROBS:
         raise ValueError(f"--behavior-logprobs must be one of {BEHAVIOR_LOGPROBS}, got {behavior!r}")
-    return mode, dict(params), aggregation, behavior
+    settings = LossSettings(mode, dict(params), aggregation, behavior, bad_token_config_from_args(args))
+    _resolved = (args, settings)
+    return settings
 
 
 def needs_topk(mode: str) -> bool:
@@ -248,10 +270,8 @@ def slime_policy_loss_from_log_probs(
     of the batch, computed here when not given); the rollout top-k log-probs come from
     ``batch['rollout_topk_log_probs']``.
     """
-    from epic_slime.losses.flags import bad_token_config_from_args
-
-    mode, params, aggregation, behavior = _loss_config(args)
-    bad_token_kwargs = bad_token_config_from_args(args)
+    settings = loss_settings(args)
+    mode, params, aggregation, behavior = settings.mode, settings.params, settings.aggregation, settings.behavior
     per_token_mode = bool(getattr(args, "calculate_per_token_loss", False))
     if (aggregation == TOKEN_MEAN) != per_token_mode:
         raise ValueError(
@@ -293,7 +313,7 @@ def slime_policy_loss_from_log_probs(
         positions,
         gather if cp_size > 1 else None,
         topk,
-        bad_token_kwargs,
+        settings.bad_tokens,
     )
 
     lp = _cat(log_probs, log_probs[0])

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from epic_slime.slime.adapter import needs_topk, slime_policy_loss_from_log_probs
+from epic_slime.slime.adapter import loss_settings, needs_topk, slime_policy_loss_from_log_probs
 from epic_slime.slime.cp import make_all_reduce_gather, zigzag_response_positions
 
 
@@ -41,8 +41,7 @@ def policy_loss(
     )
     cp_size = mpu.get_context_parallel_world_size()
     topk_kwargs = {}
-    mode = getattr(args, "policy_loss", None) or "epic"
-    if needs_topk(mode):
+    if needs_topk(loss_settings(args).mode):
         topk_kwargs = _topk_log_probs(args, batch, logits, cp_size)
     loss, metrics = slime_policy_loss_from_log_probs(
         args,

@@ -29,7 +29,7 @@ Staleness on a cluster (the driver's overlap schedule, slime's push order): grou
 rollout r + 1 is asked for run on the weights trained on r - 1 and train at staleness 1 in r + 1,
 or, left over, at staleness 2 in r + 2 (aborted by the push in between and continued). So K = 2
 trains every group that finishes within two batches; K = 1 trains groups in the rollout they
-started in, so it takes no oversampling (``flags.check_oversampling``).
+started in, so it takes no oversampling (``checks.check_oversampling``).
 
 Resume: ``StreamingDataSource`` records every consumed group until it is trained or dropped
 (``GroupLedger``); ``save(r)`` (rollouts <= r are trained) writes the fresh prompts of all others
@@ -59,6 +59,7 @@ import threading
 from collections import Counter, deque
 
 from epic_slime.metric_names import STALENESS_PREFIX
+from epic_slime.slime.flags import DATA_SOURCE_PATH
 from epic_slime.staleness import (
     GroupLedger,
     StalenessGate,
@@ -71,7 +72,6 @@ from epic_slime.staleness import (
 
 logger = logging.getLogger("epic_slime.slime.rollout")
 
-DATA_SOURCE_PATH = "epic_slime.slime.rollout.StreamingDataSource"
 MAX_GROUP_ATTEMPTS = 3
 # A group too stale to train is regenerated from its prompt at most this many times, then dropped
 # (counted): only a group overtaken again and again (a response far longer than the rest) gets there.

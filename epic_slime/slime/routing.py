@@ -291,7 +291,7 @@ def install_train_hook(args) -> None:
 def check_r3_setup(args) -> str | None:
     """An error message when R3 runs with the project's rollout function (which stages routing)
     but the train ranks would load another ``--custom-megatron-init-path`` than the hook that
-    fetches it; None when consistent (unset: the driver adds the hook, ``train.driver_argv``)."""
+    fetches it; None when consistent (unset: the driver adds the hook, ``command_line.r3_hook_flags``)."""
     from epic_slime.slime.flags import ROLLOUT_FUNCTION_PATH
 
     if not _r3_on(args):

@@ -27,93 +27,23 @@ Only this schedule lets SGLang and Megatron share GPUs (``--colocate``, ``--offl
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from epic_slime.slime.flags import (
-    ROLLOUT_FUNCTION_PATH,
-    ProjectFlagError,
-    add_project_arguments,
-    check_command_line,
-    translate_argv,
-    validate_project_args,
-)
-from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK  # the R3 train-rank hook
+from epic_slime.provenance import resident_memory_mib
+from epic_slime.slime.checks import validate_project_args
+from epic_slime.slime.command_line import read_command_line
+from epic_slime.slime.flags import ProjectFlagError, add_project_arguments
 
 logger = logging.getLogger("epic_slime.slime.train")
-
-DATA_SOURCE_PATH = "epic_slime.slime.rollout.StreamingDataSource"
-SLIME_DEFAULT_DATA_SOURCE = "slime.rollout.data_source.RolloutDataSourceWithBuffer"
-
-
-def needs_old_logprob_forward(behavior_logprobs: str, use_routing_replay: bool, use_rollout_routing_replay: bool) -> bool:
-    """Whether slime's per-rollout forward that recomputes the old log-probs is needed.
-
-    The project's loss takes log mu from SGLang (``--behavior-logprobs rollout``); the forward is
-    needed only for ``recompute`` and for R2 (``--use-routing-replay`` without R3), which records
-    the MoE routing during it. slime skips it under ``--use-rollout-logprobs``."""
-    return behavior_logprobs == "recompute" or (use_routing_replay and not use_rollout_routing_replay)
-
-
-def driver_argv(argv: Sequence[str]) -> list[str]:
-    """The flags slime parses: ``translate_argv`` plus the driver's own additions.
-
-    - ``--use-rollout-logprobs`` where nothing needs slime's old-log-prob forward (one full forward
-      over the rollout batch saved per rollout);
-    - ``--data-source-path epic_slime.slime.rollout.StreamingDataSource`` with the project's rollout
-      function (its prompt ledger does the accounting and saves in-flight groups for resume);
-    - ``--custom-megatron-init-path epic_slime.slime.routing.install_train_hook`` with R3 and the
-      project's rollout function (each train rank fetches only its own routing rows).
-    """
-    out = translate_argv(argv)
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--behavior-logprobs", default="rollout")
-    parser.add_argument("--use-routing-replay", action="store_true")
-    parser.add_argument("--use-rollout-routing-replay", action="store_true")
-    parser.add_argument("--use-rollout-logprobs", action="store_true")
-    parser.add_argument("--rollout-function-path", default=None)
-    parser.add_argument("--data-source-path", default=None)
-    parser.add_argument("--custom-megatron-init-path", default=None)
-    known, _ = parser.parse_known_args(out)
-    forward = needs_old_logprob_forward(known.behavior_logprobs, known.use_routing_replay, known.use_rollout_routing_replay)
-    if not forward and not known.use_rollout_logprobs:
-        out.append("--use-rollout-logprobs")
-    if known.rollout_function_path == ROLLOUT_FUNCTION_PATH:
-        if known.data_source_path is None:
-            out += ["--data-source-path", DATA_SOURCE_PATH]
-        elif known.data_source_path != DATA_SOURCE_PATH:
-            raise ProjectFlagError(
-                f"--rollout-function-path {ROLLOUT_FUNCTION_PATH} needs --data-source-path {DATA_SOURCE_PATH} "
-                f"(got {known.data_source_path!r}): it records every consumed prompt for accounting and resume"
-            )
-        if known.use_rollout_routing_replay and known.custom_megatron_init_path is None:
-            # the rollout function stages R3 routing out of slime's per-DP data: each train rank
-            # fetches its own rows through this hook (epic_slime.slime.routing)
-            out += ["--custom-megatron-init-path", R3_TRAIN_HOOK]
-    return out
-
-
-def driver_rss_mb() -> float:
-    """Resident memory of this (driver) process in MiB (Linux /proc; resource's peak elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-        import os
-
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def log_driver_metrics(args: Any, rollout_id: int) -> dict[str, float]:
     """``perf/driver_rss_mb`` every rollout (the paper's Fig. 4b compares driver memory), through
     slime's tracking when it is importable."""
-    metrics = {"perf/driver_rss_mb": driver_rss_mb(), "rollout/step": float(rollout_id)}
+    metrics = {"perf/driver_rss_mb": resident_memory_mib(), "rollout/step": float(rollout_id)}
     logger.info("rollout %d driver: %s", rollout_id, metrics)
     try:
         from slime.observability import logging_utils
@@ -306,15 +236,17 @@ def run(args: Any) -> None:
 
 
 def parse(argv: Sequence[str]) -> Any:
-    """slime's parser with the project's flags; argv is translated first (update depth, aggregation)."""
-    # slime ignores unknown flags and SGLang's parser expands abbreviations: check the spelling first
-    for override in check_command_line(argv):
+    """slime's parser with the project's flags, on the command line with the driver's rewrites
+    (``command_line.read_command_line``: update depth, aggregation, oversampling, warmup, rollout
+    log-probs, data source, R3 hook)."""
+    # slime ignores unknown flags and SGLang's parser expands abbreviations: the spelling is checked first
+    line = read_command_line(argv)
+    for override in line.overrides:
         print(f"epic_slime.slime.train: override: {override.describe()}", file=sys.stderr)
     from slime.utils.arguments import parse_args
 
-    translated = driver_argv(argv)
     saved = sys.argv
-    sys.argv = [saved[0] if saved else "epic_slime.slime.train", *translated]
+    sys.argv = [saved[0] if saved else "epic_slime.slime.train", *line.driver_argv]
     try:
         args = parse_args(add_custom_arguments=add_project_arguments)
     finally:
