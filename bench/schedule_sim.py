@@ -622,12 +622,13 @@ SCHEDULES = {
 
 
 def driver_groups_in_flight(batch: int, ratio: float, max_staleness: int) -> int:
-    """Groups in flight as the driver sets them (``flags.oversampling_argv``): the oversampled batch
-    at K >= 2, the batch itself at K = 0 and K = 1 (the ratio is not applied there)."""
-    from epic_slime.slime.flags import oversampling_argv
+    """Groups in flight as the driver sets them (``command_line.oversampling_flags``): the oversampled
+    batch at K >= 2, the batch itself at K = 0 and K = 1 (the ratio is not applied there)."""
+    from epic_slime.slime.command_line import oversampling_flags, read_command_line
 
-    out = oversampling_argv(["--rollout-batch-size", str(batch), "--oversample-ratio", str(ratio),
-                             "--max-staleness", str(max_staleness)])
+    parsed = read_command_line(["--rollout-batch-size", str(batch), "--oversample-ratio", str(ratio),
+                                "--max-staleness", str(max_staleness)], check=False).parsed
+    out = oversampling_flags(parsed)
     return int(out[1]) if out else batch
 
 

@@ -14,12 +14,8 @@ import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "epic_slime"
 
-# Circles being removed (issue 18). Delete each entry once its circle is gone.
-KNOWN_TO_BE_REMOVED = (
-    # Found by this test, not yet assigned (two deferred imports: routing reads the rollout-function
-    # path from flags, flags calls routing's R3 check); reported to the lead.
-    frozenset({"epic_slime.slime.flags", "epic_slime.slime.routing"}),
-)
+# No circle is allowed any more (issue 18 removed the last four); a new one fails the test.
+KNOWN_TO_BE_REMOVED: tuple[frozenset, ...] = ()
 
 
 def module_files(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:

@@ -104,7 +104,7 @@ def test_the_stream_is_the_real_group_stream_with_its_counts():
 
 
 def test_k1_takes_no_oversampling_and_trains_every_group_at_staleness_1():
-    """The driver's rule (flags.oversampling_argv): the ratio is not applied at K = 1, so no leftover
+    """The driver's rule (command_line.oversampling_flags): the ratio is not applied at K = 1, so no leftover
     reaches staleness 2 and nothing is requeued or dropped."""
     assert sim.driver_groups_in_flight(64, 0.1, 1) == 64 and sim.driver_groups_in_flight(64, 0.1, 2) == 72
     r = sim.simulate(sim.paper_preset(mean_response_len=3000.0, max_response_len=6000), "async K=1", 5)
