@@ -31,7 +31,7 @@ Sections (each one records "pass" / "fail" / "skip" with a reason in one JSON, -
   graph        (CUDA only, last) CUDA-graph capture of forward + backward (validate=False, no
                metrics) of every mode and of the plain PPO clip (the control), replayed against eager.
 
-Host syncs found by the detector fail the run only with --require-sync-free (see README
+Host syncs found by the detector fail the run only with --require-sync-free (see docs/losses.md
 "Performance on a GPU" for the current findings); every other failed check gives exit status 1.
 
 slime and megatron-core (the slime section; nothing is fetched): slime's source is the first of

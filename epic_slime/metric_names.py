@@ -7,7 +7,7 @@ names where they make a metric: ``epic_slime.slime.adapter`` builds ``train/poli
 from ``POLICY_PREFIX``, ``epic_slime.slime.rollout`` uses ``STALENESS_PREFIX``, and the runtime's
 trainer and driver use the constants below.
 
-This table is the documentation (the README's "Metric names" table is checked against it).
+This table is the documentation (docs/metrics.md's table is checked against it).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 # Settings (environment variables):
 #   METHOD          epic (any configs/methods/M.yaml)
 #   HF_CHECKPOINT   /root/models/Qwen2.5-0.5B-Instruct (HF weights; tokenizer and SGLang)
-#   REF_LOAD        ${HF_CHECKPOINT}_torch_dist (Megatron torch_dist copy, see the README's "One GPU")
+#   REF_LOAD        ${HF_CHECKPOINT}_torch_dist (Megatron torch_dist copy, see docs/cluster.md, "One GPU")
 #   DATA_DIR        /root/data (`epic-slime prepare-data --out` folder)
 #   SAVE_DIR        /root/checkpoints/<run name> (also --load: a rerun resumes)
 #   EVAL_RECORDS    SAVE_DIR/eval_records.jsonl

@@ -3,7 +3,7 @@
     out = compute_policy_loss("epic", log_probs, behavior_log_probs, advantages, mask)
     out.loss.backward()
 
-See README "Policy losses" and shared docs/losses.md for the math of every mode.
+See docs/losses.md for the math of every mode.
 """
 
 from .bounds import exact_kl_log_bounds, exact_kl_lower_root, exact_kl_upper_root, kl_phi

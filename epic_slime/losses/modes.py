@@ -2,7 +2,7 @@
 
 Each reads a validated `LossBatch` (detached [B, T] tensors) and returns `TokenTerms`: the
 per-token objective value S_t (maximised) and its coefficient dS_t / dlog pi_t. The math is
-``docs/losses.md`` (shared/docs); parameter defaults are the papers'.
+``docs/losses.md`` (the project's account, written from ../shared/docs/losses.md); parameter defaults are the papers'.
 """
 
 from __future__ import annotations

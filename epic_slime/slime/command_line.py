@@ -121,7 +121,7 @@ def oversampling_flags(parsed: argparse.Namespace) -> list[str]:
     from epic_slime.slime.oversampling import OversamplingError, groups_in_flight
 
     # The synchronous schedule (K = 0) has no background generator to oversample with: it
-    # generates exactly the batch (a documented gap, README "Two Table 2 rows ..."). K = 1 neither:
+    # generates exactly the batch (a documented gap, docs/design.md, oversampling vs the authors' fork). K = 1 neither:
     # a group trains at staleness 1 only in the rollout it started in, so oversampled leftovers
     # would be regenerated or dropped (see checks.check_oversampling).
     if not parsed.oversample_ratio or parsed.max_staleness in (0, 1):

@@ -3,7 +3,7 @@
 Behaviour side (rollout): the project's generate function (``epic_slime.slime.generate``) stores,
 per generated token, SGLang's top-k ids and log-probs on the Sample (``rollout_topk_ids``,
 ``rollout_topk_log_probs``: ``[response_length, k]``, id -1 where absent). Those have to reach the
-loss as batch keys of the same names (full responses, like ``loss_masks``; see README "Cluster").
+loss as batch keys of the same names (full responses, like ``loss_masks``; see docs/cluster.md).
 
 Trainer side (loss): the set at each response position is the k ids plus the sampled token
 (``epic_slime.losses.topk.append_sampled_token``), and the trainer's log-probs of those ids come
@@ -92,7 +92,7 @@ def topk_token_sets(batch: dict, response_lengths: Sequence[int]) -> tuple[list[
             f"the Top-K loss modes need batch keys {missing}: per sample, the full response's SGLang top-k "
             f"ids and log-probs ([response_length, k]) recorded by epic_slime.slime.generate.generate as "
             f"Sample.{TOPK_IDS_KEY} / Sample.{TOPK_LOG_PROBS_KEY}, and slime has to forward them to the "
-            "loss (slime 624b824a does not: see README 'Cluster (slime)')"
+            "loss (slime 624b824a does not: see docs/cluster.md)"
         )
     topk_ids, topk_log_probs = list(batch[TOPK_IDS_KEY]), list(batch[TOPK_LOG_PROBS_KEY])
     tokens = list(batch["unconcat_tokens"])

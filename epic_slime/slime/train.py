@@ -15,7 +15,7 @@ slime's RolloutManager actor runs one call at a time and the weight push asks it
 engines, so the push after rollout ``r`` happens once rollout ``r + 1`` is collected (as in
 slime's train_async.py): batches after the first are at least one update stale. Requests in
 flight during a push are aborted (SGLang's default pause mode) and resubmitted as prompt + partial
-response on the new weights (their samples carry both versions; see README "What runs").
+response on the new weights (their samples carry both versions; see docs/cluster.md, "What runs").
 How stale a group may be when it is trained is bounded by ``--max-staleness`` (>= 1).
 
 ``--max-staleness 0`` runs the synchronous schedule instead (``sync_training_loop``, the order of
