@@ -158,5 +158,8 @@ train: {lr: 1.0e-4}
     table = ladder.ladder_markdown(summary, cfg.methods, 8)
     cells = [len(re.findall(r"(?<!\\)\|", row)) for row in table]     # column separators, not escaped pipes
     assert len(table) == 2 + 6 and len(set(cells)) == 1
+    pivot = ladder.ladder_pivot_markdown(summary, cfg.methods, 8)
+    assert pivot[0] == "| method | D = 8, K = 0 | D = 32, K = 0 | D = 8, K = 4 |"
+    assert pivot[3].startswith("| grpo | 0.460 ± 0.010 |") and "0.050 ± 0.000 * (collapse 1.00)" in pivot[3]
     text = " ".join(ladder.ladder_findings(summary, cfg.methods, warm))
     assert "D = 32, K = 0" in text and "below grpo" in text and "Collapse rate > 0: grpo 1.00" in text

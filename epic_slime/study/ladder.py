@@ -151,6 +151,30 @@ def ladder_markdown(summary: dict, methods: list[str], k: int) -> list[str]:
     return lines
 
 
+def ladder_pivot_markdown(summary: dict, methods: list[str], k: int) -> list[str]:
+    """The ladder at a glance: one row per method, one column per lag; each cell the last checkpoint's
+    test mean@k ± sd over seeds, `*` where the paired interval to EPIC excludes 0, and the collapse rate
+    when it is above 0."""
+    cells = summary["cells"]
+    names = list(cells)
+    head = [f"D = {cells[n]['lag']['D']}, K = {cells[n]['lag']['K']}" for n in names]
+    lines = ["| method | " + " | ".join(head) + " |", "|---" * (len(names) + 1) + "|"]
+    for m in methods:
+        row = []
+        for n in names:
+            d = cells[n]["methods"].get(m)
+            if d is None:
+                row.append("")
+                continue
+            sd = "" if d["test_last_sd"] is None else f" ± {d['test_last_sd']:.3f}"
+            diff = d.get("diff_last_vs_epic")
+            mark = " *" if diff and interval_excludes_zero(diff) else ""
+            coll = f" (collapse {d['collapse_frac']:.2f})" if d["collapse_frac"] > 0 else ""
+            row.append(f"{d['test_last_mean']:.3f}{sd}{mark}{coll}")
+        lines.append(f"| {m} | " + " | ".join(row) + " |")
+    return lines
+
+
 def ladder_findings(summary: dict, methods: list[str], warm: dict) -> list[str]:
     """Plain statements computed from the table (nulls as nulls)."""
     out = []

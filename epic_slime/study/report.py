@@ -298,5 +298,8 @@ def ladder_section(cfg, out: Path, results: list[dict], warm: dict, summary: dic
             f"warm start's by more than {ladder.COLLAPSE_MARGIN} at each of its last {ladder.COLLAPSE_EVALS} "
             f"evaluations (it fell and stayed there to the end; {ladder.COLLAPSE_MARGIN} is above the validation "
             f"score's sampling noise). `*`: the paired 95% t interval excludes 0.", "",
-            *ladder.ladder_markdown(lad, cfg.methods, k), "", "![lag ladder](ladder.png)", "",
+            f"At a glance: test mean@{k} at the last checkpoint, mean ± sd over seeds (`*`: paired interval to "
+            f"EPIC excludes 0):", "", *ladder.ladder_pivot_markdown(lad, cfg.methods, k), "",
+            "![lag ladder](ladder.png)", "", "Every cell:", "",
+            *ladder.ladder_markdown(lad, cfg.methods, k), "",
             "### What the ladder shows", "", *[f"- {x}" for x in ladder.ladder_findings(lad, cfg.methods, warm)], ""]
