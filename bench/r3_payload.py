@@ -6,7 +6,7 @@ Arithmetic, no slime needed. slime's way: routing decoded as int32 and each DP p
 list deserialised by every rank of that DP group; evaluation requests ask for routing too. The
 project's (``epic_slime.slime.routing``): uint8 for <= 256 experts, each rank fetches only the rows
 its CP x TP slice replays (padding rows aside, measured at this shape by
-tests/test_slime_routing.py), no routing for evaluation. Defaults: Qwen3-30B-A3B (48 MoE layers,
+tests/slime_adapter/test_slime_routing.py), no routing for evaluation. Defaults: Qwen3-30B-A3B (48 MoE layers,
 top-8 of 128), 512 samples of 9k tokens per rollout, 16 train GPUs (2 nodes of 8), TP 4, CP 1,
 PP 1; eval 130 prompts (AIME24/25, AMC23, HMMT25) x 8 samples of 9k tokens.
 """

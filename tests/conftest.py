@@ -3,12 +3,15 @@ import sys
 
 import pytest
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+TESTS_DIR = pathlib.Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data" / "math"
 
-# Import the package from this checkout even when another copy is installed.
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+# Import the package from this checkout even when another copy is installed, and the stand-ins and
+# helpers as `support.<module>` from every test folder.
+for path in (REPO_ROOT, TESTS_DIR):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 
 @pytest.fixture

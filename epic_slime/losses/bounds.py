@@ -16,7 +16,7 @@ but that form cancels catastrophically for small c and overflows for large c. Tw
    Two Halley steps suffice everywhere.
 2. The public functions: cubic Hermite interpolation of those roots on a 1/512 grid in log c,
    with the closed forms beyond the grid and the series below it (see `_interpolate`); accuracy is
-   checked against mpmath in tests/test_bounds.py. No data-dependent loop, and no host
+   checked against mpmath in tests/losses/test_bounds.py. No data-dependent loop, and no host
    synchronisation on accelerators.
 
 Where the lower root is not representable (c > ~1.8e308 in float64, ~3.4e38 in float32) it is

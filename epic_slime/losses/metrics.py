@@ -4,7 +4,7 @@ All values are 0-d float64 tensors that stay on the device (slime reduces them).
 empty set are 0. Every reduction has a shape fixed by the inputs' shapes: counts are sums of 0/1
 indicators, the clip fraction by position is one fixed-size scatter-add, and the ratio p95 is an
 exact radix select with fixed-size histograms (`kth_smallest`), so nothing reads a value back
-(no .item(), nonzero, bincount or data-dependent k). tests/test_losses_sync_free.py runs this
+(no .item(), nonzero, bincount or data-dependent k). tests/losses/test_losses_sync_free.py runs this
 module on the "meta" device, where any of those raises.
 
 Cost: indicators are built as float 0/1 tensors (a comparison into a float tensor and float sums

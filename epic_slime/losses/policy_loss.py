@@ -79,7 +79,7 @@ def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: 
     Host synchronisation: with ``validate=False`` (and on_bad_tokens="raise") the call is
     sync-free on accelerators, metrics included: every metric is a 0-d tensor on the device,
     read only when the caller (slime) reduces it. Validation needs one sync (to raise); "skip"
-    needs one more (to count the bad tokens). tests/test_losses_sync_free.py checks this on the
+    needs one more (to count the bad tokens). tests/losses/test_losses_sync_free.py checks this on the
     meta device.
     """
     resolved = resolve_params(mode, params)

@@ -38,7 +38,7 @@ TOPK_REST_FLOOR = 1e-12
 # (q -> 0: [0, 1/q] capped at ratio_cap; q -> 1: [e^-delta, 1]).
 _LOG_Q_MIN = -700.0
 _LOG_Q_MAX = -1e-300
-_BANDPO_HALLEY_STEPS = 3  # 2 reach ~1e-12 relative on the whole (q, delta) range (tests/test_losses_trust_region.py)
+_BANDPO_HALLEY_STEPS = 3  # 2 reach ~1e-12 relative on the whole (q, delta) range (tests/losses/test_losses_trust_region.py)
 _CHUNK = 1 << 18  # elements per chunk of the float64 bound computation
 
 

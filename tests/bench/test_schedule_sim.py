@@ -1,0 +1,138 @@
+"""bench/schedule_sim.py: the driver's real loops and the real GroupStream on a simulated clock."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importable (SLIME_PATH)")
+
+import schedule_sim as sim  # noqa: E402
+
+logging.getLogger("epic_slime").setLevel(logging.WARNING)
+
+
+def small(**kw):
+    """The paper preset at a quarter of the batch (16 prompts x 8; 18 groups in flight), shorter responses."""
+    base = dict(rollout_batch_size=16, mean_response_len=3000.0, max_response_len=6000)
+    base.update(kw)
+    return sim.paper_preset(**base)
+
+
+def test_the_simulator_runs_the_drivers_loops(monkeypatch):
+    from epic_slime.slime import train
+
+    calls = []
+    real = train.async_training_loop
+
+    def spy(*a, **kw):
+        calls.append(a[3:])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(train, "async_training_loop", spy)
+    r = sim.simulate(small(), "async K=2", 4)
+    assert len(calls) == 1
+    assert r["trace"][:3] == [("generate", 0), ("generate", 1), ("train", 0)]
+    assert [e for e, _ in r["trace"]].count("update_weights") == 4
+
+
+def test_a_loop_without_overlap_is_as_slow_as_the_synchronous_schedule():
+    """The simulated wall time comes from the loop it is given: generating r + 1 only after training r
+    (no overlap) loses the asynchronous schedule's gain."""
+    from epic_slime.slime import train
+
+    def serial(args, manager, actor, per_epoch, get):
+        for r in range(args.start_rollout_id, args.num_rollout):
+            data = get(manager.generate.remote(r))
+            get(actor.async_train(r, data))
+            actor.update_weights()
+        return []
+
+    p = small()
+    overlap = sim.simulate(p, "async K=2", 5)["s_per_rollout"]
+    no_overlap = sim.simulate(p, "async K=2", 5, loop_fn=serial)["s_per_rollout"]
+    sync = sim.simulate(p, "sync split", 5)["s_per_rollout"]
+    assert overlap < 0.9 * sync
+    assert no_overlap == pytest.approx(sync, rel=0.1)
+    assert train.async_training_loop is not serial
+
+
+def test_pushes_wait_for_the_rollout_manager():
+    """slime's update_weights asks the RolloutManager for the engines first, so the push after training r
+    lands once generate(r + 1) returned and aborts only the leftovers; without that wait it lands during
+    generate(r + 1) and aborts the whole batch in flight (every group resubmitted as prompt + partial)."""
+    p = small(oversample_ratio=0.0)
+    waits = sim.simulate(p, "async K=2", 5)
+    no_wait = sim.simulate(p, "async K=2", 5, push_waits_for_manager=False)
+    ends = {r: b["end"] for r, b in waits["batches"].items()}
+    for r, (t0, _t1) in enumerate(waits["pushes"][1:-1]):    # the push after training r
+        assert t0 >= ends[r + 1] - 1e-9
+    assert waits["abort_resubmits"] == 0
+    assert no_wait["abort_resubmits"] >= p.rollout_batch_size
+    assert no_wait["per_rollout_hist"] != waits["per_rollout_hist"] or no_wait["s_per_rollout"] != waits["s_per_rollout"]
+
+
+def test_the_stream_is_the_real_group_stream_with_its_counts():
+    """72 started for a batch of 64 at oversampling 0.1, then 64 per rollout (K = 2: nothing requeued);
+    batch 0 on policy, later batches at 1 (and the leftovers at 2): the one-version-of-slack rule."""
+    import epic_slime.slime.rollout as ro
+
+    made = []
+    real_init = ro.GroupStream.__init__
+
+    def spy(self, *a, **kw):
+        made.append(self)
+        real_init(self, *a, **kw)
+
+    p = sim.paper_preset(mean_response_len=3000.0, max_response_len=6000)
+    ro.GroupStream.__init__ = spy
+    try:
+        r = sim.simulate(p, "async K=2", 4)
+    finally:
+        ro.GroupStream.__init__ = real_init
+    assert len(made) == 1 and type(made[0]) is ro.GroupStream
+    assert r["started_groups"] == 72 + 64 * 3
+    assert r["per_rollout_hist"][0] == {0: 64}
+    for k in (1, 2, 3):
+        assert set(r["per_rollout_hist"][k]) <= {1, 2} and sum(r["per_rollout_hist"][k].values()) == 64
+
+
+def test_k1_takes_no_oversampling_and_trains_every_group_at_staleness_1():
+    """The driver's rule (command_line.oversampling_flags): the ratio is not applied at K = 1, so no leftover
+    reaches staleness 2 and nothing is requeued or dropped."""
+    assert sim.driver_groups_in_flight(64, 0.1, 1) == 64 and sim.driver_groups_in_flight(64, 0.1, 2) == 72
+    r = sim.simulate(sim.paper_preset(mean_response_len=3000.0, max_response_len=6000), "async K=1", 5)
+    assert r["requeued_groups"] == 0 and r["dropped_groups"] == 0 and r["started_groups"] == 64 * 5
+    assert all(set(h) <= {0, 1} for h in r["per_rollout_hist"].values())
+
+
+def test_synchronous_schedules_train_on_policy_and_colocated_uses_every_gpu():
+    p = small()
+    for schedule in ("sync split", "sync colocated"):
+        r = sim.simulate(p, schedule, 3)
+        assert all(set(h) == {0} for h in r["per_rollout_hist"].values())
+        assert ("offload_rollout", 0) in r["trace"] if schedule == "sync colocated" else True
+
+
+MEASUREMENT = ROOT / "bench" / "runtime_measurement.json"
+
+
+@pytest.mark.skipif(not MEASUREMENT.exists(), reason="run python bench/schedule_sim.py measure-runtime first")
+def test_the_simulator_reproduces_the_embedded_runtimes_async_sync_ratio():
+    """Given the runtime's own measured generation-request and train-step times (and its 2 shared cores),
+    the simulated async/sync ratio is within 15% of the runtime's measured one (saved by
+    `python bench/schedule_sim.py measure-runtime`)."""
+    m = json.loads(MEASUREMENT.read_text())
+    v = sim.runtime_validation(m)
+    assert v["simulated"] == pytest.approx(m["measured_async_over_sync"], rel=0.15), v
+    # and it is the shared cores that keep it there: without contention the simulator promises more
+    free = sim.runtime_preset(m, shared_cores=None, total_gpus=m["num_rollout_workers"] + 1)   # 2 engines + a trainer, no sharing
+    sync = sim.simulate(free, "sync split", 10)["s_per_rollout"]
+    asyn = sim.simulate(free, "async K=2", 10)["s_per_rollout"]
+    assert sync / asyn > v["simulated"]

@@ -1,0 +1,214 @@
+"""Every launch script under DRY_RUN=1: a complete command, validated by the project's own parser."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.launch_helpers import dry_run, flag_value, submit_command
+
+REPO = Path(__file__).resolve().parents[2]
+METHODS = sorted(p.stem for p in (REPO / "configs" / "methods").glob("*.yaml"))
+TABLE1 = {"epic", "grpo", "dapo", "gspo", "ctpo", "ripo", "grpo_r2", "grpo_r3"}
+
+
+def test_every_table1_row_has_a_method_config():
+    assert TABLE1 <= set(METHODS)
+    for method in TABLE1:
+        assert (REPO / "launch" / "table1" / f"{method}.sh").is_file()
+
+
+@pytest.mark.parametrize("method", sorted(TABLE1))
+def test_companion_script_dry_run_is_complete_and_valid(method):
+    result = dry_run(script=f"launch/table1/{method}.sh")
+    assert result.returncode == 0, result.stderr
+    argv = submit_command(result)
+    assert argv[:5] == ["ray", "job", "submit", "--address", "http://127.0.0.1:8265"]
+    driver = argv[argv.index("--") + 1 :]
+    assert driver[:3] == ["python3", "-m", "epic_slime.slime.train"]
+    assert flag_value(driver, "--loss-type") == "custom_loss"
+    assert flag_value(driver, "--custom-loss-function-path") == "epic_slime.slime.loss.policy_loss"
+    assert flag_value(driver, "--rollout-function-path") == "epic_slime.slime.rollout.generate_rollout"
+    assert (flag_value(driver, "--rollout-batch-size"), flag_value(driver, "--n-samples-per-prompt")) == ("64", "8")
+    assert (flag_value(driver, "--update-depth"), flag_value(driver, "--num-rollout")) == ("8", "300")
+    assert (flag_value(driver, "--actor-num-nodes"), flag_value(driver, "--rollout-num-gpus")) == ("2", "16")
+    assert flag_value(driver, "--num-gpus-per-node") == "8"  # slime's engine placement, not only the actor's
+    assert flag_value(driver, "--rollout-seed") == flag_value(driver, "--seed") == "1234"
+    assert flag_value(driver, "--eval-interval") == "5" and flag_value(driver, "--n-samples-per-eval-prompt") == "8"
+    assert flag_value(driver, "--eval-top-p") == "0.7" and flag_value(driver, "--lr") == "1e-06"
+    assert flag_value(driver, "--prompt-data") == "/root/data/train/dapo_math_17k.jsonl"
+    eval_data = driver[driver.index("--eval-prompt-data") + 1 : driver.index("--eval-prompt-data") + 9]
+    assert eval_data[::2] == ["aime_2024", "aime_2025", "amc_2023", "hmmt_feb_2025"]
+    assert flag_value(driver, "--custom-config-path").endswith("/epic_run.yaml")
+    assert f'epic_method: "{method}"' in result.stdout  # the eval hook's run identity
+    assert "epic-slime flags OK" in result.stdout
+    assert "global batch 64 of 512 samples" in result.stdout
+    mode = flag_value(driver, "--policy-loss")
+    assert f"policy_loss={mode}" in result.stdout
+    assert mode == {"grpo_r2": "grpo", "grpo_r3": "grpo"}.get(method, method)
+    assert ("--use-routing-replay" in driver) == (method == "grpo_r2")
+    assert ("--use-rollout-routing-replay" in driver) == (method == "grpo_r3")
+    # the driver maps --update-depth (and token-mean aggregation) onto slime's own flags
+    slime_extra = result.stdout.split("the driver passes slime ")[1].splitlines()[0]
+    assert slime_extra.startswith("--num-steps-per-rollout 8")
+    # Table 1 rows run the paper's synchronous schedule (K = 0): no background generator, so the
+    # oversampling ratio adds no groups in flight there (ASYNC=1 below gets them)
+    assert flag_value(driver, "--max-staleness") == "0" and "schedule=synchronous" in result.stdout
+    assert "--async-groups-in-flight" not in slime_extra and "--lr-warmup-iters 80" in slime_extra
+    assert ("--calculate-per-token-loss" in slime_extra) == (method in ("dapo", "ripo"))
+    assert f"aggregation={'token-mean' if method in ('dapo', 'ripo') else 'seq-mean-token-mean'}" in result.stdout
+
+
+def test_async_table1_row_oversamples():
+    result = dry_run(script="launch/table1/epic.sh", ASYNC="1")
+    assert result.returncode == 0, result.stderr
+    slime_extra = result.stdout.split("the driver passes slime ")[1].splitlines()[0]
+    assert "--async-groups-in-flight 72" in slime_extra and "schedule=asynchronous" in result.stdout
+
+
+def test_overrides_by_environment_and_flags():
+    result = dry_run("--update-depth", "4", "--seed", "7", "--", "--num-rollout", "3",
+                      NUM_NODES="2", GPUS_PER_NODE="4", MAX_STALENESS="none", METHOD="ctpo")
+    assert result.returncode == 0, result.stderr
+    driver = submit_command(result)
+    assert flag_value(driver, "--update-depth") == "4" and flag_value(driver, "--seed") == "7"
+    assert flag_value(driver, "--actor-num-gpus-per-node") == "4" and flag_value(driver, "--rollout-num-gpus") == "4"
+    assert flag_value(driver, "--num-gpus-per-node") == "4"  # a 4-GPU node is not placed as 8 by slime
+    assert flag_value(driver, "--rollout-seed") == "7"
+    assert "--max-staleness" not in driver and flag_value(driver, "--policy-loss") == "ctpo"
+    assert driver[-2:] == ["--num-rollout", "3"]  # user flags come last and win in argparse
+    assert "global batch 128 of 512 samples" in result.stdout
+    assert "--lr-warmup-iters 40" in result.stdout  # 10 warmup rollouts x update depth 4
+    assert "override: --num-rollout given 2 times: 300 -> 3 (the last one wins)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        ((), {"METHOD": "ppo"}, "unknown method 'ppo'"),
+        (("--update-depth", "7"), {}, "must divide"),
+        (("--nodes", "1"), {}, "NUM_NODES must be >= 2"),
+        (("--max-staleness", "-3"), {}, "MAX_STALENESS must be"),
+        (("--bogus",), {}, "unknown option --bogus"),
+        (("--", "--stale-policy", "sometimes"), {}, "invalid choice"),
+        (("--", "--sglang-mem-frac", "0.5"), {}, "--sglang-mem-frac is an abbreviation of --sglang-mem-fraction-static"),
+        (("--", "--num-rollouts", "3"), {}, "unknown flag --num-rollouts"),
+        (("--", "--use-tis"), {}, "--use-tis is not supported by the epic-slime driver"),  # the rest: test_slime_flag_hygiene.py
+        (("--", "--advantage-estimator", "ppo"), {}, "trains a critic"),
+        (("--", "--update-weight-mode", "delta"), {}, "--update-weight-mode delta is not supported"),
+    ],
+)
+def test_bad_settings_fail_with_a_reason(args, env, message):
+    result = dry_run(*args, **env)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_paper_table2_values_reach_the_driver():
+    driver = submit_command(dry_run())
+    assert flag_value(driver, "--rollout-max-response-len") == flag_value(driver, "--eval-max-response-len") == "16384"
+    assert flag_value(driver, "--rollout-max-prompt-len") == flag_value(driver, "--eval-max-prompt-len") == "2048"
+    assert flag_value(driver, "--lr-warmup-rollouts") == "10" and flag_value(driver, "--lr-decay-style") == "constant"
+    assert flag_value(driver, "--oversample-ratio") == "0.1"
+    assert (flag_value(driver, "--lr"), flag_value(driver, "--rollout-temperature"), flag_value(driver, "--kl-loss-coef")) == (
+        "1e-06", "1.0", "0.001")
+    # prompt + response must fit one GPU's dynamic batch (CP 1)
+    assert 2048 + 16384 <= int(flag_value(driver, "--max-tokens-per-gpu"))
+
+
+def _slime_dataset_class():
+    path = os.environ.get("SLIME_PATH") or str(REPO.parent / "shared" / "vendor" / "slime-624b824a")
+    if os.path.isdir(path) and path not in sys.path:
+        sys.path.append(path)
+    return pytest.importorskip("slime.utils.data", reason="slime is not importable (SLIME_PATH)").Dataset
+
+
+def test_two_seeds_train_two_prompt_orders(tmp_path):
+    """slime's own prompt shuffle (its Dataset, seeded by --rollout-seed) under the launch script's flags."""
+    Dataset = _slime_dataset_class()
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"problem {i}", "label": str(i)}) + "\n" for i in range(40)))
+
+    def prompt_order(driver: list[str]) -> list[str]:
+        assert "--rollout-shuffle" in driver
+        rollout_seed = int(flag_value(driver, "--rollout-seed")) if "--rollout-seed" in driver else 42  # slime's default
+        dataset = Dataset(str(data), tokenizer=None, processor=None, max_length=None, prompt_key="prompt",
+                          label_key="label", seed=rollout_seed)
+        dataset.shuffle(0)  # what slime's RolloutDataSource does at epoch 0 with --rollout-shuffle
+        return [sample.prompt for sample in dataset.samples]
+
+    seed1, seed2 = submit_command(dry_run(SEED="1")), submit_command(dry_run(SEED="2"))
+    first, again, second = prompt_order(seed1), prompt_order(seed1), prompt_order(seed2)
+    assert first == again and sorted(first) == sorted(second)
+    assert first != second
+
+
+def test_dockerfile_build_check_imports_the_loss_hook_and_slime():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    checks = [line for line in dockerfile.splitlines() if 'python -c "import ' in line]
+    assert len(checks) == 1, checks
+    statement = checks[0].split('python -c "', 1)[1].rsplit('"', 1)[0]
+    modules = {m.strip() for m in statement.removeprefix("import ").split(",")}
+    assert {"epic_slime.slime.loss", "epic_slime.slime.train", "slime", "slime.utils.arguments"} <= modules
+    # the part that imports on CPU runs here (slime.utils.arguments needs SGLang: the image has it)
+    _slime_dataset_class()
+    light = sorted(m for m in modules if m != "slime.utils.arguments")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *[p for p in sys.path if "slime" in p]])}
+    result = subprocess.run([sys.executable, "-c", "import " + ", ".join(light)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_wandb_key_is_never_printed_and_ray_stays_local():
+    result = dry_run(WANDB_API_KEY="sk-very-secret-123")
+    assert result.returncode == 0, result.stderr
+    assert "sk-very-secret-123" not in result.stdout + result.stderr
+    assert "WANDB_API_KEY: <redacted>" in result.stdout and "--use-wandb" in result.stdout
+    script = (REPO / "launch" / "qwen3_30b_epic.sh").read_text()
+    assert "0.0.0.0" not in script and "--dashboard-host 127.0.0.1" in script
+
+
+@pytest.mark.parametrize("script", ["launch/qwen3_30b_epic.sh", "launch/smoke_1gpu.sh"])
+def test_a_real_launch_checks_the_flags_before_ray_starts(tmp_path, script):
+    """Without DRY_RUN a typo fails at once (exit 2), before any Ray command: a stand-in `ray` on the
+    PATH records any call."""
+    calls = tmp_path / "ray_calls"
+    fake_ray = tmp_path / "ray"
+    fake_ray.write_text(f'#!/usr/bin/env bash\necho "$@" >> {calls}\nexit 1\n')
+    fake_ray.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
+    env.update(DRY_RUN="0", PYTHON=sys.executable, PATH=f"{tmp_path}:{env['PATH']}", SAVE_DIR=str(tmp_path / "save"))
+    result = subprocess.run(["bash", script, "--", "--num-rollouts", "3"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "--num-rollout" in result.stderr and not calls.exists()
+
+
+@pytest.mark.parametrize("script", ["launch/qwen3_30b_epic.sh", "launch/smoke_1gpu.sh", "launch/table1/epic.sh"])
+def test_a_dry_run_ends_saying_nothing_was_submitted(script):
+    passed, failed = _dry_run(script=script), _dry_run("--", "--colocate", "--max-staleness", "2", script=script)
+    assert passed.returncode == 0 and failed.returncode == 2
+    for result in (passed, failed):
+        assert result.stdout.splitlines()[-1].startswith("# dry run (DRY_RUN=1): nothing was submitted")
+
+
+@pytest.mark.parametrize("script", ["launch/qwen3_30b_epic.sh", "launch/smoke_1gpu.sh"])
+def test_without_the_project_environment_one_line_says_what_to_activate(tmp_path, script):
+    """A python without torch (the venv's interpreter without its site-packages, under `env -i`)."""
+    bare = tmp_path / "python3"
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S -E "$@"\n')
+    bare.chmod(0o755)
+    result = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", f"PYTHON={bare}", "bash", script, "--dry-run"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "cannot import torch" in lines[0] and "activate the project's virtual environment" in lines[0]
+    missing = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", f"PYTHON={tmp_path / 'none'}", "bash", script,
+                              "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and len(missing.stderr.splitlines()) == 1 and "is not a command" in missing.stderr

@@ -1,0 +1,194 @@
+"""The embedded runtime as a tool: run directories that never mix, resume checks, what is printed,
+config.json, --version, progress off a terminal. No Ray: these run in seconds."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from support.runtime_helpers import tiny_config
+from epic_slime.provenance import versions
+from epic_slime.runtime.checkpoint import resume_differences
+from epic_slime.runtime.config import ConfigError
+from epic_slime.runtime.driver import Run
+from epic_slime.runtime.run_files import prepare_output_dir, run_outcome
+
+
+def _old_run(out: Path) -> None:
+    (out / "checkpoints" / "step_000002").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    (out / "reward.png").write_bytes(b"png")
+    (out / "notes.txt").write_text("mine")
+
+
+def test_existing_run_directory_is_refused_naming_the_folder(tmp_path):
+    cfg = tiny_config(tmp_path)
+    prepare_output_dir(cfg, None)                      # a fresh directory is fine
+    _old_run(Path(cfg.output_dir))
+    with pytest.raises(ConfigError, match=rf"--output-dir {cfg.output_dir} already holds a run .*--load .*--overwrite"):
+        prepare_output_dir(cfg, None)
+    prepare_output_dir(cfg, Path(cfg.output_dir) / "checkpoints" / "step_000002")   # resuming: allowed
+
+
+def test_overwrite_clears_only_the_old_runs_files(tmp_path):
+    cfg = tiny_config(tmp_path, "--overwrite")
+    out = Path(cfg.output_dir)
+    _old_run(out)
+    prepare_output_dir(cfg, None)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]   # metrics, plots, checkpoints gone
+    _old_run_again = out / "checkpoints" / "step_000004"
+    _old_run_again.mkdir(parents=True)
+    with pytest.raises(ConfigError, match="--overwrite would delete the checkpoint"):
+        prepare_output_dir(tiny_config(tmp_path, "--overwrite", "--load", str(out / "checkpoints")), _old_run_again)
+
+
+def test_cli_refuses_a_rerun_into_an_existing_run(tmp_path, capsys):
+    from epic_slime.runtime.cli import train_main
+    from support.runtime_helpers import TINY_FLAGS
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert train_main([*TINY_FLAGS, "--output-dir", str(out)]) == 2
+    assert f"--output-dir {out} already holds a run" in capsys.readouterr().err
+
+
+def _checkpoint(cfg, step=2, **config_changes) -> Path:
+    d = Path(cfg.output_dir) / "checkpoints" / f"step_{step:06d}"
+    d.mkdir(parents=True)
+    with open(d / "driver.pkl", "wb") as f:
+        pickle.dump({"step": step, "config": {**cfg.to_dict(), **config_changes}}, f)
+    return d
+
+
+def test_resume_refuses_a_checkpoint_of_another_config_and_lists_the_keys(tmp_path):
+    base = tiny_config(tmp_path, name="a")
+    ckpt = _checkpoint(base, lr=1e-2, policy_loss="grpo", output_dir="elsewhere", num_rollout=99)
+    cfg = tiny_config(tmp_path, "--load", str(ckpt), name="b")
+    with pytest.raises(ConfigError, match=r"different config.*\n  lr: checkpoint 0.01, now 0.0003\n  policy_loss"):
+        Run(cfg)._check_resume()
+    # keys a resumed run may change (where, how long, eval / logging) are not differences
+    step3 = _checkpoint(base, step=3, output_dir="x", num_rollout=2)
+    (step3.parent / "latest").write_text(step3.name)
+    ok = tiny_config(tmp_path, "--load", str(step3.parent), "--num-rollout", "9", name="c")
+    assert Run(ok)._check_resume().name == "step_000003"
+
+
+def test_resume_from_a_finished_checkpoint_says_nothing_to_train(tmp_path):
+    base = tiny_config(tmp_path, name="a")
+    cfg = tiny_config(tmp_path, "--load", str(_checkpoint(base, step=4)), name="b")
+    with pytest.raises(ConfigError, match="at step 4, --num-rollout is 4: nothing to train"):
+        Run(cfg)._check_resume()
+
+
+def test_resolved_defaults_are_recorded_not_null(tmp_path):
+    cfg = tiny_config(tmp_path)
+    d = cfg.to_dict()
+    assert d["policy_loss_params"] == {"delta_low": 5e-4, "delta_high": 2e-3}
+    assert d["epic_delta_low"] == 5e-4 and d["epic_delta_high"] == 2e-3
+    assert not any(k.startswith("grpo_") for k in d)                 # other families' unset flags left out
+    assert resume_differences(d, tiny_config(tmp_path, "--epic-delta-low", "5e-4").to_dict()) == []
+    v = versions()
+    import torch
+
+    import epic_slime
+    assert v["torch"] == torch.__version__ and v["epic_slime"] == epic_slime.__version__
+    assert v["git_commit"] is None or len(v["git_commit"].split("-")[0]) == 40
+
+
+def test_version_flag(capsys):
+    from epic_slime.cli import main
+
+    import epic_slime
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith(f"epic-slime {epic_slime.__version__} (torch ")
+
+
+def test_progress_writes_plain_lines_off_a_terminal():
+    from epic_slime.runtime.progress import Progress
+
+    stream = io.StringIO()                     # not a terminal, like a log file
+    bar = Progress(25, desc="epic-slime", interval=10, stream=stream)
+    for step in range(1, 26):
+        bar.update(step, {"reward": 0.5})
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert [ln.split()[2] for ln in lines] == ["10/25", "20/25", "25/25"] and "\r" not in stream.getvalue()
+    assert "reward 0.5" in lines[0]
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    bar = Progress(5, desc="x", stream=tty)
+    for step in range(1, 6):
+        bar.update(step)
+    bar.close()
+    assert "\r" in tty.getvalue() and "5/5" in tty.getvalue()        # a tqdm bar on a terminal
+
+
+def test_end_of_run_summary_names_reward_best_eval_staleness_and_files(tmp_path):
+    from epic_slime.runtime.cli import end_of_run_lines, resume_command
+
+    cfg = tiny_config(tmp_path)
+    out = Path(cfg.output_dir)
+    out.mkdir()
+    # metrics.jsonl holds the shared names (epic_slime.metric_names), as the driver writes them
+    rows = [{"step": s, "rollout/raw_reward": r, "rollout/staleness/max": lag, "train/policy/bad_tokens": b}
+            for s, r, lag, b in [(1, 0.1, 0, 0), (2, 0.3, 1, 2), (3, 0.5, 1, 0), (4, 0.7, 0, 1)]]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evals = [{"step": 0, "eval/version": 0, "eval/heldout/mean@2": 0.2}, {"step": 2, "eval/version": 2, "eval/heldout/mean@2": 0.4},
+             {"step": 4, "eval/version": 4, "eval/heldout/mean@2": 0.4}]
+    (out / "eval_metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    outcome = run_outcome(out, cfg)
+    assert outcome["reward_first"] == pytest.approx(0.2) and outcome["reward_last"] == pytest.approx(0.6)
+    assert (outcome["eval_best"], outcome["eval_best_step"]) == (0.4, 2)        # earliest on ties
+    assert outcome["staleness_max"] == 1 and outcome["bad_tokens"] == 3
+    summary = {**outcome, "steps": 4, "start_step": 2, "steps_this_run": 2, "loop_s": 1.0,
+               "trained_samples_per_s": 32.0, "accounting/dropped": 16, "accounting/lost": 4, "skipped_steps": 0}
+    text = "\n".join(end_of_run_lines(summary, cfg))
+    for part in ("2 steps this run (steps 3..4 of 4)", "training reward 0.200 (first 2 steps) -> 0.600 (last 2)",
+                 "best 0.400 at step 2", "staleness max 1 (K=2)", "dropped 16, lost 4", f"{out}/metrics.jsonl"):
+        assert part in text, part
+    cmd = resume_command(["--config", "c.yaml", "--load", "old", "--overwrite", "--lr", "1e-4"], cfg)
+    assert cmd == f"epic-slime train --config c.yaml --lr 1e-4 --load {cfg.checkpoint_dir}"
+
+
+def test_key_settings_are_printed_before_anything_slow(tmp_path, capsys, monkeypatch):
+    from epic_slime.runtime import driver
+    from epic_slime.runtime.cli import train_main
+    from support.runtime_helpers import TINY_FLAGS
+
+    def not_yet(cfg):
+        raise ConfigError("stopped before the run")
+    monkeypatch.setattr(driver, "run_training", not_yet)
+    flags = [f for f in TINY_FLAGS if f != "--no-progress"]
+    assert train_main([*flags, "--output-dir", str(tmp_path / "r"), "--epic-delta-high", "0.003"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("[epic-slime] epic (delta_low=0.0005, delta_high=0.003; seq-mean-token-mean), "
+                          "update depth D=2, max staleness K=2 (drop), async, 4 prompts x 4 samples per step, 4 steps")
+
+
+def test_first_signal_asks_for_a_checkpoint_and_a_second_exits_at_once(capsys):
+    import os
+    import signal
+
+    from epic_slime.runtime.signals import StopRequest
+
+    stop = StopRequest()
+    before = signal.getsignal(signal.SIGTERM)
+    stop.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and stop.signal_name == "SIGTERM"
+        assert "finishing the step in flight" in capsys.readouterr().out
+        with pytest.raises(KeyboardInterrupt, match="second SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -1,0 +1,165 @@
+"""The paper's oversampling ratio and learning-rate warmup on the slime path (paper Table 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from fractions import Fraction
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from epic_slime.slime.command_line import translate_argv
+from epic_slime.slime.dry_run import check_argv
+from epic_slime.slime.flags import ProjectFlagError
+from epic_slime.slime.oversampling import OversamplingError, groups_in_flight, oversampled_count
+
+# slime's source: SLIME_PATH, else the vendored snapshot next to the repository (CI has one of them)
+_SLIME = os.environ.get("SLIME_PATH") or str(Path(__file__).resolve().parents[3] / "shared" / "vendor" / "slime-624b824a")
+if os.path.isdir(_SLIME) and _SLIME not in sys.path:
+    sys.path.append(_SLIME)
+
+BASE = [
+    "--loss-type", "custom_loss",
+    "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
+    "--rollout-batch-size", "64",
+    "--n-samples-per-prompt", "8",
+]
+
+
+def _smallest_sufficient(target: int, ratio_text: str) -> int:
+    """Reference: count up until m (1 - r) >= target, in exact rational arithmetic."""
+    keep = 1 - Fraction(ratio_text)
+    m = target
+    while m * keep < target:
+        m += 1
+    return m
+
+
+@pytest.mark.parametrize("ratio_text", ["0", "0.05", "0.1", "0.25", "0.5", "0.9", "0.125"])
+def test_oversampled_count_is_the_smallest_sufficient_count(ratio_text):
+    for target in list(range(1, 130)) + [512, 1000, 4096]:
+        assert oversampled_count(target, float(ratio_text)) == _smallest_sufficient(target, ratio_text), target
+
+
+def test_the_authors_numbers_at_the_paper_scale():
+    # the fork: 512 sample requests at rate 0.1 -> ceil(512 / 0.9) = 569 started, 57 extra
+    assert oversampled_count(512, 0.1) == 569
+    assert groups_in_flight(64, 0.1) == 72 and groups_in_flight(64, 0.0) == 64
+    assert oversampled_count(9, 0.1) == 10  # float ceil(9 / 0.9) would give 11
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.0, 1.5, "0.1", True, float("nan")])
+def test_bad_ratios_are_named(ratio):
+    with pytest.raises(OversamplingError, match="--oversample-ratio must be"):
+        oversampled_count(64, ratio)
+
+
+def test_ratio_and_explicit_groups_in_flight_conflict():
+    assert groups_in_flight(64, 0.0, explicit=10) == 10
+    with pytest.raises(OversamplingError, match="sets the groups in flight to 72; drop --async-groups-in-flight 10"):
+        groups_in_flight(64, 0.1, explicit=10)
+
+
+def test_driver_turns_the_ratio_into_groups_in_flight():
+    out = translate_argv(BASE + ["--oversample-ratio", "0.1"])
+    assert out[-2:] == ["--async-groups-in-flight", "72"]
+    assert "--async-groups-in-flight" not in translate_argv(BASE + ["--oversample-ratio", "0"])
+    config, args, _ = check_argv(BASE + ["--oversample-ratio", "0.1"])
+    assert config.oversample_ratio == 0.1 and args.async_groups_in_flight == 72
+    with pytest.raises(ProjectFlagError, match="drop --async-groups-in-flight 100"):
+        check_argv(BASE + ["--oversample-ratio", "0.1", "--async-groups-in-flight", "100"])
+    with pytest.raises(ProjectFlagError, match="--oversample-ratio must be in \\[0, 1\\), got 1.0"):
+        check_argv(BASE + ["--oversample-ratio", "1.0"])
+
+
+def test_oversampling_at_max_staleness_1_is_refused_naming_both_settings():
+    """At K = 1 the oversampled leftovers (the longest responses) are 2 stale at the next batch."""
+    base = BASE + ["--rollout-function-path", "epic_slime.slime.rollout.generate_rollout"]
+    with pytest.raises(ProjectFlagError, match="--max-staleness 1 with --async-groups-in-flight 65 for a batch of 64"):
+        check_argv(base + ["--async-groups-in-flight", "65", "--max-staleness", "1"])
+    # the paper's ratio (Table 2 rows set it) is not applied at K = 1, as at K = 0
+    assert "--async-groups-in-flight" not in translate_argv(base + ["--oversample-ratio", "0.1", "--max-staleness", "1"])
+    assert translate_argv(base + ["--oversample-ratio", "0.1", "--max-staleness", "2"])[-2:] == ["--async-groups-in-flight", "72"]
+    for ok in (["--max-staleness", "1"], ["--max-staleness", "1", "--async-groups-in-flight", "64"],
+               ["--oversample-ratio", "0.1", "--max-staleness", "1"], ["--oversample-ratio", "0.1", "--max-staleness", "2"]):
+        check_argv(base + ok)
+
+
+def test_warmup_in_rollouts_becomes_megatron_iterations():
+    out = translate_argv(BASE + ["--update-depth", "8", "--lr-warmup-rollouts", "10"])
+    assert out[-2:] == ["--lr-warmup-iters", "80"]  # 10 rollouts x 8 optimizer steps
+    assert translate_argv(BASE + ["--num-steps-per-rollout", "4", "--lr-warmup-rollouts", "10"])[-2:] == [
+        "--lr-warmup-iters", "40"]
+    assert "--lr-warmup-iters" not in translate_argv(BASE)
+    with pytest.raises(ProjectFlagError, match="both set the warmup"):
+        translate_argv(BASE + ["--lr-warmup-rollouts", "10", "--lr-warmup-iters", "5"])
+    with pytest.raises(ProjectFlagError, match="--lr-warmup-rollouts must be >= 0, got -1"):
+        translate_argv(BASE + ["--lr-warmup-rollouts", "-1"])
+
+
+def test_group_stream_keeps_the_oversampled_number_of_groups_in_flight(monkeypatch):
+    """The project's GroupStream (what the driver runs) with the groups in flight the driver derives
+    from the ratio: 72 started for a batch of 64, the batch is the first 64 that finish (the slow 8
+    are still running), and nothing more starts until the next rollout is asked for (its weights
+    are not pushed yet): then the stream is topped up to 72 again."""
+    sglang_rollout = pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importable (SLIME_PATH)")
+    from slime.utils.async_utils import run
+    from slime.utils.types import Sample
+
+    import epic_slime.slime.rollout as rollout
+    from epic_slime.staleness import GroupLedger, StalenessGate
+
+    release = asyncio.Event()
+    running = {"now": 0, "max": 0, "started": 0}
+
+    async def fake_generate_and_rm_group(args, group, sampling_params, evaluation=False):
+        running["now"] += 1   # one event loop: no lock needed
+        running["started"] += 1
+        running["max"] = max(running["max"], running["now"])
+        await asyncio.sleep(0.001)
+        if group[0].group_index % 9 == 8:   # every ninth group is slow
+            await release.wait()
+        for sample in group:
+            sample.status, sample.weight_versions = Sample.Status.COMPLETED, ["1"]
+        running["now"] -= 1
+        return group
+
+    class DataSource:   # StreamingDataSource's interface for the stream: numbered prompts, a ledger
+        def __init__(self):
+            self.next, self.ledger, self._returned = 0, GroupLedger(), []
+
+        def get_samples(self, n):
+            groups = [[Sample(index=i, group_index=i)] for i in range(self.next, self.next + n)]
+            for g in groups:
+                self.ledger.consume(g[0].group_index, g)
+            self.next += n
+            return groups
+
+    monkeypatch.setattr(sglang_rollout, "generate_and_rm_group", fake_generate_and_rm_group)
+    monkeypatch.setattr(sglang_rollout, "GenerateState", lambda args: SimpleNamespace(sampling_params={}))
+    monkeypatch.setattr(rollout, "_stream", None)
+    config, parsed, _ = check_argv(BASE + ["--oversample-ratio", "0.1"])
+    args = SimpleNamespace(rollout_batch_size=64, n_samples_per_prompt=1,
+                           async_groups_in_flight=parsed.async_groups_in_flight)
+    data_source = DataSource()
+    stream = rollout._get_stream(args, data_source)
+    try:
+        gate = StalenessGate(2, "drop")
+        # bounded: with fewer than 72 groups started, the 8 slow ones would hold the batch up forever
+        batch, _, held = run(asyncio.wait_for(rollout._collect(args, stream, trainer_version=1, gate=gate, rollout_id=0), 20))
+        assert len(batch) == 64 and running["max"] == 72
+        # the first 64 to finish, none of the slow ones: those did not hold the batch up
+        assert sorted(g[0].group_index for g in batch) == [i for i in range(72) if i % 9 != 8]
+        assert held == 8 and running["started"] == 72   # nothing started after the batch was complete
+        stream.loop.call_soon_threadsafe(release.set)   # the slow ones finish between the rollouts
+        run(asyncio.sleep(0.05))
+        assert running["started"] == 72 and len(stream.completed) == 8
+        batch, _, held = run(asyncio.wait_for(rollout._collect(args, stream, trainer_version=2, gate=gate, rollout_id=1), 20))
+        # topped up to 72 when asked (8 waiting + 64 new), the 8 leftovers served first
+        assert running["started"] == 72 + 64 and running["max"] <= 72 and held == 8
+        assert {i for i in range(72) if i % 9 == 8} <= {g[0].group_index for g in batch}
+    finally:
+        stream.loop.call_soon_threadsafe(release.set)
