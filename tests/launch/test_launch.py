@@ -191,7 +191,7 @@ def test_a_real_launch_checks_the_flags_before_ray_starts(tmp_path, script):
 
 @pytest.mark.parametrize("script", ["launch/qwen3_30b_epic.sh", "launch/smoke_1gpu.sh", "launch/table1/epic.sh"])
 def test_a_dry_run_ends_saying_nothing_was_submitted(script):
-    passed, failed = _dry_run(script=script), _dry_run("--", "--colocate", "--max-staleness", "2", script=script)
+    passed, failed = dry_run(script=script), dry_run("--", "--colocate", "--max-staleness", "2", script=script)
     assert passed.returncode == 0 and failed.returncode == 2
     for result in (passed, failed):
         assert result.stdout.splitlines()[-1].startswith("# dry run (DRY_RUN=1): nothing was submitted")
