@@ -94,12 +94,16 @@ def _apply(a: int, op: str, b: int) -> int:
     return a + b if op == "+" else a - b if op == "-" else a * b
 
 
-def make_problem(operands: list[int], ops: list[str], modulus: int | None = None) -> Problem:
+def make_problem(operands: list[int], ops: list[str], modulus: int | None = None, slip=None) -> Problem:
     """Left-to-right evaluation, one step per operator (no precedence: the steps say the order);
-    with ``modulus`` every step's result is reduced modulo it (the study's chain task)."""
+    with ``modulus`` every step's result is reduced modulo it (the study's chain task).
+    ``slip(result) -> result`` rewrites each step's result (the warm start's careless solver); the next
+    step carries the rewritten value on, and `answer` is then what that solution ends with."""
     steps, acc = [], operands[0]
     for op, b in zip(ops, operands[1:]):
         new = _apply(acc, op, b) if modulus is None else _apply(acc, op, b) % modulus
+        if slip is not None:
+            new = slip(new)
         steps.append(f"{acc}{op}{b}={new};")
         acc = new
     prompt = str(operands[0]) + "".join(f"{op}{b}" for op, b in zip(ops, operands[1:])) + "="

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .model import ModelConfig, build_policy, response_log_probs
-from .task import ANSWER, TaskConfig, Tokenizer
+from .task import ANSWER, TaskConfig, Tokenizer, make_problem
 from .tasks import get_task, train_problem
 
 WARM_START_VERSION = 1   # bump when the recipe changes so old cache entries are not reused
@@ -38,26 +38,19 @@ def default_cache_dir() -> Path:
     return Path(base) / "epic-slime" / "warm_start"
 
 
-_STEP = re.compile(r"(-?\d+)([+\-*])(-?\d+)=(-?\d+);")
-
-
 def slipped_solution(problem, rng: random.Random, step_noise: float, modulus: int | None) -> str:
     """The solution with arithmetic slips: each step's result is wrong with probability `step_noise`
     (off by 1..3, or by 1..modulus-1 modulo `modulus`), and every later step carries the wrong value on
     consistently, as a careless solver would. Copies (operands, operators) stay exact, so the imitating
     policy is certain where the prompt decides and uncertain at every step's result."""
-    steps, acc = [], None
-    for a, op, b, _ in _STEP.findall(problem.solution):
-        a = int(a) if acc is None else acc
-        b = int(b)
-        new = a + b if op == "+" else a - b if op == "-" else a * b
-        if modulus is not None:
-            new %= modulus
-        if rng.random() < step_noise:
-            new = (new + rng.randint(1, modulus - 1)) % modulus if modulus else new + rng.choice((-3, -2, -1, 1, 2, 3))
-        steps.append(f"{a}{op}{b}={new};")
-        acc = new
-    return "".join(steps) + f"{ANSWER}{acc}"
+    def slip(result: int) -> int:
+        if rng.random() >= step_noise:
+            return result
+        return (result + rng.randint(1, modulus - 1)) % modulus if modulus else result + rng.choice((-3, -2, -1, 1, 2, 3))
+
+    operands = [int(x) for x in re.findall(r"\d+", problem.prompt)]
+    ops = re.findall(r"[+\-*]", problem.prompt)
+    return make_problem(operands, ops, modulus, slip=slip).solution
 
 
 def warm_start_target(problem, rng: random.Random, answer_noise: float, step_noise: float = 0.0,

@@ -51,12 +51,13 @@ def method_rows(results: list[dict], methods: list[str]) -> list[dict]:
     return rows
 
 
-def diagnostics(out: Path, results: list[dict], methods: list[str]) -> dict[str, dict]:
+def diagnostics(metrics: dict[tuple, list[dict]], results: list[dict], methods: list[str]) -> dict[str, dict]:
     """Per method: late-stage position profile (bins averaged over seeds, CV = mean of the seeds' CVs),
-    finite-lower coverage, late-stage entropy / grad norm / log-prob gap / |log r_pre|; plus the runs."""
+    finite-lower coverage, late-stage entropy / grad norm / log-prob gap / |log r_pre|; plus the runs.
+    metrics: each run's metrics.jsonl rows by (setting, method, seed)."""
     diag = {}
     for m in methods:
-        runs = [run_metrics(out, r) for r in results if r["method"] == m]
+        runs = [metrics[(r["setting"], r["method"], r["seed"])] for r in results if r["method"] == m]
         if not runs:
             continue
         profs = [position_profile(rows) for rows in runs]
@@ -214,22 +215,22 @@ def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: 
     summary = {"command": command, "commit": commit, "config": cfg.path, "entropy_profile": profile,
                "chance": warm["chance_test"]["chance"], "warm_start_test": warm["test_mean"],
                "warm_start_test_by_seed": warm["test_by_seed"], "settings": {}}
+    metrics = {(r["setting"], r["method"], r["seed"]): run_metrics(out, r) for r in results}   # read once
     if cfg.ladder and results:
-        lines += ladder_section(cfg, out, results, warm, summary, k)
+        lines += ladder_section(cfg, out, results, metrics, warm, summary, k)
     for setting in [s["name"] for s in cfg.settings]:
         res = [r for r in results if r["setting"] == setting]
         if not res or not any(r["method"] == "epic" for r in res):
             lines += [f"## Setting {setting}", "", "No finished EPIC run yet: nothing to compare.", ""]
             continue
         rows = method_rows(res, cfg.methods)
-        diag = diagnostics(out, res, cfg.methods)
+        diag = diagnostics(metrics, res, cfg.methods)
+        header = f"## Setting {setting}: " + ", ".join(
+            f"{key}={v}" for key, v in next(s for s in cfg.settings if s["name"] == setting).items() if key != "name")
+        summary["settings"][setting] = {"table1": rows, "diagnostics": {m: {k: v for k, v in d.items() if k != "runs"}
+                                                                        for m, d in diag.items()}}
         if cfg.ladder:      # the ladder's figure stands for its settings; per-setting tables only
-            lines += [f"## Setting {setting}: " + ", ".join(f"{k}={v}" for k, v in
-                                                             next(s for s in cfg.settings if s["name"] == setting).items()
-                                                             if k != "name"), "",
-                      *table1_markdown(rows), "", *diagnostics_markdown(diag), ""]
-            summary["settings"][setting] = {"table1": rows, "diagnostics": {m: {k: v for k, v in d.items() if k != "runs"}
-                                                                            for m, d in diag.items()}}
+            lines += [header, "", *table1_markdown(rows), "", *diagnostics_markdown(diag), ""]
             continue
         figures.table1_figure(rows, setting, out / f"table1_{setting}.png")
         figures.position_figure({m: diag[m] for m in diag if m in ("epic", "ctpo", "ripo", "grpo", "dapo", "gspo")},
@@ -239,17 +240,13 @@ def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: 
         for stem, (key, label) in figures.CURVES.items():
             figures.curve_figure({m: d["runs"] for m, d in diag.items()}, key, label, setting,
                                  out / f"{stem}_{setting}.png")
-        lines += [f"## Setting {setting}: " + ", ".join(f"{k}={v}" for k, v in
-                                                         next(s for s in cfg.settings if s["name"] == setting).items()
-                                                         if k != "name"), "",
+        lines += [header, "",
                   "### Table 1 at toy scale", "", *table1_markdown(rows), "",
                   f"![table 1](table1_{setting}.png)", "",
                   "### Diagnostics (late stage = last 25% of steps, mean over seeds)", "", *diagnostics_markdown(diag), "",
                   "### What this shows", "", *[f"- {x}" for x in findings(rows, diag, res)], "",
                   f"![Fig. 3a](fig3a_position_{setting}.png) ![Fig. 3c](fig3c_rawprob_{setting}.png)", "",
                   *[f"![{stem}]({stem}_{setting}.png)" for stem in figures.CURVES], ""]
-        summary["settings"][setting] = {"table1": rows, "diagnostics": {m: {k: v for k, v in d.items() if k != "runs"}
-                                                                        for m, d in diag.items()}}
     lines += ["## Where the toy does not reproduce the paper", "",
               "- Scale: a ~120 k-parameter model, tens of steps and tens of prompts per step; the paper trains a "
               "30B-A3B MoE for hundreds of steps. Effects smaller than the seed-to-seed spread are invisible here.",
@@ -279,9 +276,9 @@ def warm_start_lines(warm: dict, k: int) -> list[str]:
             f"results {prof['entropy_result_tokens']:.3f}.", ""]
 
 
-def ladder_section(cfg, out: Path, results: list[dict], warm: dict, summary: dict, k: int) -> list[str]:
+def ladder_section(cfg, out: Path, results: list[dict], metrics: dict[tuple, list[dict]], warm: dict, summary: dict,
+                   k: int) -> list[str]:
     """The lag ladder: table, figure, findings; and its part of summary.json."""
-    metrics = {(r["setting"], r["method"], r["seed"]): run_metrics(out, r) for r in results}
     lad = ladder.ladder_summary(cfg, results, metrics, warm)
     panels = ladder.axes(cfg)
     figures.ladder_figure(lad, panels, cfg.methods, warm["test_mean"], warm["chance_test"]["chance"], k,

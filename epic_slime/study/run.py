@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
 from .analysis import select_checkpoint
@@ -42,7 +43,6 @@ def evaluate_split(run_cfg, state: dict, version: int, split: str, n_prompts: in
 
     from epic_slime.runtime.rollout import PolicyEngine
     from epic_slime.runtime.task_chain import split_problems
-    from epic_slime.runtime.tasks import train_problem
 
     problems = split_problems(split, replace(run_cfg.task, eval_num_prompts=n_prompts))
     engine = PolicyEngine(run_cfg.model, state, version, seed=run_cfg.seed)
@@ -124,14 +124,14 @@ def chance_level(train_problems, test_problems) -> dict:
     distribution, its frequency there (the expected score of that guess) and its score on the test split;
     and a uniform guess over the answers that occur. The guess is fitted on training problems, not on the
     split it is scored on, so that chance is not inflated by the split's own sampling noise."""
-    train = [p.answer for p in train_problems]
-    counts = {a: train.count(a) for a in set(train)}
+    counts = Counter(p.answer for p in train_problems)
+    n_train = sum(counts.values())
     best = max(counts, key=lambda a: (counts[a], -a))
     test = [p.answer for p in test_problems]
-    return {"chance": counts[best] / len(train), "best_constant_answer": best,
+    return {"chance": counts[best] / n_train, "best_constant_answer": best,
             "best_constant_on_test": sum(a == best for a in test) / len(test),
             "uniform_guess": 1.0 / len(counts), "distinct_answers": len(counts),
-            "train_problems": len(train), "problems": len(test)}
+            "train_problems": n_train, "problems": len(test)}
 
 
 def measure_warm_start(cfg: StudyConfig, out: Path, log=print) -> dict:
