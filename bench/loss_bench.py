@@ -14,6 +14,12 @@ process CPU time by default (robust to other jobs), on CUDA wall. Peak memory (f
 bytes allocated above the inputs during one forward+backward: on CUDA torch.cuda.max_memory_allocated;
 on CPU glibc's mallinfo2 (arena + mmapped bytes in use) sampled before and after every aten op
 through a dispatch mode (temporaries inside one op are not seen).
+
+Allocator: on the CPU, glibc serves each [B, T] temporary (0.5 MiB at the default size) with a
+fresh mmap unless its thresholds are raised, and the page faults of touching it then cost more
+than the arithmetic and vary with the machine's load (2-3x on a busy 2-core machine). The bench
+raises M_MMAP_THRESHOLD and M_TRIM_THRESHOLD (mallopt) so temporaries are reused, as CUDA's
+caching allocator reuses them; --system-allocator keeps glibc's defaults.
 """
 
 from __future__ import annotations
@@ -64,6 +70,16 @@ class _PeakSampler(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         self.peak = max(self.peak, self.in_use())
         return out
+
+
+def pin_cpu_allocator() -> bool:
+    """Keep freed temporaries in glibc's heap (see the module docstring). False if not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
 
 
 def make_inputs(batch: int, seq: int, dtype: torch.dtype, device: str, seed: int = 0):
@@ -167,7 +183,8 @@ def bench_device(device, args, modes):
     memory = {mode: peak_memory(mode, inputs, device) for mode in (PLAIN, *modes)} if args.memory else {}
     plain = t[PLAIN, "bare"]
     print(f"\n## {device}: B x T = {args.batch} x {args.seq}, {args.dtype}, "
-          f"{torch.get_num_threads()} threads, {clock_name} time, median of {args.repeats}; inputs {input_bytes / 2**20:.1f} MiB")
+          f"{torch.get_num_threads()} threads, {clock_name} time, median of {args.repeats}; inputs {input_bytes / 2**20:.1f} MiB"
+          + (f"; CPU allocator: {args.allocator}" if device == "cpu" else ""))
     print(f"plain six-line PPO clip (the floor): {plain * 1e3:.2f} ms")
     print("| mode | bare ms | bare x plain | full ms | full x plain | overhead (full - bare) / bare | peak MiB above inputs |")
     print("|---|---|---|---|---|---|---|")
@@ -207,8 +224,12 @@ def main(argv=None):
                              "OpenMP spin-waiting, which blurs the ratios on a busy machine)")
     parser.add_argument("--clock", choices=["cpu", "wall"], default=None,
                         help="timer (default: process CPU time on cpu, wall time on cuda)")
+    parser.add_argument("--system-allocator", action="store_true",
+                        help="keep glibc's mmap / trim thresholds (see the allocator note above)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    args.allocator = "glibc defaults" if args.system_allocator else (
+        "glibc, temporaries kept in the heap" if pin_cpu_allocator() else "system (not glibc)")
     modes = args.modes or sorted(LOSS_MODES)
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     for device in devices:

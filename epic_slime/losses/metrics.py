@@ -1,21 +1,26 @@
 """Diagnostics every mode reports, from the mode's TokenTerms, without host synchronisation.
 
 All values are 0-d float64 tensors that stay on the device (slime reduces them). Fractions over an
-empty set are 0. Every reduction has a shape fixed by the inputs' shapes: counts are sums of 0/1
-indicators, the clip fraction by position is one fixed-size scatter-add, and the ratio p95 is an
-exact radix select with fixed-size histograms (`kth_smallest`), so nothing reads a value back
-(no .item(), nonzero, bincount or data-dependent k). tests/losses/test_losses_sync_free.py runs this
-module on the "meta" device, where any of those raises.
+empty set are 0. On accelerators every reduction has a shape fixed by the inputs' shapes: counts are
+sums of 0/1 indicators, the clip fraction by position is a prefix sum read at fixed-size
+searchsorted positions (`_position_metrics`), and the ratio p95 is an exact radix select with fixed-size
+histograms (`kth_smallest`), so nothing reads a value back (no .item(), nonzero, bincount or
+data-dependent k). tests/losses/test_losses_sync_free.py runs this module on the "meta" device, where
+any of those raises. On the CPU, where reading a value costs nothing, the p95 is an exact select
+bracketed from a strided sample (`_kth_smallest_host`).
 
-Cost: indicators are built as float 0/1 tensors (a comparison into a float tensor and float sums
-vectorise on the CPU; bool outputs, bool sums and torch.where do not), and the statistics that do
-not depend on the mode (`batch_statistics`) are computed once per batch and cached on it.
+Cost (bench/loss_bench.py): each [B, T] pass counts. Indicators are float 0/1 tensors (a
+comparison into a float tensor and float sums vectorise on the CPU; bool outputs, bool sums and
+torch.where do not); sums are stacked and converted to float64 once; the ratio statistics (mean,
+max, p95) read one tensor r_t m_t (nonnegative, 0 off the mask); the statistics that do not depend
+on the mode (`batch_statistics`) are computed once per batch and cached on it.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from . import bounds  # bounds.host_checks_are_free looked up per call: tests force the accelerator branches
@@ -27,6 +32,7 @@ POSITION_BINS = 10
 _LOG_TINY = math.log(torch.finfo(torch.float32).tiny)
 # float32 sums of 0/1 are exact while every partial sum stays below 2^24.
 _EXACT_FLOAT32_COUNT = 1 << 24
+_LOG2_E = 1.0 / math.log(2.0)
 
 
 def _frac(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
@@ -34,15 +40,20 @@ def _frac(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
 
 
 def _total(x: torch.Tensor) -> torch.Tensor:
-    """Sum as float64: exact for 0/1 indicators, pairwise for values."""
+    """Sum, exact for 0/1 indicators (float64 from 2^24 float32 terms on), pairwise for values.
+
+    Left in its dtype: the sums of a call are stacked and widened to float64 once (each 0-d
+    conversion is a dispatch of its own, and a call has dozens)."""
     if x.dtype == torch.float32 and x.numel() >= _EXACT_FLOAT32_COUNT:
         return x.sum(dtype=torch.float64)
-    return x.sum().to(torch.float64)
+    return x.sum()
 
 
 def _indicator(compare, a: torch.Tensor, b, like: torch.Tensor) -> torch.Tensor:
     """compare(a, b) as a 0/1 tensor of like's dtype (NaN compares False)."""
-    out = torch.empty(torch.broadcast_shapes(a.shape, like.shape), dtype=like.dtype, device=like.device)
+    # torch.broadcast_shapes costs ~40 us on the CPU (3x the comparison itself): only when needed
+    shape = like.shape if a.shape == like.shape else torch.broadcast_shapes(a.shape, like.shape)
+    out = torch.empty(shape, dtype=like.dtype, device=like.device)
     return compare(a, b, out=out)
 
 
@@ -79,13 +90,9 @@ def _float_of_key(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _histogram(index: torch.Tensor, bins: int) -> torch.Tensor:
-    """int64 counts of each value of a 1-D integer ``index`` in [0, bins), fixed size ``bins``.
-
-    Accelerators: a scatter-add (CUDA's bincount reads the maximum back to size its output). The
-    CPU: bincount (minlength fixes its size since index < bins; no device to wait for), because a
-    CPU scatter-add into a few hot bins is a chain of dependent adds (3x slower here)."""
-    if bounds.host_checks_are_free(index):
-        return torch.bincount(index, minlength=bins)
+    """int64 counts of each value of a 1-D integer ``index`` in [0, bins), fixed size ``bins``: a
+    scatter-add (CUDA's bincount reads the maximum back to size its output). The radix select's
+    only; the CPU never gets here (`kth_smallest` takes `_kth_smallest_host`)."""
     index = index.to(torch.int64)
     ones = torch.ones((), dtype=torch.int64, device=index.device).expand(index.shape)
     return torch.zeros(bins, dtype=torch.int64, device=index.device).scatter_add_(0, index, ones)
@@ -94,11 +101,12 @@ def _histogram(index: torch.Tensor, bins: int) -> torch.Tensor:
 def kth_smallest(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """The k-th smallest (1-based, 0-d int64 tensor k in [1, numel]) of a float32/float64 tensor, exactly.
 
-    A most-significant-digit radix select on the order-preserving integer keys: per 16-bit digit,
-    a histogram of fixed size 65536 (+2: below / above the prefix chosen so far), its cumulative
-    sum and a searchsorted for k. 2 rounds for float32, 4 for float64; no data-dependent shape.
-    On the CPU (where reading a value back costs nothing) the rounds after the first are one
-    kthvalue over the keys that share the chosen top digit."""
+    Accelerators: a most-significant-digit radix select on the order-preserving integer keys: per
+    16-bit digit, a histogram of fixed size 65536 (+2: below / above the prefix chosen so far), its
+    cumulative sum and a searchsorted for k. 2 rounds for float32, 4 for float64; no data-dependent
+    shape. The CPU (where reading a value back costs nothing): `_kth_smallest_host`."""
+    if bounds.host_checks_are_free(values):
+        return _kth_smallest_host(values.reshape(-1), int(k))
     key = _sortable_key(values.reshape(-1))
     width = torch.iinfo(INT_DTYPE_OF[values.dtype]).bits
     target = k.reshape(1).to(torch.int64)
@@ -106,12 +114,6 @@ def kth_smallest(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     index = torch.bitwise_right_shift(key, width - _DIGIT_BITS).add_(_DIGITS // 2)
     counts = _histogram(index, _DIGITS).cumsum_(0)
     chosen = torch.searchsorted(counts, target).reshape(())
-    if bounds.host_checks_are_free(key):
-        # The CPU may read back: select among the keys with the chosen top digit only (typically
-        # a few percent of them), skipping the remaining full-size rounds.
-        below = int(counts[chosen - 1]) if int(chosen) > 0 else 0
-        bucket = key[index == chosen]
-        return _float_of_key(torch.kthvalue(bucket, int(k) - below).values, values.dtype)
     prefix = (chosen - _DIGITS // 2).to(key.dtype)
     side = index
     for shift in range(width - 2 * _DIGIT_BITS, -1, -_DIGIT_BITS):
@@ -129,6 +131,39 @@ def kth_smallest(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return _float_of_key(prefix, values.dtype)
 
 
+_SAMPLE_STRIDE = 64  # the bracketing sample: every 64th element
+_SMALL = 4096        # below this many elements, one partition of all of them
+
+
+def _kth_smallest_host(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th smallest of a 1-D CPU tensor, exactly, in about 5 passes (a radix select or a full
+    partition costs 3-5x that at 128k elements).
+
+    Two order statistics of a strided sample bracket the k-th value in [lo, hi] with high
+    probability (4 binomial standard deviations on each side); one counting pass finds how many
+    values lie below lo, one extraction pass the few in [lo, hi], and a partition of those picks
+    the k-th. When the bracket misses (a sample that is not representative, or NaNs, which
+    compare false), a partition of everything gives the same exact answer. NaNs sort last."""
+    x = flat.detach().numpy()
+    size = x.size
+    if size > _SMALL:
+        sample = x[::_SAMPLE_STRIDE]
+        q = k / size
+        half = 4.0 * math.sqrt(sample.size * q * (1.0 - q)) + 2.0
+        lo_at = max(0, math.floor(q * sample.size - half))
+        hi_at = min(sample.size - 1, math.ceil(q * sample.size + half))
+        edges = np.partition(sample, (lo_at, hi_at))
+        # At the sample's ends the bracket is open: the k-th may lie beyond every sampled value.
+        lo = -np.inf if lo_at == 0 else edges[lo_at]
+        hi = np.inf if hi_at == sample.size - 1 else edges[hi_at]
+        below = int(np.count_nonzero(x < lo))
+        inside = x[(x >= lo) & (x <= hi)]
+        at = k - 1 - below
+        if 0 <= at < inside.size:
+            return torch.from_numpy(np.partition(inside, at)[at:at + 1]).reshape(())
+    return torch.from_numpy(np.partition(x, k - 1)[k - 1:k].copy()).reshape(())
+
+
 # ------------------------------------------------------------------------------------------------
 # Statistics
 # ------------------------------------------------------------------------------------------------
@@ -140,45 +175,62 @@ def batch_statistics(batch: LossBatch) -> dict[str, torch.Tensor]:
 
 def _batch_statistics(batch: LossBatch) -> dict[str, torch.Tensor]:
     m = batch.mask
-    n = _total(m)
-    log_ratio = batch.log_ratio  # 0 on masked tokens
-    buffer = batch.log_prefix_ratio.abs().mul_(m)  # one [B, T] temporary for the four means
-    sums = [buffer.sum()]
-    sums.append(buffer.mul_(batch.inv_token_count).sum())
-    sums.append(torch.abs(log_ratio, out=buffer).sum())
-    sums.append(torch.exp(log_ratio, out=buffer).mul_(m).sum())
-    means = _frac(torch.stack(sums).to(torch.float64), n).unbind()
-    out = {"valid_tokens": n, "empty_responses": (batch.response_length == 0).sum().to(torch.float64)}
-    out.update(zip(("abs_L_mean", "abs_z_mean", "logprob_abs_diff", "ratio_mean"), means))
-    numel = log_ratio.numel()
+    n_sum = _total(m)
+    rows = batch.response_length
+    buffer = batch.log_prefix_ratio.abs()  # one [B, T] temporary, reused below
+    sums = [_dot(buffer, m), _dot(buffer.div_(batch.token_count), m),
+            _total(torch.abs(batch.log_ratio, out=buffer))]  # log_ratio is 0 off the mask
+    # r_t m_t: the importance ratio on valid tokens, 0 elsewhere (below every valid ratio or tied
+    # with an underflowed one, so order statistics over it count masked tokens first). As
+    # 2^(lam log2 e): exp2 is vectorised on the CPU and exp is not (4x); the extra rounding of
+    # the product is 2^-24 |lam| relative, far below what a diagnostic resolves.
+    ratio = torch.mul(batch.log_ratio, _LOG2_E).exp2_().mul_(m)
+    sums += [_total(ratio), n_sum, (rows == 0).sum()]
+    *sums, n, empty = torch.stack(sums).to(torch.float64).unbind()  # one conversion for all of them
+    out = {"valid_tokens": n, "empty_responses": empty, "valid_tokens_sum": n_sum}  # the last: not a metric
+    out.update(zip(("abs_L_mean", "abs_z_mean", "logprob_abs_diff", "ratio_mean"), _frac(torch.stack(sums), n).unbind()))
+    numel = ratio.numel()
     if numel == 0:
         out["ratio_max"] = out["ratio_p95"] = torch.zeros((), dtype=torch.float64, device=m.device)
-        out["position_bins"] = torch.zeros_like(m)
         return out
-    # Ratio max and nearest-rank 95th percentile of the valid log-ratios; masked ones sit at -inf,
-    # first. With no valid token both are exp(-inf) = 0.
-    masked_log_ratio = select(batch.keep_bits, log_ratio, -math.inf, m)
-    out["ratio_max"] = torch.exp(masked_log_ratio.max().to(torch.float64))
-    rank = (numel - n.to(torch.int64)) + torch.ceil(0.95 * n).to(torch.int64).clamp_(min=1)
-    p95 = kth_smallest(masked_log_ratio, rank.clamp_(max=numel))
-    out["ratio_p95"] = torch.exp(p95.to(torch.float64))
-    # Position bins: bin = floor(10 (t - 1) / n) of a response's t-th valid token, n its length
-    # (exact in float32: 10 (t - 1) / n is at least 1 / n away from the next integer).
-    length = batch.response_length.to(m.dtype).clamp_(min=1.0).unsqueeze(-1)
-    bins = torch.mul(batch.token_count, float(POSITION_BINS), out=buffer).sub_(float(POSITION_BINS))
-    out["position_bins"] = bins.div_(length).floor_()  # [B, T], for `_position_metrics`; not a metric
+    # Ratio max and nearest-rank 95th percentile of the valid ratios (the masked zeros come
+    # first). With no valid token both are 0.
+    out["ratio_max"] = ratio.max().to(torch.float64)
+    out["ratio_p95"] = kth_smallest(ratio, _p95_rank(n, numel)).to(torch.float64)
     return out
 
 
-def _position_metrics(batch: LossBatch, clipped: torch.Tensor, stats, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Clip fraction per relative-position bin and its spread: one fixed-size histogram of
-    key = bin + 10 * clipped on valid tokens, 20 on masked ones (``clipped``: 0/1 floats)."""
-    m = batch.mask
-    key = torch.add(stats["position_bins"], clipped, alpha=10.0, out=buffer).sub_(2 * POSITION_BINS).mul_(m)
-    key = key.add_(2 * POSITION_BINS).to(torch.uint8).reshape(-1)
-    counts = _histogram(key, 2 * POSITION_BINS + 1).to(torch.float64)
-    clipped_per_bin = counts[POSITION_BINS:2 * POSITION_BINS]
-    tokens_per_bin = counts[:POSITION_BINS] + clipped_per_bin
+def _p95_rank(n: torch.Tensor, numel: int) -> torch.Tensor:
+    """1-based rank of the nearest-rank 95th percentile of n valid values among numel, the
+    numel - n masked ones first: numel - n + max(ceil(0.95 n), 1), at most numel."""
+    if bounds.host_checks_are_free(n):
+        valid = int(n)
+        return torch.tensor(min(numel - valid + max(math.ceil(0.95 * valid), 1), numel))
+    rank = (numel - n.to(torch.int64)) + torch.ceil(0.95 * n).to(torch.int64).clamp_(min=1)
+    return rank.clamp_(max=numel)
+
+
+def _position_metrics(batch: LossBatch, clipped: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Clip fraction per relative-position bin and its spread (``clipped``: 0/1 floats, 0 off the mask).
+
+    A response's t-th valid token (of n) is in bin floor(10 (t - 1) / n), so ceil(j n / 10) of
+    its tokens lie below bin j (exact in float64: j n is an integer, and j n / 10 is either an
+    integer or at least 0.1 away from one). The clipped tokens below bin j are then the running
+    clip count C at the last position whose valid-token count is <= ceil(j n / 10): one prefix
+    sum of ``clipped`` and a [B, 11] searchsorted in the (non-decreasing) valid-token counts. No
+    per-token bin and no histogram: fixed shapes, the same code on every device."""
+    j = torch.arange(POSITION_BINS + 1, dtype=torch.float64, device=clipped.device)
+    edges = torch.ceil(torch.outer(batch.response_length, j).div_(POSITION_BINS))  # [B, 11]
+    # token_count is clamped to >= 1: before a row's first valid token it reads 1, and the running
+    # clip count there is 0, so edge 1 still lands on the first valid token; edge 0 gives index -1.
+    if clipped.shape[-1] == 0:  # no positions (a static shape: no sync)
+        below = torch.zeros_like(edges)
+    else:
+        last = torch.searchsorted(batch.token_count, edges.to(batch.token_count.dtype), right=True).sub_(1)
+        running = torch.cumsum(clipped, dim=-1)
+        below = torch.gather(running, 1, last.clamp(min=0)).mul_(last >= 0).to(torch.float64)  # [B, 11]
+    clipped_per_bin = (below[:, 1:] - below[:, :-1]).sum(dim=0)
+    tokens_per_bin = (edges[:, 1:] - edges[:, :-1]).sum(dim=0)
     bin_frac = _frac(clipped_per_bin, tokens_per_bin)
     out = {f"clipfrac_position_bin_{i}": f for i, f in enumerate(bin_frac.unbind())}
     occupied = (tokens_per_bin > 0).to(torch.float64)
@@ -198,7 +250,7 @@ def _all_present(bound: torch.Tensor, side: str) -> bool:
 
 
 def _bound_sums(batch: LossBatch, terms: TokenTerms, n: torch.Tensor) -> dict[str, tuple]:
-    """(numerator, denominator) of: the fraction of valid tokens with a finite lower / upper bound,
+    """``n``: the number of valid tokens as `_total` gives it. (numerator, denominator) of: the fraction of valid tokens with a finite lower / upper bound,
     and the mean of those bounds (log space, on the clipped quantity); a lower bound whose e^{lo}
     underflows float32 is absent."""
     m = batch.mask
@@ -207,9 +259,8 @@ def _bound_sums(batch: LossBatch, terms: TokenTerms, n: torch.Tensor) -> dict[st
         scalar = _broadcast_scalar(bound)
         if scalar is not None:  # a constant bound (the PPO family): no pass over the tokens
             has = (scalar > _LOG_TINY) if side == "lower" else torch.isfinite(scalar)
-            has = has.to(torch.float64)
             count = has * n
-            total = torch.where(has > 0, scalar.to(torch.float64), 0.0) * n
+            total = torch.where(has, scalar, 0.0) * n
         elif bounds.host_checks_are_free(bound) and _all_present(bound, side):
             count, total = n, _dot(bound, m)  # every valid token has the bound (the CPU may ask)
         else:
@@ -227,30 +278,25 @@ def _bound_sums(batch: LossBatch, terms: TokenTerms, n: torch.Tensor) -> dict[st
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """sum(a * b) as float64 without a [B, T] temporary (exact for 0/1 float32 below 2^24 terms)."""
+    """sum(a * b) without a [B, T] temporary, exact for 0/1 terms (as `_total`)."""
     if a.dtype == torch.float32 and a.numel() >= _EXACT_FLOAT32_COUNT:
         return torch.dot(a.reshape(-1).double(), b.reshape(-1).double())
-    return torch.dot(a.reshape(-1), b.reshape(-1)).to(torch.float64)
-
-
-def _count(flags: torch.Tensor) -> torch.Tensor:
-    """Number of True, float64 (count_nonzero reads the bools: no [B, T] float or int64 copy)."""
-    return torch.count_nonzero(flags).to(torch.float64)
+    return torch.dot(a.reshape(-1), b.reshape(-1))
 
 
 def policy_loss_metrics(batch: LossBatch, terms: TokenTerms, clipped: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """``clipped``: (clipped_upper | clipped_lower) & valid, when the caller has it already."""
     m = batch.mask
     stats = batch_statistics(batch)
-    n = stats["valid_tokens"]
+    n = stats["valid_tokens_sum"]
     if clipped is None:
         clipped = (terms.clipped_upper | terms.clipped_lower) & batch.valid
     clipped_f = as_float(clipped, m.dtype)
     buffer = _indicator(torch.gt, batch.advantages, 0.0, m)  # advantages are 0 on masked tokens
     fractions = {  # name: (numerator, denominator), divided at once below
         "clipfrac": (_total(clipped_f), n),
-        "clipfrac_upper": (_count(terms.clipped_upper & batch.valid), n),
-        "clipfrac_lower": (_count(terms.clipped_lower & batch.valid), n),
+        "clipfrac_upper": (_total(as_float(terms.clipped_upper & batch.valid, m.dtype)), n),
+        "clipfrac_lower": (_total(as_float(terms.clipped_lower & batch.valid, m.dtype)), n),
         "clipfrac_pos_adv": (_dot(clipped_f, buffer), _total(buffer)),
     }
     torch.lt(batch.advantages, 0.0, out=buffer)
@@ -261,13 +307,13 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms, clipped: torch.Tens
         capped = torch.gt(terms.log_value, max_exponent(terms.log_value.dtype), out=buffer)
         fractions["value_capped_frac"] = (_dot(capped, m) - _dot(capped, clipped_f), n)
     fractions.update(_bound_sums(batch, terms, n))
-    metrics = {"valid_tokens": n, "empty_responses": stats["empty_responses"]}
-    numerators, denominators = (torch.stack([f[i] for f in fractions.values()]) for i in (0, 1))
+    metrics = {"valid_tokens": stats["valid_tokens"], "empty_responses": stats["empty_responses"]}
+    numerators, denominators = (torch.stack([f[i] for f in fractions.values()]).to(torch.float64) for i in (0, 1))
     metrics.update(zip(fractions, _frac(numerators, denominators).unbind()))
     if terms.log_value is None:
         metrics["value_capped_frac"] = torch.zeros((), dtype=torch.float64, device=m.device)
 
-    metrics.update(_position_metrics(batch, clipped_f, stats, buffer))
+    metrics.update(_position_metrics(batch, clipped_f))
     for name in ("abs_L_mean", "abs_z_mean", "logprob_abs_diff", "ratio_mean", "ratio_max", "ratio_p95"):
         metrics[name] = stats[name]
     for key, value in terms.extra_metrics.items():

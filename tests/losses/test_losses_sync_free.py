@@ -108,6 +108,41 @@ def test_kth_smallest_is_exact(dtype, host, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kth_smallest_host_bracket_and_its_fallback(dtype, monkeypatch):
+    """The CPU select above 4096 elements: a bracket from a strided sample (the partitions it makes
+    are small), and a full partition when the sample misleads it (a spike on every 64th element,
+    exactly where the sample looks) or NaNs are present; exact against a sort either way (ties at 0
+    widen the bracket, as masked tokens do)."""
+    from epic_slime.losses import metrics
+
+    sizes = []
+    real_partition = np.partition
+    monkeypatch.setattr(np, "partition", lambda a, kth, **kw: (sizes.append(a.size), real_partition(a, kth, **kw))[1])
+    g = torch.Generator().manual_seed(11)
+    n = 40_000
+    ordinary = torch.cat([torch.zeros(n // 3, dtype=torch.float64),  # masked tokens: many ties at 0
+                          torch.exp(0.05 * torch.randn(n - n // 3, generator=g, dtype=torch.float64))])
+    ordinary = ordinary[torch.randperm(n, generator=g)]
+    spiky = torch.ones(n, dtype=torch.float64)
+    spiky[::64] = 1e6  # every sampled element is a spike, no other element is
+    ranks = (1, n // 2, int(0.97 * n), n - 5, n)
+    # spiky: the bracket holds the spikes only, so ranks below them need the fallback (the top two
+    # ranks, among the spikes, are found in the open-ended bracket)
+    for values, full_partition in ((ordinary, (False,) * 5), (spiky, (True, True, True, False, False))):
+        values = values.to(dtype)
+        ordered = torch.sort(values).values
+        for k, expect_full in zip(ranks, full_partition):
+            sizes.clear()
+            got = metrics._kth_smallest_host(values, k)
+            assert got.dtype == dtype and float(got) == float(ordered[k - 1]), k
+            assert (n in sizes) == expect_full, (k, sizes)
+    # NaN compares false in the bracket: the fallback's partition places it last, as a sort does
+    with_nan = ordinary.to(dtype).clone()
+    with_nan[7] = math.nan
+    assert float(metrics._kth_smallest_host(with_nan, n - 1)) == float(torch.sort(with_nan).values[n - 2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_ratio_p95_and_max_against_numpy(dtype):
     lp, blp, adv, mask = _inputs(B=4, T=301, seed=7, dtype=dtype)
     out = compute_policy_loss("epic", lp, blp, adv, mask)
