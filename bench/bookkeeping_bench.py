@@ -14,8 +14,10 @@ slime holds them): per rollout, the RolloutManager's work outside generation:
     ``annotate_group``), ``GroupLedger.deliver`` / ``close_rollout`` / ``check`` / ``metrics``,
     ``StalenessGate.metrics``, and the batch sort ``_group_sort_key``;
   - R3 (separately): ``compact_routing`` of each sample's int32 routing to uint8.
-The share is against a simulated rollout's wall time (bench/schedule_sim.py, paper preset, async K = 2),
-passed with --rollout-wall-s or computed here.
+The share is against a simulated rollout's wall time at the same batch size (bench/schedule_sim.py,
+paper preset, async K = 2), passed with --rollout-wall-s or computed here. The issue's size, 512
+prompts x 8, is ``--prompts 512`` (about 75 s and 5 GiB resident here); the default is Table 2's 64.
+Needs slime (the timed functions import it): SLIME_PATH on PYTHONPATH, as above.
 
 Memory: resident set growth while one rollout batch plus the held groups (oversampled leftovers:
 --async-groups-in-flight minus the batch) are alive, measured for the token / log-prob lists, and
@@ -174,14 +176,16 @@ def memory(args, Sample) -> dict:
     return out
 
 
-def simulated_rollout_wall_s() -> float:
+def simulated_rollout_wall_s(prompts: int, samples: int) -> float:
+    """The paper preset's async K = 2 rollout at the same batch size (a bigger batch takes longer to generate)."""
     sys.path.insert(0, str(ROOT / "bench"))
     import logging
 
     import schedule_sim
 
     logging.getLogger("epic_slime").setLevel(logging.WARNING)
-    return schedule_sim.simulate(schedule_sim.paper_preset(), "async K=2", 6)["s_per_rollout"]
+    preset = schedule_sim.paper_preset(rollout_batch_size=prompts, n_samples=samples)
+    return schedule_sim.simulate(preset, "async K=2", 6)["s_per_rollout"]
 
 
 def main(argv=None) -> int:
@@ -198,31 +202,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         from slime.utils.types import Sample
-        kind = "slime's Sample"
-    except ImportError:   # a stand-in with the fields the bookkeeping reads
-        from dataclasses import dataclass, field
-        from enum import Enum
-
-        kind = "a stand-in Sample (slime not importable)"
-
-        @dataclass
-        class Sample:  # noqa: D101
-            class Status(Enum):
-                PENDING = "pending"
-                COMPLETED = "completed"
-                TRUNCATED = "truncated"
-                ABORTED = "aborted"
-
-            group_index: int | None = None
-            index: int | None = None
-            tokens: list = field(default_factory=list)
-            response_length: int = 0
-            rollout_log_probs: list | None = None
-            loss_mask: list | None = None
-            weight_versions: list = field(default_factory=list)
-            rollout_routed_experts: object = None
-            status: object = None
-            metadata: dict = field(default_factory=dict)
+    except ImportError:  # the timed functions are slime's adapter's own: they import slime themselves
+        print("bookkeeping_bench times epic_slime/slime/rollout.py, which needs slime: put it on the path, e.g. "
+              "SLIME_PATH=../shared/vendor/slime-624b824a PYTHONPATH=.:$SLIME_PATH", file=sys.stderr)
+        return 2
+    kind = "slime's Sample"
 
     import torch
 
@@ -231,24 +215,25 @@ def main(argv=None) -> int:
           f"(lognormal around it) with per-token log-probs, K = 2, oversampling {a.oversample}; {kind}", flush=True)
     t = time_bookkeeping(a, Sample)
     r3 = time_r3(a, Sample)
-    wall = a.rollout_wall_s or simulated_rollout_wall_s()
+    wall = a.rollout_wall_s or simulated_rollout_wall_s(a.prompts, a.samples)
     samples_per_rollout = a.prompts * a.samples
     print(f"CPU s per rollout (process time, one thread): {t['mean_s']:.3f} s "
           f"(per rollout: {', '.join(f'{x:.3f}' for x in t['per_rollout_s'])}); parts: "
           + ", ".join(f"{k} {v:.3f}" for k, v in t["parts_s"].items()))
     r3_s = r3["per_sample_s"] * samples_per_rollout
     print(f"R3 compaction (int32 -> uint8, checked): {r3['per_sample_s'] * 1e3:.1f} ms per sample, {r3_s:.2f} s per rollout")
-    print(f"share of a simulated rollout ({wall:.0f} s, paper preset async K=2): {t['mean_s'] / wall:.3%} "
+    print(f"share of a simulated rollout ({wall:.0f} s, paper preset async K=2 at {a.prompts} x {a.samples}): {t['mean_s'] / wall:.3%} "
           f"without R3, {(t['mean_s'] + r3_s) / wall:.3%} with R3 (goal < 1%)")
     m = memory(a, Sample)
     print(f"RolloutManager memory for one batch + held groups ({m['groups_alive']} groups, {m['samples_alive']} samples): "
           f"token / log-prob lists {m['lists_mb']:.0f} MiB; R3 routing int32 {m['r3_int32_mb'] / 1024:.1f} GiB, "
           f"uint8 {m['r3_uint8_mb'] / 1024:.1f} GiB (measured on {m['r3_measured_samples']} samples, "
           f"{m['r3_int32_mb_per_sample']:.1f} / {m['r3_uint8_mb_per_sample']:.1f} MiB each, extrapolated linearly)")
-    scale = 512 / a.prompts
-    print(f"at 512 prompts x {a.samples} (the issue's wording, {scale:.0f}x the groups; linear extrapolation): "
-          f"{t['mean_s'] * scale:.2f} CPU s per rollout, lists {m['lists_mb'] * scale / 1024:.1f} GiB, R3 uint8 "
-          f"{m['r3_uint8_mb'] * scale / 1024:.1f} GiB, int32 {m['r3_int32_mb'] * scale / 1024:.1f} GiB")
+    if a.prompts != 512:
+        scale = 512 / a.prompts
+        print(f"at 512 prompts x {a.samples} ({scale:.0f}x the groups; linear extrapolation, measure with --prompts 512): "
+              f"{t['mean_s'] * scale:.2f} CPU s per rollout, lists {m['lists_mb'] * scale / 1024:.1f} GiB, R3 uint8 "
+              f"{m['r3_uint8_mb'] * scale / 1024:.1f} GiB, int32 {m['r3_int32_mb'] * scale / 1024:.1f} GiB")
     return 0
 
 

@@ -704,6 +704,15 @@ def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, p
     )
 
 
+def _split_heading(p: Preset) -> str:
+    """The split rows' GPUs; on a preset too small to split, the extra GPU they assume is said."""
+    rollout = p.total_gpus - p.train_gpus_split
+    if rollout >= p.gpus_per_engine:
+        return f"split {rollout} rollout : {p.train_gpus_split} train GPUs"
+    return (f"{p.total_gpus} GPU colocated; the split and async rows add {p.gpus_per_engine} rollout GPU "
+            f"({p.gpus_per_engine} rollout : {p.train_gpus_split} train, counted in their GPU-h)")
+
+
 def run_preset(p: Preset, rollouts: int, schedules=tuple(SCHEDULES)) -> list[dict]:
     return [simulate(p, s, rollouts) for s in schedules]
 
@@ -861,7 +870,7 @@ def main(argv=None) -> int:
         rows = run_preset(p, a.rollouts)
         print(f"== {p.name}: {p.rollout_batch_size} prompts x {p.n_samples}, D = {p.update_depth}, oversampling "
               f"{p.oversample_ratio}, mean response {rows[0]['mean_response']:.0f} tokens (cap {p.max_response_len}), "
-              f"split {p.total_gpus - p.train_gpus_split} rollout : {p.train_gpus_split} train GPUs ==")
+              f"{_split_heading(p)} ==")
         print(format_table(rows))
         report[name] = [{k: v for k, v in r.items() if k not in ("trace", "pushes", "trains", "batches", "per_rollout_hist")}
                         for r in rows]

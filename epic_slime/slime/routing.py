@@ -75,9 +75,11 @@ def compact_routing(args, routing, num_tokens: int) -> torch.Tensor:
     if tuple(tensor.shape) != expected:
         raise ValueError(f"Sample.rollout_routed_experts has shape {tuple(tensor.shape)}, expected {expected} "
                          f"(len(tokens) - 1, num_layers, moe_router_topk)")
-    if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= experts):
-        raise ValueError(f"Sample.rollout_routed_experts holds expert ids in [{int(tensor.min())}, {int(tensor.max())}], "
-                         f"outside [0, num_experts={experts})")
+    if tensor.numel():
+        low, high = (int(v) for v in torch.aminmax(tensor))  # one pass over the ~3.5M ids of a 9K-token sample
+        if low < 0 or high >= experts:
+            raise ValueError(f"Sample.rollout_routed_experts holds expert ids in [{low}, {high}], "
+                             f"outside [0, num_experts={experts})")
     return tensor.to(routing_dtype(experts)).contiguous()
 
 
