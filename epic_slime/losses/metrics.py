@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from . import bounds  # bounds.host_checks_are_free looked up per call: tests force the accelerator branches
-from .core import INT_DTYPE_OF, TokenTerms, as_float, max_exponent, select
+from .core import INT_DTYPE_OF, TokenTerms, as_float, max_exponent
 from .inputs import LossBatch
 
 POSITION_BINS = 10
@@ -250,9 +250,9 @@ def _all_present(bound: torch.Tensor, side: str) -> bool:
 
 
 def _bound_sums(batch: LossBatch, terms: TokenTerms, n: torch.Tensor) -> dict[str, tuple]:
-    """``n``: the number of valid tokens as `_total` gives it. (numerator, denominator) of: the fraction of valid tokens with a finite lower / upper bound,
+    """(numerator, denominator) of: the fraction of valid tokens with a finite lower / upper bound,
     and the mean of those bounds (log space, on the clipped quantity); a lower bound whose e^{lo}
-    underflows float32 is absent."""
+    underflows float32 is absent. ``n``: the number of valid tokens as `_total` gives it."""
     m = batch.mask
     out = {}
     for side, bound in (("lower", terms.log_lower), ("upper", terms.log_upper)):
