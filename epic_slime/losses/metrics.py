@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from . import bounds  # bounds.host_checks_are_free looked up per call: tests force the accelerator branches
-from .core import INT_DTYPE_OF, TokenTerms, as_float, max_exponent
+from .core import INT_DTYPE_OF, TokenTerms, as_float, exp_by_exp2, max_exponent
 from .inputs import LossBatch
 
 POSITION_BINS = 10
@@ -32,7 +32,6 @@ POSITION_BINS = 10
 _LOG_TINY = math.log(torch.finfo(torch.float32).tiny)
 # float32 sums of 0/1 are exact while every partial sum stays below 2^24.
 _EXACT_FLOAT32_COUNT = 1 << 24
-_LOG2_E = 1.0 / math.log(2.0)
 
 
 def _frac(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
@@ -181,13 +180,11 @@ def _batch_statistics(batch: LossBatch) -> dict[str, torch.Tensor]:
     sums = [_dot(buffer, m), _dot(buffer.div_(batch.token_count), m),
             _total(torch.abs(batch.log_ratio, out=buffer))]  # log_ratio is 0 off the mask
     # r_t m_t: the importance ratio on valid tokens, 0 elsewhere (below every valid ratio or tied
-    # with an underflowed one, so order statistics over it count masked tokens first). As
-    # 2^(lam log2 e): exp2 is vectorised on the CPU and exp is not (4x); the extra rounding of
-    # the product is 2^-24 |lam| relative, far below what a diagnostic resolves.
-    ratio = torch.mul(batch.log_ratio, _LOG2_E).exp2_().mul_(m)
+    # with an underflowed one, so order statistics over it count masked tokens first).
+    ratio = exp_by_exp2(batch.log_ratio).mul_(m)
     sums += [_total(ratio), n_sum, (rows == 0).sum()]
     *sums, n, empty = torch.stack(sums).to(torch.float64).unbind()  # one conversion for all of them
-    out = {"valid_tokens": n, "empty_responses": empty, "valid_tokens_sum": n_sum}  # the last: not a metric
+    out = {"valid_tokens": n, "empty_responses": empty}
     out.update(zip(("abs_L_mean", "abs_z_mean", "logprob_abs_diff", "ratio_mean"), _frac(torch.stack(sums), n).unbind()))
     numel = ratio.numel()
     if numel == 0:
@@ -203,9 +200,6 @@ def _batch_statistics(batch: LossBatch) -> dict[str, torch.Tensor]:
 def _p95_rank(n: torch.Tensor, numel: int) -> torch.Tensor:
     """1-based rank of the nearest-rank 95th percentile of n valid values among numel, the
     numel - n masked ones first: numel - n + max(ceil(0.95 n), 1), at most numel."""
-    if bounds.host_checks_are_free(n):
-        valid = int(n)
-        return torch.tensor(min(numel - valid + max(math.ceil(0.95 * valid), 1), numel))
     rank = (numel - n.to(torch.int64)) + torch.ceil(0.95 * n).to(torch.int64).clamp_(min=1)
     return rank.clamp_(max=numel)
 
@@ -221,14 +215,16 @@ def _position_metrics(batch: LossBatch, clipped: torch.Tensor) -> dict[str, torc
     per-token bin and no histogram: fixed shapes, the same code on every device."""
     j = torch.arange(POSITION_BINS + 1, dtype=torch.float64, device=clipped.device)
     edges = torch.ceil(torch.outer(batch.response_length, j).div_(POSITION_BINS))  # [B, 11]
-    # token_count is clamped to >= 1: before a row's first valid token it reads 1, and the running
-    # clip count there is 0, so edge 1 still lands on the first valid token; edge 0 gives index -1.
-    if clipped.shape[-1] == 0:  # no positions (a static shape: no sync)
-        below = torch.zeros_like(edges)
-    else:
-        last = torch.searchsorted(batch.token_count, edges.to(batch.token_count.dtype), right=True).sub_(1)
-        running = torch.cumsum(clipped, dim=-1)
-        below = torch.gather(running, 1, last.clamp(min=0)).mul_(last >= 0).to(torch.float64)  # [B, 11]
+    # running[:, p] = clipped tokens before position p (running[:, 0] = 0). The positions whose
+    # valid-token count is <= e number searchsorted(right) of them, so running at that index is the
+    # clip count below the edge; edge 0 reads the leading 0. token_count is clamped to >= 1, but
+    # the clip count before a row's first valid token is 0 anyway, so edge 1 still lands right.
+    rows, positions = clipped.shape
+    running = torch.empty(rows, positions + 1, dtype=clipped.dtype, device=clipped.device)
+    running[:, 0] = 0.0
+    torch.cumsum(clipped, dim=-1, out=running[:, 1:])
+    at = torch.searchsorted(batch.token_count, edges.to(batch.token_count.dtype), right=True)
+    below = torch.gather(running, 1, at).to(torch.float64)  # [B, 11]
     clipped_per_bin = (below[:, 1:] - below[:, :-1]).sum(dim=0)
     tokens_per_bin = (edges[:, 1:] - edges[:, :-1]).sum(dim=0)
     bin_frac = _frac(clipped_per_bin, tokens_per_bin)
@@ -252,7 +248,7 @@ def _all_present(bound: torch.Tensor, side: str) -> bool:
 def _bound_sums(batch: LossBatch, terms: TokenTerms, n: torch.Tensor) -> dict[str, tuple]:
     """(numerator, denominator) of: the fraction of valid tokens with a finite lower / upper bound,
     and the mean of those bounds (log space, on the clipped quantity); a lower bound whose e^{lo}
-    underflows float32 is absent. ``n``: the number of valid tokens as `_total` gives it."""
+    underflows float32 is absent."""
     m = batch.mask
     out = {}
     for side, bound in (("lower", terms.log_lower), ("upper", terms.log_upper)):
@@ -288,7 +284,7 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms, clipped: torch.Tens
     """``clipped``: (clipped_upper | clipped_lower) & valid, when the caller has it already."""
     m = batch.mask
     stats = batch_statistics(batch)
-    n = stats["valid_tokens_sum"]
+    n = stats["valid_tokens"]
     if clipped is None:
         clipped = (terms.clipped_upper | terms.clipped_lower) & batch.valid
     clipped_f = as_float(clipped, m.dtype)
@@ -307,8 +303,9 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms, clipped: torch.Tens
         capped = torch.gt(terms.log_value, max_exponent(terms.log_value.dtype), out=buffer)
         fractions["value_capped_frac"] = (_dot(capped, m) - _dot(capped, clipped_f), n)
     fractions.update(_bound_sums(batch, terms, n))
-    metrics = {"valid_tokens": stats["valid_tokens"], "empty_responses": stats["empty_responses"]}
-    numerators, denominators = (torch.stack([f[i] for f in fractions.values()]).to(torch.float64) for i in (0, 1))
+    metrics = {"valid_tokens": n, "empty_responses": stats["empty_responses"]}
+    # the sums are in the compute dtype, n in float64: stack widens them all to float64 at once
+    numerators, denominators = (torch.stack([f[i] for f in fractions.values()]) for i in (0, 1))
     metrics.update(zip(fractions, _frac(numerators, denominators).unbind()))
     if terms.log_value is None:
         metrics["value_capped_frac"] = torch.zeros((), dtype=torch.float64, device=m.device)
