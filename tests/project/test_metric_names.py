@@ -14,7 +14,7 @@ from support.runtime_helpers import tiny_trainer
 from epic_slime import metric_names as names
 from epic_slime.slime.adapter import slime_policy_loss_from_log_probs
 from epic_slime.slime.staleness import StalenessGate
-from slime_adapter.test_slime_adapter import _args, _full_data, _slime_inputs
+from support.slime_loss import full_data, loss_args, slime_inputs
 
 # present on one path only, by design: slime drops counts (it logs the empty-response and bad-token
 # fractions, which the runtime logs too) and Megatron counts its own skipped iterations
@@ -28,8 +28,8 @@ def _runtime_line():
 
 
 def _slime_logged_names():
-    args = _args("epic", use_kl_loss=True, kl_loss_coef=1e-3)
-    _, log_probs, batch, reducer = _slime_inputs(_full_data(), 0, 1, args)
+    args = loss_args("epic", use_kl_loss=True, kl_loss_coef=1e-3)
+    _, log_probs, batch, reducer = slime_inputs(full_data(), 0, 1, args)
     _, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
     return {names.SLIME_LOG_PREFIX + key for key in metrics}  # slime's own prefix for loss-function metrics
 

@@ -1,7 +1,7 @@
 """The slime loss adapter against the core, on slime-shaped inputs (no slime needed).
 
 slime hands a custom loss per-sample 1-D tensors of the rank's local response tokens, full-length
-loss masks and a reducer. The reducers below are written from slime's documented contract
+loss masks and a reducer. The reducers (tests/support/slime_loss.py) are written from slime's documented contract
 (``sum_of_sample_mean``: per sample, sum of x * mask over local tokens divided by the sample's
 full-response denominator, summed over samples; per-token mode: plain masked token sum).
 CP = 2 runs in two gloo processes and must reproduce CP = 1's loss and gradients.
@@ -20,89 +20,11 @@ import torch.multiprocessing as mp
 from torch.nn.utils.rnn import pad_sequence
 
 from epic_slime.slime.adapter import approx_kl, slime_policy_loss_from_log_probs
-from epic_slime.slime.cp import make_all_reduce_gather, zigzag_response_positions
+from epic_slime.slime.cp import make_all_reduce_gather
 from epic_slime.losses import LOSS_MODES
+from support.slime_loss import full_data, loss_args, sample_mean_reducer, slime_inputs
 
-# (total_length, response_length): odd sizes, a one-token response, responses that start in
-# the second zigzag chunk and ones that end in the padding.
-SHAPES = [(9, 5), (20, 17), (7, 1), (33, 30), (12, 3)]
 MODES = ["epic", "grpo", "dapo", "gspo", "ctpo", "ripo", "cppo", "bandpo", "acpo"]
-
-
-def _args(mode: str, *extra: str, **attrs) -> argparse.Namespace:
-    from epic_slime.losses.flags import add_policy_loss_arguments
-
-    parser = argparse.ArgumentParser()
-    add_policy_loss_arguments(parser)
-    args = parser.parse_args(["--policy-loss", mode, *extra])
-    aggregation = args.policy_loss_aggregation or LOSS_MODES[mode].aggregation
-    defaults = dict(
-        behavior_logprobs="rollout",
-        calculate_per_token_loss=aggregation == "token-mean",
-        entropy_coef=0.0,
-        use_kl_loss=False,
-        kl_loss_coef=0.0,
-        kl_loss_type="low_var_kl",
-        use_unbiased_kl=False,
-        use_rollout_logprobs=False,
-    )
-    defaults.update(attrs)
-    for key, value in defaults.items():
-        setattr(args, key, value)
-    return args
-
-
-def _full_data(seed: int = 0):
-    """Full-response tensors per sample (float64): log pi, log mu, advantages, mask, ref log-probs."""
-    g = torch.Generator().manual_seed(seed)
-    data = []
-    for k, (total, resp) in enumerate(SHAPES):
-        log_mu = -torch.rand(resp, generator=g, dtype=torch.float64) * 3 - 0.01
-        # current policy: samples 0 and 2 almost on-policy (inside even GSPO's 3e-4 band), the
-        # others drift, with a few large moves so that every mode clips somewhere
-        drift = torch.randn(resp, generator=g, dtype=torch.float64) * (1e-5 if k in (0, 2) else 0.05)
-        if k not in (0, 2):
-            drift[::4] += torch.randn(len(drift[::4]), generator=g, dtype=torch.float64) * 0.6
-            drift += 0.05 * (1 if k % 2 == 0 else -1)  # pushes the ratio in its advantage's direction
-        log_pi = torch.clamp(log_mu + drift, max=-1e-4)
-        mask = torch.ones(resp, dtype=torch.int32)
-        if resp > 3:
-            mask[resp // 2] = 0  # e.g. a tool-output token inside the response
-        adv = torch.full((resp,), [1.0, -0.7, 0.4, -1.3, 0.9][k], dtype=torch.float64)
-        ref = log_mu + torch.randn(resp, generator=g, dtype=torch.float64) * 0.1
-        data.append(dict(total=total, resp=resp, log_pi=log_pi, log_mu=log_mu, mask=mask, adv=adv, ref=ref))
-    return data
-
-
-def _reducer(positions, masks, denoms, per_token: bool):
-    def reduce(x: torch.Tensor) -> torch.Tensor:
-        out = x.new_zeros(())
-        for x_i, pos, m, d in zip(x.split([len(p) for p in positions]), positions, masks, denoms):
-            term = (x_i * m[pos].to(x.dtype)).sum()
-            out = out + (term if per_token else term / max(float(d), 1.0))
-        return out
-
-    return reduce
-
-
-def _slime_inputs(data, rank: int, cp: int, args):
-    """Leaves (full log pi per sample) and the batch / reducer a CP rank would see."""
-    leaves = [d["log_pi"].clone().requires_grad_(True) for d in data]
-    positions = [zigzag_response_positions(d["total"], d["resp"], rank, cp) for d in data]
-    masks = [d["mask"] for d in data]
-    batch = {
-        "total_lengths": [d["total"] for d in data],
-        "response_lengths": [d["resp"] for d in data],
-        "loss_masks": masks,
-        "advantages": [d["adv"][p] for d, p in zip(data, positions)],
-        "rollout_log_probs": [d["log_mu"][p] for d, p in zip(data, positions)],
-        "ref_log_probs": [d["ref"][p] for d, p in zip(data, positions)],
-        "log_probs": None,
-        "rollout_mask_sums": None,
-    }
-    log_probs = [leaf[p] for leaf, p in zip(leaves, positions)]
-    reducer = _reducer(positions, masks, [m.sum() for m in masks], args.calculate_per_token_loss)
-    return leaves, log_probs, batch, reducer
 
 
 def _core_reference(mode, args, data, aggregation):
@@ -131,10 +53,10 @@ def _core_reference(mode, args, data, aggregation):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_cp1_adapter_equals_core(mode):
-    data = _full_data()
-    args = _args(mode)
+    data = full_data()
+    args = loss_args(mode)
     aggregation = args.policy_loss_aggregation or LOSS_MODES[mode].aggregation
-    leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+    leaves, log_probs, batch, reducer = slime_inputs(data, 0, 1, args)
     loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
     loss.backward()
     ref_loss, ref_grads, ref_out = _core_reference(mode, args, data, aggregation)
@@ -160,10 +82,10 @@ def test_cp1_adapter_equals_core(mode):
 
 
 def test_seq_mean_token_sum_and_kl_entropy_terms():
-    data = _full_data(1)
-    args = _args("epic", "--policy-loss-aggregation", "seq-mean-token-sum",
+    data = full_data(1)
+    args = loss_args("epic", "--policy-loss-aggregation", "seq-mean-token-sum",
                  use_kl_loss=True, kl_loss_coef=1e-3, entropy_coef=0.01)
-    leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+    leaves, log_probs, batch, reducer = slime_inputs(data, 0, 1, args)
     entropy = [torch.rand(len(lp), dtype=torch.float64) for lp in log_probs]
     loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, entropy, reducer)
     ref_loss, _, _ = _core_reference("epic", args, data, "seq-mean-token-sum")
@@ -189,25 +111,25 @@ def test_kl_estimators_follow_their_definitions():
 
 
 def test_missing_or_bad_inputs_are_named():
-    data = _full_data()
-    args = _args("epic")
-    _, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+    data = full_data()
+    args = loss_args("epic")
+    _, log_probs, batch, reducer = slime_inputs(data, 0, 1, args)
     with pytest.raises(ValueError, match="--behavior-logprobs recompute"):
         slime_policy_loss_from_log_probs(args, {**batch, "rollout_log_probs": None}, log_probs, None, reducer)
-    args_re = _args("epic", behavior_logprobs="recompute")
+    args_re = loss_args("epic", behavior_logprobs="recompute")
     with pytest.raises(ValueError, match="use-rollout-logprobs"):
         slime_policy_loss_from_log_probs(args_re, batch, log_probs, None, reducer)
     bad = {**batch, "advantages": [a[:-1] for a in batch["advantages"]]}
     with pytest.raises(ValueError, match=r"batch\['advantages'\]\[0\]"):
         slime_policy_loss_from_log_probs(args, bad, log_probs, None, reducer)
     with pytest.raises(ValueError, match="calculate_per_token_loss"):
-        slime_policy_loss_from_log_probs(_args("dapo", calculate_per_token_loss=False), batch, log_probs, None, reducer)
+        slime_policy_loss_from_log_probs(loss_args("dapo", calculate_per_token_loss=False), batch, log_probs, None, reducer)
 
 
 def test_recompute_behaviour_uses_slime_log_probs():
-    data = _full_data(2)
-    args = _args("grpo", behavior_logprobs="recompute")
-    leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+    data = full_data(2)
+    args = loss_args("grpo", behavior_logprobs="recompute")
+    leaves, log_probs, batch, reducer = slime_inputs(data, 0, 1, args)
     # the recompute becomes mu; the rollout log-probs are then only a diagnostic
     batch = {**batch, "log_probs": batch["rollout_log_probs"], "rollout_log_probs": [x - 5 for x in batch["rollout_log_probs"]]}
     loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
@@ -227,9 +149,9 @@ def _cp_worker(rank, world, init_file, result_file):
         results = {}
         gather = make_all_reduce_gather()
         for mode, kl in CP_CASES:
-            data = _full_data()
-            args = _args(mode, use_kl_loss=kl, kl_loss_coef=1e-3)
-            leaves, log_probs, batch, reducer = _slime_inputs(data, rank, world, args)
+            data = full_data()
+            args = loss_args(mode, use_kl_loss=kl, kl_loss_coef=1e-3)
+            leaves, log_probs, batch, reducer = slime_inputs(data, rank, world, args)
             loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer, rank, world, gather)
             loss.backward()
             results[mode, kl] = (loss.detach(), [leaf.grad.clone() for leaf in leaves], {k: v for k, v in metrics.items()})
@@ -243,9 +165,9 @@ def test_cp2_over_gloo_equals_cp1_for_every_mode():
         mp.spawn(_cp_worker, args=(2, os.path.join(tmp, "init"), os.path.join(tmp, "out")), nprocs=2, join=True)
         ranks = [torch.load(os.path.join(tmp, f"out.{r}")) for r in range(2)]
     for mode, kl in CP_CASES:
-        data = _full_data()
-        args = _args(mode, use_kl_loss=kl, kl_loss_coef=1e-3)
-        leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+        data = full_data()
+        args = loss_args(mode, use_kl_loss=kl, kl_loss_coef=1e-3)
+        leaves, log_probs, batch, reducer = slime_inputs(data, 0, 1, args)
         loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
         loss.backward()
         tol = dict(rtol=1e-6, atol=1e-9) if kl else dict(rtol=1e-12, atol=1e-14)
@@ -264,9 +186,9 @@ def test_cp2_over_gloo_equals_cp1_for_every_mode():
 
 
 def test_unbiased_kl_weights_k3_by_the_ratio_to_the_recomputed_log_probs():
-    data = _full_data(3)
-    args = _args("epic", use_kl_loss=True, kl_loss_coef=1e-3, kl_loss_type="k3", use_unbiased_kl=True)
-    leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+    data = full_data(3)
+    args = loss_args("epic", use_kl_loss=True, kl_loss_coef=1e-3, kl_loss_type="k3", use_unbiased_kl=True)
+    leaves, log_probs, batch, reducer = slime_inputs(data, 0, 1, args)
     old = [d["log_pi"] - 0.3 * (i + 1) for i, d in enumerate(data)]     # recomputed log-probs that differ
     batch = {**batch, "log_probs": old}
     _, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
@@ -277,7 +199,7 @@ def test_unbiased_kl_weights_k3_by_the_ratio_to_the_recomputed_log_probs():
     assert abs(float(expected) - float(plain)) > 1e-3          # the weighting matters in this fixture
     torch.testing.assert_close(metrics["kl_loss"].double(), expected, rtol=1e-6, atol=1e-9)
     # with --use-rollout-logprobs the weight is against the rollout log-probs instead
-    args_r = _args("epic", use_kl_loss=True, kl_loss_coef=1e-3, kl_loss_type="k3", use_unbiased_kl=True,
+    args_r = loss_args("epic", use_kl_loss=True, kl_loss_coef=1e-3, kl_loss_type="k3", use_unbiased_kl=True,
                    use_rollout_logprobs=True)
     _, metrics_r = slime_policy_loss_from_log_probs(args_r, batch, log_probs, None, reducer)
     weighted_r = [torch.exp(d["log_pi"] - d["log_mu"]) * k for d, k in zip(data, k3)]
@@ -290,9 +212,9 @@ def test_bad_tokens_are_skipped_on_the_cluster_path():
 
     registered = add_project_arguments(argparse.ArgumentParser()).parse_args([])
     assert (registered.on_bad_tokens, registered.max_bad_token_frac) == ("skip", 0.01)   # the cluster default
-    data = _full_data(4)
-    args = _args("epic", use_kl_loss=True, kl_loss_coef=1e-3, on_bad_tokens="skip", max_bad_token_frac=0.05)
-    leaves, log_probs, batch, reducer = _slime_inputs(data, 0, 1, args)
+    data = full_data(4)
+    args = loss_args("epic", use_kl_loss=True, kl_loss_coef=1e-3, on_bad_tokens="skip", max_bad_token_frac=0.05)
+    leaves, log_probs, batch, reducer = slime_inputs(data, 0, 1, args)
     bad_sample, bad_pos = 3, 4
     log_probs[bad_sample] = torch.where(torch.arange(len(log_probs[bad_sample])) == bad_pos,
                                         torch.tensor(float("nan"), dtype=torch.float64), log_probs[bad_sample])
@@ -303,10 +225,10 @@ def test_bad_tokens_are_skipped_on_the_cluster_path():
     # reference: the token simply not on the loss mask (its denominator shrinks with it)
     masks = [d["mask"].clone() for d in data]
     masks[bad_sample][bad_pos] = 0
-    ref_leaves, ref_lp, ref_batch, _ = _slime_inputs(data, 0, 1, args)
+    ref_leaves, ref_lp, ref_batch, _ = slime_inputs(data, 0, 1, args)
     ref_batch = {**ref_batch, "loss_masks": masks}
     # the bad token drops out of the core's mask; slime's reducer keeps the batch's denominators
-    ref_reducer = _reducer([torch.arange(d["resp"]) for d in data], masks, [d["mask"].sum() for d in data], False)
+    ref_reducer = sample_mean_reducer([torch.arange(d["resp"]) for d in data], masks, [d["mask"].sum() for d in data], False)
     ref_loss, ref_metrics = slime_policy_loss_from_log_probs(args, ref_batch, ref_lp, None, ref_reducer)
     torch.testing.assert_close(loss.detach(), ref_loss.detach(), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(metrics["kl_loss"], ref_metrics["kl_loss"], rtol=1e-6, atol=1e-9)
@@ -315,7 +237,7 @@ def test_bad_tokens_are_skipped_on_the_cluster_path():
     assert float(ref_metrics["policy/bad_token_frac"]) == 0
     # raise (no flag on the args) names the field
     with pytest.raises(ValueError, match="log_probs has a non-finite value"):
-        slime_policy_loss_from_log_probs(_args("epic"), batch, log_probs, None, reducer)
+        slime_policy_loss_from_log_probs(loss_args("epic"), batch, log_probs, None, reducer)
 
 
 def test_loss_flags_are_resolved_once_per_run_not_per_micro_batch(monkeypatch):
@@ -329,17 +251,17 @@ def test_loss_flags_are_resolved_once_per_run_not_per_micro_batch(monkeypatch):
         return resolve(args)
 
     monkeypatch.setattr(loss_flags, "policy_loss_config_from_args", counting)
-    args = _args("epic", "--epic-delta-high", "0.004")
+    args = loss_args("epic", "--epic-delta-high", "0.004")
     losses = []
     for seed in range(4):  # four micro-batches of one step, the same args object as slime passes
-        _, log_probs, batch, reducer = _slime_inputs(_full_data(seed), 0, 1, args)
+        _, log_probs, batch, reducer = slime_inputs(full_data(seed), 0, 1, args)
         losses.append(float(slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)[0].detach()))
     assert len(resolutions) == 1
     assert len(set(losses)) == 4
     # another run's args (a test, a new process) is resolved afresh, with its own mode
-    other = _args("grpo")
-    _, log_probs, batch, reducer = _slime_inputs(_full_data(0), 0, 1, other)
-    ref_loss, _, _ = _core_reference("grpo", other, _full_data(0), "seq-mean-token-mean")
+    other = loss_args("grpo")
+    _, log_probs, batch, reducer = slime_inputs(full_data(0), 0, 1, other)
+    ref_loss, _, _ = _core_reference("grpo", other, full_data(0), "seq-mean-token-mean")
     torch.testing.assert_close(slime_policy_loss_from_log_probs(other, batch, log_probs, None, reducer)[0].detach(),
                                ref_loss, rtol=1e-12, atol=1e-12)
     assert [a is other for a in resolutions].count(True) == 2  # the reference resolves it too

@@ -40,6 +40,7 @@ from torch.nn.utils.rnn import pad_sequence  # noqa: E402
 from epic_slime.slime.adapter import approx_kl  # noqa: E402
 from epic_slime.slime.cp import zigzag_response_ranges  # noqa: E402
 from epic_slime.losses import LOSS_MODES  # noqa: E402
+from support.slime_loss import loss_args  # noqa: E402
 
 SHAPES = [(9, 5), (20, 17), (7, 1), (33, 30)]
 VOCAB = 11
@@ -50,31 +51,10 @@ TOPK = 3
 
 
 def _args(mode: str, kl: bool) -> argparse.Namespace:
-    from epic_slime.losses.flags import add_policy_loss_arguments
-
-    parser = argparse.ArgumentParser()
-    add_policy_loss_arguments(parser)
-    args = parser.parse_args(["--policy-loss", mode])
-    aggregation = args.policy_loss_aggregation or LOSS_MODES[mode].aggregation
-    for key, value in dict(
-        loss_type="custom_loss",
-        custom_loss_function_path="epic_slime.slime.loss.policy_loss",
-        calculate_per_token_loss=aggregation == "token-mean",
-        recompute_loss_function=False,
-        allgather_cp=False,
-        rollout_temperature=TEMPERATURE,
-        rollout_top_p=1.0,
-        log_probs_chunk_size=-1,
-        entropy_coef=0.0,
-        use_kl_loss=kl,
-        kl_loss_coef=1e-3,
-        kl_loss_type="low_var_kl",
-        use_unbiased_kl=False,
-        use_rollout_logprobs=False,
-        behavior_logprobs="rollout",
-    ).items():
-        setattr(args, key, value)
-    return args
+    """The adapter tests' loss args plus what slime's own loss_function reads."""
+    return loss_args(mode, loss_type="custom_loss", custom_loss_function_path="epic_slime.slime.loss.policy_loss",
+                     recompute_loss_function=False, allgather_cp=False, rollout_temperature=TEMPERATURE,
+                     rollout_top_p=1.0, log_probs_chunk_size=-1, use_kl_loss=kl, kl_loss_coef=1e-3)
 
 
 def _data(seed: int = 0):

@@ -29,10 +29,9 @@ from epic_slime.slime.cp import make_all_reduce_gather, zigzag_response_position
 from epic_slime.slime.dry_run import check_argv
 from epic_slime.slime.flags import GENERATE_FUNCTION_PATH, ProjectFlagError
 from epic_slime.slime.topk import topk_token_sets, vocab_parallel_log_probs_at
-from test_slime_adapter import _args, _reducer
+from support.slime_loss import SHAPES, loss_args, sample_mean_reducer
 
 TOPK_MODES = ["dppo_topk_tv", "dppo_topk_kl"]
-SHAPES = [(9, 5), (20, 17), (7, 1), (33, 30), (12, 3)]
 VOCAB, K = 13, 4
 
 
@@ -94,7 +93,7 @@ def _slime_topk_inputs(data, rank, cp, args, gather_current=None):
     local_logits = [d["current_logits"][p] for d, p in zip(data, positions)]
     current = (gather_current or vocab_parallel_log_probs_at)(local_logits, local_ids, 0)
     log_probs = [leaf[p] for leaf, p in zip(leaves, positions)]
-    reducer = _reducer(positions, masks, [m.sum() for m in masks], False)
+    reducer = sample_mean_reducer(positions, masks, [m.sum() for m in masks], False)
     return leaves, log_probs, batch, reducer, current, (set_ids, set_masks)
 
 
@@ -116,7 +115,7 @@ def _core_topk_reference(mode, data):
 @pytest.mark.parametrize("mode", TOPK_MODES)
 def test_cp1_adapter_equals_core(mode):
     data = _topk_data()
-    args = _args(mode)
+    args = loss_args(mode)
     leaves, log_probs, batch, reducer, current, sets = _slime_topk_inputs(data, 0, 1, args)
     loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer,
                                                      current_topk_log_probs=current, topk_sets=sets)
@@ -140,7 +139,7 @@ def test_cp1_adapter_equals_core(mode):
 
 def test_missing_topk_inputs_are_named():
     data = _topk_data()
-    args = _args("dppo_topk_tv")
+    args = loss_args("dppo_topk_tv")
     _, log_probs, batch, reducer, current, _ = _slime_topk_inputs(data, 0, 1, args)
     with pytest.raises(PolicyLossInputError, match=r"\['rollout_topk_ids', 'rollout_topk_log_probs'\]"):
         slime_policy_loss_from_log_probs(args, {**batch, "rollout_topk_ids": None, "rollout_topk_log_probs": None},
@@ -200,7 +199,7 @@ def _worker(rank, world, init_file, result_file):
         gather = make_all_reduce_gather()
         for mode in TOPK_MODES:
             data = _topk_data()
-            args = _args(mode)
+            args = loss_args(mode)
             leaves, log_probs, batch, reducer, current, sets = _slime_topk_inputs(data, rank, world, args)
             loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer, rank, world, gather,
                                                              current_topk_log_probs=current, topk_sets=sets)
@@ -229,7 +228,7 @@ def test_tp_sharded_gather_equals_unsharded_log_softmax(two_ranks):
 @pytest.mark.parametrize("mode", TOPK_MODES)
 def test_cp2_over_gloo_equals_cp1(two_ranks, mode):
     data = _topk_data()
-    args = _args(mode)
+    args = loss_args(mode)
     leaves, log_probs, batch, reducer, current, sets = _slime_topk_inputs(data, 0, 1, args)
     loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer,
                                                      current_topk_log_probs=current, topk_sets=sets)
