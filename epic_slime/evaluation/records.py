@@ -15,7 +15,8 @@ Resume (``replace_run_records``, what the slime eval hook writes with): every wr
 evaluation at step s replaces R's records at steps >= s and adds the new ones, so a resumed run
 supersedes its own records from the first step it evaluates again (the crashed process's evals
 past the last save), and a run restarted from scratch (its first write is step -1) supersedes
-all of its earlier attempt. Records of other runs are kept line for line. The file is rewritten
+all of its earlier attempt. An eval-only run (``to_step = from_step``: the hook's re-scoring of one
+checkpoint) replaces that one step and keeps the rest of R. Records of other runs are kept line for line. The file is rewritten
 whole into a temporary file in the same folder (``.<name>.<random>.tmp``, never read as records),
 fsynced and renamed over the old one (``os.replace``): a crash at any moment leaves either the
 old file or the new one, never a mix, so the records before the resume step, and each step's
@@ -143,11 +144,13 @@ def _writer_lock(path: str):
             fcntl.lockf(handle, fcntl.LOCK_UN)
 
 
-def replace_run_records(path: str, records: Iterable[EvalRecord], *, run: str, from_step: int) -> int:
-    """Atomically replace run ``run``'s records at steps >= ``from_step`` by ``records`` (see the
-    module docstring for the rule and the crash guarantees); other runs' lines stay as they are.
+def replace_run_records(path: str, records: Iterable[EvalRecord], *, run: str, from_step: int,
+                        to_step: int | None = None) -> int:
+    """Atomically replace run ``run``'s records at steps ``from_step`` .. ``to_step`` (None: no upper
+    end) by ``records`` (see the module docstring for the rule and the crash guarantees); other
+    runs' lines, and this run's outside the range, stay as they are.
 
-    Every new record must belong to ``run`` at a step >= ``from_step``. A run keeps one method and
+    Every new record must belong to ``run`` at a step in the range. A run keeps one method and
     one seed: new records that disagree with the file's records of ``run`` are refused (reusing a
     run name for another method or seed would otherwise delete that run's records).
     Returns the count written.
@@ -158,8 +161,9 @@ def replace_run_records(path: str, records: Iterable[EvalRecord], *, run: str, f
             raise TypeError(f"replace_run_records takes EvalRecord objects, got {type(record).__name__}")
         if record.run != run:
             raise ValueError(f"replace_run_records: a record of run {record.run!r} among run {run!r}'s")
-        if record.step < from_step:
-            raise ValueError(f"replace_run_records: record at step {record.step} < from_step {from_step}")
+        if record.step < from_step or (to_step is not None and record.step > to_step):
+            raise ValueError(f"replace_run_records: record at step {record.step} outside "
+                             f"[{from_step}, {'end' if to_step is None else to_step}]")
     identities = {(r.method, r.seed) for r in new}
     if len(identities) > 1:
         raise RecordError(f"run {run!r}: new records disagree on method/seed: {sorted(identities)}")
@@ -180,7 +184,7 @@ def replace_run_records(path: str, records: Iterable[EvalRecord], *, run: str, f
                                 f"{path}:{number}: run {run!r} has field '{name}' {getattr(record, name)!r} there, "
                                 f"the new records {getattr(new[0], name)!r}: one run name per method and seed "
                                 f"(set another epic_run_name)")
-                        if record.step >= from_step:
+                        if record.step >= from_step and (to_step is None or record.step <= to_step):
                             continue   # superseded
                     kept.append(line if line.endswith("\n") else line + "\n")
         mode = _file_mode(path)

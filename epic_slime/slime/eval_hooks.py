@@ -21,10 +21,12 @@ with another rollout function, as this process's first eval when it is at rollou
 train_async.py, which has no pre-training eval, that first one would be mislabelled -1).
 A sample is correct when its reward is > 0.5 (1/0 rewards, and DAPO's +1/-1 scores).
 
-Resume: each eval replaces the run's records from its step on (``replace_run_records``, atomic),
-so a run resumed from a checkpoint supersedes the evals its crashed process wrote after that
-checkpoint, and a run restarted from scratch supersedes its earlier attempt; other runs' records
-in the same file are untouched. Within one process the steps must increase: a repeat means two
+Resume: each eval of a training run replaces the run's records from its step on
+(``replace_run_records``, atomic), so a run resumed from a checkpoint supersedes the evals its
+crashed process wrote after that checkpoint, and a run restarted from scratch supersedes its
+earlier attempt; other runs' records in the same file are untouched. An eval-only run
+(``--num-rollout`` <= ``start_rollout_id``: it trains nothing and re-scores one checkpoint, e.g.
+step -1 for the initial weights) replaces exactly its own step and keeps every other one. Within one process the steps must increase: a repeat means two
 evals were keyed alike, and is refused rather than let one silently replace the other.
 """
 
@@ -101,6 +103,12 @@ def eval_step(rollout_id: int, args, first_eval_in_process: bool) -> int:
     return rollout_id if trained else PRE_TRAINING_STEP
 
 
+def eval_only_run(args) -> bool:
+    """An eval-only run: ``--num-rollout`` at or below the start (``launch/reeval.sh``, ``--num-rollout 0``)."""
+    start, end = getattr(args, "start_rollout_id", None), getattr(args, "num_rollout", None)
+    return start is not None and end is not None and int(start) >= int(end)
+
+
 def log_eval_rollout(rollout_id, args, data, extra_metrics=None) -> bool:
     global _warned_no_path
     path = getattr(args, "epic_eval_records_path", None)
@@ -117,7 +125,8 @@ def log_eval_rollout(rollout_id, args, data, extra_metrics=None) -> bool:
         raise ValueError(f"eval records: run {run!r} step {step} (rollout id {rollout_id}) comes after step {last} "
                          f"in this process; two evals keyed alike would replace one another in {path}")
     records = eval_records_from_rollout(step, args, data)
-    replace_run_records(path, records, run=run, from_step=step)
+    # an eval-only run re-scores one checkpoint: replace that step only, keep the run's others
+    replace_run_records(path, records, run=run, from_step=step, to_step=step if eval_only_run(args) else None)
     _last_written[key] = step
     logger.info("wrote %d eval records for rollout %s (step %d) to %s", len(records), rollout_id, step, path)
     return False  # slime logs eval/<name> as usual
