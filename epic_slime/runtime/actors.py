@@ -1,20 +1,18 @@
-"""Thin Ray actor wrappers around the engines and the trainer. One torch thread per actor: on a
-2-core machine the actors share the cores, they must not each spawn a thread pool."""
+"""Thin Ray actor wrappers around the engines and the trainer. One torch thread per actor (`threads.py`):
+on a 2-core machine the actors share the cores, they must not each spawn a thread pool."""
 
 from __future__ import annotations
 
 import ray
 import torch
 
-
-def _single_thread():
-    torch.set_num_threads(1)
+from .threads import set_torch_threads
 
 
 @ray.remote(num_cpus=1, max_restarts=0)
 class RolloutWorker:
     def __init__(self, worker_id: int, model_cfg, init_state: dict, version: int, dtype: str, seed: int):
-        _single_thread()
+        set_torch_threads()
         from .rollout import PolicyEngine
 
         self.worker_id = worker_id
@@ -37,7 +35,7 @@ class RolloutWorker:
 @ray.remote(num_cpus=1, max_restarts=0)
 class EvalWorker:
     def __init__(self, model_cfg, init_state: dict, seed: int):
-        _single_thread()
+        set_torch_threads()
         from .rollout import PolicyEngine
 
         self.engine = PolicyEngine(model_cfg, init_state, 0, dtype="float32", seed=seed)
@@ -50,7 +48,7 @@ class EvalWorker:
 @ray.remote(num_cpus=1, max_restarts=0)
 class Trainer:
     def __init__(self, init_state: dict, trainer_kwargs: dict):
-        _single_thread()
+        set_torch_threads()
         from .trainer import PolicyTrainer
 
         self.trainer = PolicyTrainer(init_state=init_state, **trainer_kwargs)

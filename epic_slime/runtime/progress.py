@@ -1,4 +1,5 @@
-"""Progress output: a tqdm bar on a terminal; one plain line every N steps otherwise.
+"""Progress output: a tqdm bar on a terminal (with tqdm's ETA); one plain line every N steps otherwise,
+with the time so far and an ETA.
 
 A log file (stdout redirected, a batch job) must not fill with thousands of carriage-return
 updates, and a person at a terminal wants the bar. Status messages (`say`) go to stdout too, so
@@ -52,8 +53,16 @@ class Progress:
             return
         if step % self.interval == 0 or step == self.total:
             elapsed = time.time() - self.t0
-            line = f"[{self.desc}] step {step}/{self.total}  {format_fields(fields)}  ({elapsed:.0f} s)".replace("   (", "  (")
-            print(line, file=self.stream, flush=True)
+            line = f"[{self.desc}] step {step}/{self.total}  {format_fields(fields)}  ({elapsed:.0f} s{self._eta(step, elapsed)})"
+            print(line.replace("   (", "  ("), file=self.stream, flush=True)
+
+    def _eta(self, step: int, elapsed: float) -> str:
+        """", ETA 1m05s" from the mean pace of this process's steps so far; "" when done or unknown."""
+        done = step - self.initial
+        if done <= 0 or step >= self.total:
+            return ""
+        left = round(elapsed / done * (self.total - step))
+        return f", ETA {left // 60}m{left % 60:02d}s" if left >= 60 else f", ETA {left} s"
 
     def close(self) -> None:
         if self.bar is not None:

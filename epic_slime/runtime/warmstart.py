@@ -19,8 +19,10 @@ import torch
 from .model import ModelConfig, build_policy, response_log_probs
 from .task import ANSWER, TaskConfig, Tokenizer, make_problem
 from .tasks import get_task, train_problem
+from .threads import torch_threads
 
 WARM_START_VERSION = 1   # bump when the recipe changes so old cache entries are not reused
+WARM_START_BAR = "warm start (trained once, then cached)"
 
 
 def warm_start_key(model_cfg: ModelConfig, task_cfg: TaskConfig, steps: int, lr: float, batch_size: int, seed: int,
@@ -119,11 +121,14 @@ def load_or_train_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, st
         except Exception as e:   # unreadable entry: recompute (counted in the provenance string)
             print(f"warm start: cache entry {path} unreadable ({e}); recomputing")
     if progress:
-        say(f"warm start: training {steps} supervised steps (once per config; cached at {path})")
-    bar = Progress(steps, desc="warm start", enabled=progress, interval=max(1, steps // 5))
+        say(f"warm start: training {steps} supervised steps, once for this config (a few seconds to minutes; "
+            f"later runs load it from {path})")
+    bar = Progress(steps, desc=WARM_START_BAR, enabled=progress, interval=max(1, steps // 10))
     try:
-        state = supervised_warm_start(model_cfg, task_cfg, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
-                                      answer_noise=answer_noise, step_noise=step_noise, on_step=lambda i, loss: bar.update(i, {"loss": loss}))
+        with torch_threads():
+            state = supervised_warm_start(model_cfg, task_cfg, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
+                                          answer_noise=answer_noise, step_noise=step_noise,
+                                          on_step=lambda i, loss: bar.update(i, {"loss": loss}))
     finally:
         bar.close()
     try:
