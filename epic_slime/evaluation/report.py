@@ -151,8 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="record files (JSONL), folders of them, or run folders of `epic-slime train` "
                              "(their eval_records.jsonl)")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS),
-                        help="benchmarks of the average, in column order (default: the paper's four)")
+    parser.add_argument("--benchmarks", nargs="+", default=None,
+                        help="benchmarks of the average, in column order (default: the ones the records hold, "
+                             "the paper's four first in their order, then the rest sorted)")
     parser.add_argument("--methods", nargs="+", default=None, help="methods (rows) to show, in order (default: all, sorted)")
     parser.add_argument("--samples-per-prompt", type=int, default=PAPER_PROTOCOL.samples_per_prompt,
                         help="expected k of mean@k; a mismatch is flagged in the notes (default 8)")
@@ -193,15 +194,24 @@ def record_paths(paths: Sequence[str]) -> list[str]:
     return [os.path.join(p, RUN_FOLDER_RECORDS) if is_run_folder(p) else p for p in paths]
 
 
+def held_benchmarks(records) -> list[str]:
+    """The records' benchmarks: the paper's in their order, then the others sorted."""
+    held = {r.benchmark for r in records}
+    return [b for b in BENCHMARKS if b in held] + sorted(held - set(BENCHMARKS))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        k = resolve_k(args)
-        if isinstance(k, int) and k < 1:
-            raise ValueError(f"--k must be >= 1, got {k}")
         records = read_record_paths(record_paths(args.records))
         if not records:
             raise RecordError(f"no eval records in {', '.join(args.records)}")
+        defaulted = args.benchmarks is None
+        if defaulted:
+            args.benchmarks = held_benchmarks(records)
+        k = resolve_k(args)
+        if isinstance(k, int) and k < 1:
+            raise ValueError(f"--k must be >= 1, got {k}")
         runs = group_records(records, k=k)
         _check_benchmarks_present(runs, args.benchmarks)
         rows = method_table(runs, args.benchmarks, args.methods)
@@ -215,11 +225,19 @@ def main(argv: list[str] | None = None) -> int:
     table = table1_markdown(rows, args.benchmarks, titles, intervals)
     interval_note = (f" [bootstrap 95% interval over prompts and seeds, {args.bootstrap} replicates]"
                      if args.bootstrap > 0 else "")
+    evaluated = sorted({len(runs[run].scores) for row in rows for run in row.runs})
+    chosen_from = "/".join(map(str, evaluated)) or "0"
+    benchmark_note = (f" Benchmarks: {' '.join(args.benchmarks)} (the ones the records hold; --benchmarks to choose)."
+                      if defaulted else "")
     document = [
         "# Table 1",
         "",
         f"mean@k (%) at each run's checkpoint with the best equal-weight average of "
         f"{len(args.benchmarks)} benchmarks; mean ± standard deviation (ddof=1) over seeds{interval_note}.",
+        "",
+        f"Each number is the best of {chosen_from} evaluated checkpoints per run, scored on the same records "
+        f"that chose it: an optimistic estimate. For an unbiased one, re-score the selected checkpoints on a "
+        f"held-out split (launch/reeval.sh with other data, or other samples).{benchmark_note}",
         "",
         table,
         "",

@@ -13,14 +13,42 @@ def _write(path, benchmark="heldout", samples=(4, 4)):
     write_records(str(path), recs)
 
 
-def test_report_without_benchmarks_names_what_the_records_hold(tmp_path, capsys):
+def test_report_by_default_uses_the_benchmarks_the_records_hold(tmp_path, capsys):
+    """Issue 28 s8: the README's own run holds only `heldout`; the default must not refuse it."""
     _write(tmp_path / "eval_records.jsonl")
-    assert main(["--records", str(tmp_path / "eval_records.jsonl"), "--out", str(tmp_path / "out"), "--no-plots"]) != 0
+    out = tmp_path / "out"
+    assert main(["--records", str(tmp_path / "eval_records.jsonl"), "--out", str(out), "--no-plots"]) == 0
+    table = (out / "table1.md").read_text()
+    assert "heldout" in table.split("## Selected")[0] and "n/a" not in table.split("## Selected")[0]
+    assert "Benchmarks: heldout (the ones the records hold" in table
+
+
+def test_report_default_puts_the_papers_benchmarks_first(tmp_path):
+    _write(tmp_path / "a.jsonl", benchmark="zeta")
+    _write(tmp_path / "b.jsonl", benchmark="aime_2024")
+    out = tmp_path / "out"
+    assert main(["--records", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--out", str(out),
+                 "--no-plots"]) == 0
+    header = next(line for line in (out / "table1.md").read_text().splitlines() if line.startswith("| Method"))
+    assert header.index("AIME") < header.index("zeta")
+
+
+def test_report_with_named_benchmarks_absent_names_what_the_records_hold(tmp_path, capsys):
+    _write(tmp_path / "eval_records.jsonl")
+    assert main(["--records", str(tmp_path / "eval_records.jsonl"), "--out", str(tmp_path / "out"), "--no-plots",
+                 "--benchmarks", "aime_2024"]) != 0
     err = capsys.readouterr().err
     assert "none of the benchmarks aime_2024" in err and "they hold heldout" in err and "--benchmarks heldout" in err
-    assert main(["--records", str(tmp_path / "eval_records.jsonl"), "--out", str(tmp_path / "out"), "--no-plots",
-                 "--benchmarks", "heldout"]) == 0
-    assert "n/a" not in (tmp_path / "out" / "table1.md").read_text().split("## Selected")[0]
+
+
+def test_table1_says_the_score_is_selected_on_the_records_it_is_scored_on(tmp_path):
+    """Issue 28 s8: Table 1's number is the best of the evaluated checkpoints, scored on the split
+    that chose it; the table says so where the number stands, with the count."""
+    _write(tmp_path / "eval_records.jsonl")                  # steps 0 and 5: 2 evaluations
+    out = tmp_path / "out"
+    assert main(["--records", str(tmp_path / "eval_records.jsonl"), "--out", str(out), "--no-plots"]) == 0
+    head = (out / "table1.md").read_text().split("## Selected")[0]
+    assert "best of 2 evaluated checkpoints" in head and "same records" in head
 
 
 def test_pass_at_k_with_uneven_samples_per_prompt_prints_na(tmp_path, capsys):
