@@ -73,9 +73,9 @@ def train_main(argv: list[str]) -> int:
         return 2
     if cfg.progress:
         print(f"[epic-slime] {key_settings(cfg)}", flush=True)
-    from .driver import run_training
-
     try:
+        from .driver import run_training   # torch, Ray: seconds on a busy machine, so inside the Ctrl-C handling
+
         summary = run_training(cfg)
     except (ConfigError, FileNotFoundError) as e:
         print(f"epic-slime train: error: {e}", file=sys.stderr)
