@@ -67,6 +67,7 @@ def resume_command(argv: list[str], cfg: RuntimeConfig) -> str:
 
 def train_main(argv: list[str]) -> int:
     try:
+        parse_config(list(argv), quick=True)   # refusals (and --help) before torch's import: at once
         cfg = parse_config(list(argv))
     except (ConfigError, FileNotFoundError) as e:
         print(f"epic-slime train: error: {e}", file=sys.stderr)

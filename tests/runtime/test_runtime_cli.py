@@ -331,3 +331,44 @@ def test_ctrl_c_during_the_warm_start_exits_in_seconds(tmp_path):
     assert "during start-up, before any step: stopping now" in text and "step in flight" not in text, text
     assert "nothing to resume" in text and took < 20, (took, text)
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+# ---- refusals before torch's import ----
+
+def test_the_stored_loss_flags_match_the_registry():
+    from epic_slime.runtime.loss_flags import live_table, stored_table
+
+    assert stored_table() == live_table(), ("epic_slime/runtime/loss_flags.json is stale: "
+                                            "python -m epic_slime.runtime.loss_flags --write")
+
+
+def test_the_quick_parser_is_the_full_parser_but_for_value_types():
+    from epic_slime.runtime.config import build_parser
+    from epic_slime.runtime.loss_flags import stored_table
+
+    def actions(parser):
+        return [(a.option_strings, a.dest, a.default, list(a.choices) if a.choices else None, a.help, a.nargs,
+                 a.metavar) for a in parser._actions]
+    full, quick = build_parser(), build_parser(loss_table=stored_table())
+    assert actions(quick) == actions(full)
+    assert quick.format_help() == full.format_help()
+
+
+REFUSALS = [["train", "--bogus"], ["train", "--lr", "-1"], ["train", "--max-stalenes", "2"],
+            ["train", "--policy-loss", "epik"], ["train", "--config", "/nonexistent.yaml"], ["train", "--help"],
+            ["sweep", "--bogus"], ["sweep", "--policy-losses", "epik"]]
+
+
+@pytest.mark.parametrize("argv", REFUSALS, ids=[" ".join(a) for a in REFUSALS])
+def test_a_refusal_answers_before_torch_is_imported(argv):
+    """torch's import is 1 s idle and 4-22 s on a busy machine; a refused flag must not wait for it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom epic_slime.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    rc = e.code\nprint('torch imported' if 'torch' in sys.modules else 'no torch', rc)\n")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    last = done.stdout.strip().splitlines()[-1]
+    assert last in ("no torch 2", "no torch 0"), (last, done.stderr[-500:])
+    if argv[-1] != "--help":
+        assert done.stderr.strip().startswith(f"epic-slime {argv[0]}: error: "), done.stderr
