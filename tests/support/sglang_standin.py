@@ -1,48 +1,74 @@
-"""A loopback SGLang stand-in: SGLang's HTTP interface as slime 624b824a calls it, backed by the
-embedded runtime's tiny Qwen3-MoE on CPU (so behaviour log-probs are real).
+"""A loopback SGLang stand-in: SGLang 0.5.15.post1's HTTP interface as slime 624b824a calls it,
+backed by the embedded runtime's tiny Qwen3-MoE on CPU (so behaviour log-probs are real). Paths
+cited below are under ``sglang/srt``.
 
 Endpoints: ``POST /generate`` (``input_ids``, ``sampling_params`` with temperature / top_p /
-max_new_tokens / stop_token_ids, ``return_logprob``; answers ``text``, ``output_ids`` and
-``meta_info`` with ``output_token_logprobs`` ``[[logprob, token, None], ...]``, ``finish_reason``
-``{"type": "stop" | "length" | "abort"}``, ``weight_version``, token counts), ``POST
-/pause_generation`` (SGLang's default abort mode, ``abort_request(abort_all=True)``: every
-request it holds ends now with finish_reason abort, the running batch with the tokens generated
-so far, waiting ones with none; requests that arrive while paused wait until
-``/continue_generation``), ``GET /flush_cache``, ``POST /update_weights_from_disk``
-(``model_path``: a torch state dict), slime's distributed push (``POST /init_weights_update_group``
-joins a gloo group with the trainer's rank 0 from ``master_address`` / ``master_port`` /
-``rank_offset`` / ``world_size``; ``POST /update_weights_from_distributed`` receives one bucket:
-``names`` / ``dtypes`` / ``shapes`` as metadata, the tensors by broadcast from rank 0, and sets
-``weight_version`` when given, as SGLang does per bucket; ``POST /destroy_weights_update_group``),
-``POST /update_weight_version`` (``new_version``; aborts every request first unless
-``abort_all_requests`` is false, SGLang's default),
-``POST /abort_request`` (``abort_all``, as slime's synchronous rollout ends a batch), ``GET
-/v1/loads`` (running and waiting requests), ``GET /health_generate``, ``GET /workers`` (router
-view), ``GET /stats`` (counters for tests).
+max_new_tokens / stop_token_ids, ``return_logprob``, ``extra_key``; answers ``text``,
+``output_ids`` and ``meta_info`` with ``output_token_logprobs`` ``[[logprob, token, None], ...]``,
+``finish_reason`` ``{"type": "stop" | "length" | "abort"}``, ``weight_version``,
+``cached_tokens``, token counts), ``POST /pause_generation`` and ``/continue_generation`` (the
+three modes below), ``GET|POST /flush_cache``, ``POST /update_weights_from_disk``
+(``model_path``: a torch state dict), slime's distributed push (``POST
+/init_weights_update_group`` joins a gloo group with the trainer's rank 0 from
+``master_address`` / ``master_port`` / ``rank_offset`` / ``world_size``; ``POST
+/update_weights_from_distributed`` receives one bucket: ``names`` / ``dtypes`` / ``shapes`` as
+metadata, the tensors by broadcast from rank 0, then ``weight_version`` when given, as SGLang does
+per bucket; ``POST /destroy_weights_update_group``), ``POST /update_weight_version``
+(``new_version``; aborts every request first unless ``abort_all_requests`` is false),
+``POST /abort_request`` (``abort_all``), ``GET /v1/loads``, ``GET /health_generate``, ``GET
+/workers`` (router view), ``GET /stats`` (counters for tests).
 
-Batching: continuous, as SGLang's scheduler: each decode step advances every running request by
-one token (requests with equal (temperature, top_p), up to ``max_batch``; a request joins at the
-next step and leaves when it finishes), so a short request started after a long one finishes
-first. Each step recomputes the running sequences (no KV cache: the model is tiny).
+Pause modes (``PauseGenerationReqInput.mode``, default abort; requests that arrive while paused
+wait before the scheduler, as in ``TokenizerManager.generate_request``'s ``is_pause_cond``):
+
+- ``abort`` (``TokenizerManager.pause_generation``): every request ends now with finish_reason
+  abort, the running ones with the tokens generated so far (after the step in progress), waiting
+  ones with none;
+- ``retract`` (``Scheduler.pause_generation``): running requests go back to the waiting queue with
+  their tokens and are prefilled again (prompt + output) after ``/continue_generation``;
+- ``in_place``: nothing moves; after ``/continue_generation`` the running requests decode on with
+  whatever weights were loaded meanwhile (the stand-in recomputes whole sequences each step, so
+  unlike SGLang their earlier positions are not old-weight KV).
+
+``/flush_cache`` succeeds only with no running and no waiting request (``Scheduler.flush_cache``
+needs ``is_fully_idle``): else 400 "Flush cache failed." (``http_server.flush_cache``); with
+``?timeout=s`` it waits up to s for idle (``scheduler_components/flush_wrapper.py``). A weight
+update's ``flush_cache`` (default true, as ``UpdateWeightsFromDistributedReqInput`` /
+``UpdateWeightFromDiskReqInput``) flushes after the load; when that flush fails SGLang's scheduler
+asserts (``SchedulerWeightUpdater.flush_cache_after_weight_update``) and the server dies: the
+stand-in answers 500 and exits (code 3). ``meta_info.weight_version`` is read when the answer is
+built (``TokenizerManager._handle_batch_output``): a request that spans an update reports the new one.
+
+Prefix cache: a radix tree per ``extra_key`` (``RadixCache.match_prefix`` keeps keys disjoint),
+written at prefill (the prompt) and at finish (prompt + output), each prefix keeping the weights
+it was first computed with; a request reuses its longest cached prefix (``cached_tokens``, at most
+all but its last input token); ``flush_cache`` empties it. ``/stats`` counts reuse of KV computed
+under older weights than the request's submission saw (``stale_prefix_hits`` / ``_tokens``): for a
+request without ``extra_key``, older than the weights when it arrived; with one, older than when
+its key first arrived (its own group's requests are submitted together). No eviction (tests are small).
+
+Batching: continuous, as SGLang's scheduler, across sampling settings: each decode step advances
+every running request by one token with its own temperature and top_p (up to ``max_batch``; a
+request joins at the next step and leaves when it finishes), so a short request started after a
+long one finishes first and an evaluation never waits for training requests to drain.
 log-prob convention: log_softmax(logits / T)[token], over the logits the token was drawn from.
 
-Response-length spread (``--long-every N --long-min-new-tokens M``): a prompt whose crc32 (prompt =
-the tokens up to its first "=") is divisible by N cannot stop (end-of-sequence and stop tokens are
-masked, like SGLang's ``min_new_tokens``) before its response has M tokens, counting the partial
-response of a resubmitted request: a fraction of groups much longer than the rest, which other
-groups overtake.
+Response-length spread (``--long-every N --long-min-new-tokens M --long-max-new-tokens L``): a
+training request (max_new_tokens plus the response tokens already in input_ids equals L, the
+rollout's response cap; evaluation requests have another cap and are never long) whose prompt's
+crc32 (prompt = the tokens up to its first "=") is divisible by N cannot stop (end-of-sequence
+and stop tokens are masked, like SGLang's ``min_new_tokens``) before its response has M tokens,
+counting the partial response of a resubmitted request.
 
-A slow request on demand (``--hold-max-new-tokens N``): whether a weight push meets requests in
-flight depends on how fast this CPU decodes against how fast the trainer steps (on a 2-core CI
-machine generation finished before every push, so no push met a request). To make that case
-certain, after each ``/continue_generation`` (and at start) the first request with
-``max_new_tokens == N`` and a prompt never seen before is held, not decoded, until the next
-pause aborts it: a request still running when the weights arrive, as on a busy cluster.
-Resubmissions (a prompt seen before) and other requests (eval, with another length) are never held,
-so nothing waits on a pause that waits on them.
+A slower engine on demand (``--step-seconds S``: S seconds after each decode step), so a test can
+pause one mid-decode. A slow request on demand (``--hold-max-new-tokens N``): after each ``/continue_generation`` (and at
+start) the first request with ``max_new_tokens == N`` and a prompt never seen before is held, not
+decoded, until the next pause: abort ends it, retract and in_place release it (it then decodes on
+the new weights): a request still running when the weights arrive, as on a busy cluster, whatever
+this CPU's speed. Resubmissions (a prompt seen before) and other requests are never held.
 
-Run: ``python tests/support/sglang_standin.py --port-file F --weights W`` (binds 127.0.0.1 on a free port,
-writes it to F).
+Run: ``python tests/support/sglang_standin.py --port-file F --weights W`` (binds 127.0.0.1 on a free
+port, writes it to F).
 """
 
 from __future__ import annotations
@@ -53,12 +79,17 @@ import os
 import sys
 import zlib
 from collections import Counter
-from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import torch
 
 STOP, LENGTH, ABORT = "stop", "length", "abort"
+PAUSE_MODES = ("abort", "retract", "in_place")
+FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+            "requests, the operation will not be performed.)\n")
+FLUSH_FAILED = "Flush cache failed.\n"
+UPDATE_FLUSH_ASSERT = "Cache flush failed after updating weights"
 
 
 def build_model(weights_path: str | None):
@@ -74,11 +105,12 @@ def build_model(weights_path: str | None):
 
 
 class Request:
-    def __init__(self, payload: dict, future: asyncio.Future):
+    def __init__(self, payload: dict, future: asyncio.Future, weights: int, version: str):
         params = payload.get("sampling_params") or {}
         if "input_ids" not in payload:
             raise ValueError("this stand-in takes input_ids only (slime sends them for text prompts)")
         self.input_ids = [int(t) for t in payload["input_ids"]]
+        self.extra_key = payload.get("extra_key")
         self.held = False
         self.temperature = float(params.get("temperature", 1.0))
         self.top_p = float(params.get("top_p", 1.0))
@@ -89,27 +121,66 @@ class Request:
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.finish: str | None = None
+        self.arrived_weights, self.arrived_version = weights, version   # what the submission saw
+        self.computed_weights: int | None = None   # the oldest weights any of its KV was computed with
+        self.cached_tokens = 0
+        self.retractions = 0
 
-    @property
-    def key(self):
-        return (self.temperature, self.top_p)
+
+class PrefixCache:
+    """Radix trees of token prefixes, one per extra_key; each node keeps the weights it was first
+    computed with (SGLang keeps the first copy of a prefix and frees duplicates)."""
+
+    def __init__(self):
+        self.trees: dict = {}
+        self.opened: dict = {}   # extra_key -> weights when its first request arrived
+
+    def open(self, req: Request) -> None:
+        if req.extra_key is not None:
+            self.opened.setdefault(req.extra_key, req.arrived_weights)
+
+    def insert(self, key, tokens: list[int], weights: int) -> None:
+        node = self.trees.setdefault(key, {})
+        for t in tokens:
+            node = node.setdefault(t, [weights, {}])[1]
+
+    def match(self, key, tokens: list[int]) -> tuple[int, int | None]:
+        """(length of the longest cached prefix, the oldest weights along it)."""
+        node, oldest, length = self.trees.get(key, {}), None, 0
+        for t in tokens:
+            if t not in node:
+                break
+            weights, node = node[t]
+            oldest = weights if oldest is None else min(oldest, weights)
+            length += 1
+        return length, oldest
+
+    def clear(self) -> None:
+        self.trees.clear()
 
 
 class Engine:
     def __init__(self, model, tokenizer, max_batch: int, hold_max_new_tokens: int | None = None,
-                 long_every: int | None = None, long_min_new_tokens: int = 0):
+                 long_every: int | None = None, long_min_new_tokens: int = 0, long_max_new_tokens: int | None = None,
+                 step_seconds: float = 0.0):
         self.model, self.tok, self.max_batch = model, tokenizer, max_batch
+        self.step_seconds = step_seconds   # a slower engine on demand (tests that must meet a request mid-decode)
         self.hold_max_new_tokens = hold_max_new_tokens
         self.hold_armed = hold_max_new_tokens is not None
         self.long_every, self.long_min_new_tokens = long_every, long_min_new_tokens
+        self.long_max_new_tokens = long_max_new_tokens
         self.equals_id = tokenizer.token_to_id["="]
         self.seen_prompts: set[tuple[int, ...]] = set()
-        self.pending: list[Request] = []
+        self.pending: list[Request] = []   # the scheduler's waiting queue
         self.running: list[Request] = []
-        self.paused = False
+        self.paused: str | None = None     # the pause mode, None while generating
+        self.unpaused = asyncio.Event()
+        self.unpaused.set()
         self.version = "default"
+        self.weights = 0                   # counts weight loads: which weights computed a prefix
+        self.cache = PrefixCache()
         self.wakeup = asyncio.Event()
-        self.step_lock = asyncio.Lock()   # a decode step and an abort never interleave
+        self.step_lock = asyncio.Lock()   # a decode step and a pause / abort never interleave
         self.stats = Counter()
         self.groups: dict = {}            # weight-update group name -> gloo process group
         self.pool = ThreadPoolExecutor(1)   # one compute thread: decoding and weight loads serialise
@@ -120,13 +191,20 @@ class Engine:
         end = input_ids.index(self.equals_id) + 1 if self.equals_id in input_ids else len(input_ids)
         return input_ids[:end], len(input_ids) - end
 
+    def _mark_long(self, req: Request) -> None:
+        prompt, answered = self._prompt_part(req.input_ids)
+        if req.max_new_tokens + answered != self.long_max_new_tokens:
+            return   # not a training request (an evaluation has its own response cap)
+        if zlib.crc32(bytes(prompt)) % self.long_every == 0:
+            req.min_new_tokens = max(self.long_min_new_tokens - answered, 0)
+            self.stats["long_requests"] += 1
+
     async def generate(self, payload: dict) -> dict:
-        req = Request(payload, asyncio.get_running_loop().create_future())
+        req = Request(payload, asyncio.get_running_loop().create_future(), self.weights, self.version)
+        await self.unpaused.wait()   # paused: the request waits before the scheduler
+        self.cache.open(req)
         if self.long_every:
-            prompt, answered = self._prompt_part(req.input_ids)
-            if zlib.crc32(bytes(prompt)) % self.long_every == 0:
-                req.min_new_tokens = max(self.long_min_new_tokens - answered, 0)
-                self.stats["long_requests"] += 1
+            self._mark_long(req)
         if self.hold_max_new_tokens is not None:   # prompts are remembered only for the hold
             prompt = tuple(req.input_ids)
             if self.hold_armed and req.max_new_tokens == self.hold_max_new_tokens and prompt not in self.seen_prompts:
@@ -147,9 +225,10 @@ class Engine:
                 "finish_reason": {"type": req.finish},
                 "prompt_tokens": len(req.input_ids),
                 "completion_tokens": len(req.tokens),
-                "cached_tokens": 0,
+                "cached_tokens": req.cached_tokens,
+                "num_retractions": req.retractions,
                 "output_token_logprobs": [[lp, t, None] for lp, t in zip(req.logprobs, req.tokens)],
-                "weight_version": self.version,
+                "weight_version": self.version,   # read now, at answer time
             },
         }
 
@@ -158,25 +237,44 @@ class Engine:
             self.stats["aborted"] += 1
             if req.held:
                 self.stats["held_aborted"] += 1
+        elif self.version != req.arrived_version:
+            self.stats["spanning_answers"] += 1   # submitted under one version, answered under another
+        if req.computed_weights is not None:
+            self.cache.insert(req.extra_key, req.input_ids + req.tokens, req.computed_weights)
         if not req.future.done():
             req.future.set_result(self._answer(req))
 
+    def _prefill(self, req: Request) -> None:
+        """Joining the running batch: reuse the longest cached prefix, cache the rest of the prompt."""
+        seq = req.input_ids + req.tokens   # a retracted request is prefilled with its output too
+        length, oldest = self.cache.match(req.extra_key, seq[:-1])
+        if req.retractions == 0:
+            req.cached_tokens = length
+        if length:
+            self.stats["prefix_hits"] += 1
+            self.stats["cached_tokens"] += length
+            submitted = self.cache.opened.get(req.extra_key, req.arrived_weights) if req.extra_key is not None \
+                else req.arrived_weights
+            if oldest < submitted:
+                self.stats["stale_prefix_hits"] += 1
+                self.stats["stale_prefix_tokens"] += length
+        if req.retractions:
+            self.stats["reprefill_tokens"] += len(seq) - length
+        req.computed_weights = self.weights if req.computed_weights is None else min(req.computed_weights, self.weights)
+        self.cache.insert(req.extra_key, req.input_ids, req.computed_weights)
+
     def _admit(self) -> None:
-        """Waiting requests join the running batch (same sampling key, up to max_batch)."""
-        ready = [r for r in self.pending if not r.held]
-        if not ready:
-            return
-        key = self.running[0].key if self.running else ready[0].key
-        for r in ready:
+        """Waiting requests join the running batch, whatever their sampling settings, up to max_batch."""
+        for r in [r for r in self.pending if not r.held]:
             if len(self.running) >= self.max_batch:
                 break
-            if r.key == key:
-                self.pending.remove(r)
-                if r.max_new_tokens <= 0:
-                    r.finish = LENGTH
-                    self._finish(r)
-                else:
-                    self.running.append(r)
+            self.pending.remove(r)
+            if r.max_new_tokens <= len(r.tokens):
+                r.finish = LENGTH
+                self._finish(r)
+                continue
+            self._prefill(r)
+            self.running.append(r)
 
     async def scheduler(self) -> None:
         loop = asyncio.get_running_loop()
@@ -201,12 +299,15 @@ class Engine:
             if not batch:
                 self.wakeup.clear()
                 await self.wakeup.wait()
-            else:
-                await asyncio.sleep(0)   # let HTTP handlers (new requests, pause) in between steps
+            else:   # let HTTP handlers (new requests, pause) in between steps
+                await asyncio.sleep(self.step_seconds)
 
     @torch.no_grad()
     def _step(self, batch: list[Request]) -> None:
-        """One token for every request of the batch (left-padded full sequences)."""
+        """One token for every request of the batch (left-padded full sequences), each drawn with its
+        own temperature and top_p."""
+        from epic_slime.runtime.model import _top_p_filter
+
         pad = self.tok.pad_id
         seqs = [r.input_ids + r.tokens for r in batch]
         B, P = len(seqs), max(len(q) for q in seqs)
@@ -217,33 +318,50 @@ class Engine:
             attn[i, P - len(q):] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits[:, -1].float()
-        temperature, top_p = batch[0].temperature, batch[0].top_p
         for i, r in enumerate(batch):
             if len(r.tokens) < r.min_new_tokens:   # SGLang's min_new_tokens: no stop yet
                 logits[i, [self.tok.eos_id, *r.stop_ids]] = float("-inf")
-        logp = torch.log_softmax(logits / temperature, dim=-1)
-        draw = logp
-        if top_p < 1.0:
-            from epic_slime.runtime.model import _top_p_filter
-
-            draw = _top_p_filter(logp, top_p)
-        tok = torch.multinomial(draw.exp(), 1, generator=self.generator).squeeze(-1)
-        for i, r in enumerate(batch):
-            t = int(tok[i])
+            logp = torch.log_softmax(logits[i : i + 1] / r.temperature, dim=-1)
+            t = int(torch.multinomial(_top_p_filter(logp, r.top_p).exp(), 1, generator=self.generator))
             r.tokens.append(t)
-            r.logprobs.append(float(logp[i, t]))
+            r.logprobs.append(float(logp[0, t]))
             if t == self.tok.eos_id or t in r.stop_ids:
                 r.finish = STOP
             elif len(r.tokens) >= r.max_new_tokens:
                 r.finish = LENGTH
         self.stats["decode_steps"] += 1
 
-    async def pause(self) -> None:
-        self.paused = True
-        await self.abort_all(counter="pauses")
+    # -- pause, continue, flush
+
+    def idle(self) -> bool:
+        """``Scheduler.is_fully_idle``: nothing running, nothing waiting (requests held before the
+        scheduler by a pause do not count)."""
+        return not self.running and not self.pending
+
+    async def pause(self, mode: str) -> None:
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {PAUSE_MODES}, got {mode!r}")
+        self.paused = mode
+        self.unpaused.clear()
+        if mode == "abort":
+            await self.abort_all(counter="pauses_abort")
+            return
+        async with self.step_lock:   # takes effect after the step in progress
+            if mode == "retract":
+                for r in self.running:
+                    r.retractions += 1
+                self.stats["retracted"] += len(self.running)
+                self.pending.extend(self.running)
+                self.running.clear()
+            released = [r for r in self.pending if r.held]
+            for r in released:   # a held request waits for the next pause only
+                r.held = False
+            self.stats["held_released"] += len(released)
+        self.stats[f"pauses_{mode}"] += 1
 
     def resume(self) -> None:
-        self.paused = False
+        self.paused = None
+        self.unpaused.set()
         self.hold_armed = self.hold_max_new_tokens is not None
         self.wakeup.set()
 
@@ -259,11 +377,39 @@ class Engine:
             self.running.clear()
         self.stats[counter] += 1
 
+    async def flush(self, timeout: float = 0.0) -> bool:
+        self.stats["flush_calls"] += 1
+        if self.running:
+            self.stats["flush_calls_while_running"] += 1
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self.idle() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        if not self.idle():
+            self.stats["flush_failed"] += 1
+            return False
+        self.cache.clear()
+        self.stats["flushes"] += 1
+        return True
+
+    def after_update(self, payload: dict) -> None:
+        """The update's own flush (``flush_cache``, default true); a failed one ends the server."""
+        self.weights += 1
+        if payload.get("flush_cache", True):
+            if not self.idle():
+                self.stats["update_flush_crashes"] += 1
+                raise AssertionError(UPDATE_FLUSH_ASSERT)
+            self.cache.clear()
+            self.stats["flushes"] += 1
+        if payload.get("weight_version") is not None:
+            self.version = str(payload["weight_version"])
+
     def load(self) -> dict:
         return {"num_running_reqs": len(self.running), "num_waiting_reqs": len(self.pending)}
 
-    async def load_weights(self, path: str) -> None:
-        state = torch.load(path, weights_only=True)
+    # -- weight loads
+
+    async def load_weights(self, payload: dict) -> None:
+        state = torch.load(payload["model_path"], weights_only=True)
         await asyncio.get_running_loop().run_in_executor(self.pool, self.model.load_state_dict, state)
         self.stats["weight_loads"] += 1
 
@@ -285,7 +431,7 @@ class Engine:
 
     async def receive_bucket(self, payload: dict) -> None:
         """One bucket of ``update_weights_from_distributed``: tensors by broadcast from rank 0, in
-        the order of ``names``, loaded into the model; then the bucket's ``weight_version``."""
+        the order of ``names``, loaded into the model."""
         import torch.distributed as dist
 
         group = self.groups.get(payload["group_name"])
@@ -306,13 +452,16 @@ class Engine:
                     params[name].copy_(tensor)
 
         await asyncio.get_running_loop().run_in_executor(self.pool, receive)
-        if payload.get("weight_version") is not None:
-            self.version = str(payload["weight_version"])
         self.stats["weight_buckets"] += 1
 
 
 def make_app(engine: Engine):
     from aiohttp import web
+
+    def dying(message: str):
+        """SGLang's scheduler asserted: the server goes away (the stand-in exits after answering)."""
+        asyncio.get_running_loop().call_later(0.2, os._exit, 3)
+        return web.json_response({"success": False, "message": message}, status=500)
 
     async def generate(request):
         payload = await request.json()
@@ -322,38 +471,44 @@ def make_app(engine: Engine):
             return web.json_response({"error": str(exc)}, status=400)
 
     async def pause(request):
-        await engine.pause()
-        return web.json_response({"status": "ok"})
+        payload = await request.json() if request.can_read_body else {}
+        try:
+            await engine.pause((payload or {}).get("mode", "abort"))
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def resume(request):
         engine.resume()
-        return web.json_response({"status": "ok"})
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def flush(request):
-        # SGLang refuses to flush while requests run: say so, as it does (slime retries)
-        if engine.running:
-            return web.Response(status=400, text="pending requests")
-        return web.Response(text="Cache flushed.")
+        ok = await engine.flush(float(request.query.get("timeout", 0.0)))
+        return web.Response(text=FLUSH_OK) if ok else web.Response(status=400, text=FLUSH_FAILED)
 
-    async def update_from_disk(request):
-        payload = await request.json()
-        await engine.load_weights(payload["model_path"])
-        if payload.get("weight_version") is not None:
-            engine.version = str(payload["weight_version"])
-        return web.json_response({"success": True, "message": "ok"})
-
-    def weight_update_route(handle):
-        """SGLang's answer to a weight-update call: success, or 400 with the reason."""
+    def weight_update_route(load):
+        """An update_weights_from_* call: abort first if asked, load, then the update's own flush
+        and weight_version; 400 with the reason for a bad request."""
         async def route(request):
+            payload = await request.json()
+            if payload.get("abort_all_requests"):
+                await engine.abort_all(counter="update_aborts")
             try:
-                await handle(await request.json())
+                await load(payload)
+                engine.after_update(payload)
             except ValueError as exc:
                 return web.json_response({"success": False, "message": str(exc)}, status=400)
+            except AssertionError as exc:
+                return dying(str(exc))
             return web.json_response({"success": True, "message": "ok"})
         return route
 
-    init_group = weight_update_route(engine.join_update_group)
-    update_distributed = weight_update_route(engine.receive_bucket)
+    async def init_group(request):
+        try:
+            await engine.join_update_group(await request.json())
+        except ValueError as exc:
+            return web.json_response({"success": False, "message": str(exc)}, status=400)
+        return web.json_response({"success": True, "message": "ok"})
 
     async def destroy_group(request):
         payload = await request.json()
@@ -395,10 +550,10 @@ def make_app(engine: Engine):
         web.post("/continue_generation", resume),
         web.get("/flush_cache", flush),
         web.post("/flush_cache", flush),
-        web.post("/update_weights_from_disk", update_from_disk),
+        web.post("/update_weights_from_disk", weight_update_route(engine.load_weights)),
         web.post("/update_weight_version", update_version),
         web.post("/init_weights_update_group", init_group),
-        web.post("/update_weights_from_distributed", update_distributed),
+        web.post("/update_weights_from_distributed", weight_update_route(engine.receive_bucket)),
         web.post("/destroy_weights_update_group", destroy_group),
         web.post("/abort_request", abort_request),
         web.get("/v1/loads", loads),
@@ -410,13 +565,12 @@ def make_app(engine: Engine):
     return app
 
 
-async def _serve(port_file: str, weights: str | None, max_batch: int, hold_max_new_tokens: int | None,
-                 long_every: int | None, long_min_new_tokens: int) -> None:
+async def _serve(port_file: str, weights: str | None, engine_kwargs: dict) -> None:
     from aiohttp import web
 
     torch.set_num_threads(1)
     model, tok = build_model(weights)
-    engine = Engine(model, tok, max_batch, hold_max_new_tokens, long_every, long_min_new_tokens)
+    engine = Engine(model, tok, **engine_kwargs)
     runner = web.AppRunner(make_app(engine), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -437,13 +591,22 @@ def main(argv=None) -> int:
     parser.add_argument("--hold-max-new-tokens", type=int, default=None,
                         help="hold one new training request per weight version until the next pause (see above)")
     parser.add_argument("--long-every", type=int, default=None,
-                        help="one prompt in about N (by crc32) gets --long-min-new-tokens (see above)")
+                        help="one training prompt in about N (by crc32) gets --long-min-new-tokens (see above)")
     parser.add_argument("--long-min-new-tokens", type=int, default=0)
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="wait this long after each decode step")
+    parser.add_argument("--long-max-new-tokens", type=int, default=None,
+                        help="the training requests' response cap (max_new_tokens + response already in input_ids): "
+                        "only they can be long; needed with --long-every")
     args = parser.parse_args(argv)
-    if args.long_every is not None and args.long_every < 1:
-        parser.error(f"--long-every must be >= 1, got {args.long_every}")
-    asyncio.run(_serve(args.port_file, args.weights, args.max_batch, args.hold_max_new_tokens,
-                       args.long_every, args.long_min_new_tokens))
+    if args.long_every is not None:
+        if args.long_every < 1:
+            parser.error(f"--long-every must be >= 1, got {args.long_every}")
+        if args.long_max_new_tokens is None:
+            parser.error("--long-every needs --long-max-new-tokens (how training requests are told from evaluation ones)")
+    engine_kwargs = dict(max_batch=args.max_batch, hold_max_new_tokens=args.hold_max_new_tokens,
+                         long_every=args.long_every, long_min_new_tokens=args.long_min_new_tokens,
+                         long_max_new_tokens=args.long_max_new_tokens, step_seconds=args.step_seconds)
+    asyncio.run(_serve(args.port_file, args.weights, engine_kwargs))
     return 0
 
 

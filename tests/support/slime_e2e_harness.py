@@ -552,7 +552,8 @@ class Server:
     """The SGLang stand-in in its own process, stopped by its pid."""
 
     def __init__(self, workdir: str, weights: str | None = None, hold_max_new_tokens: int | None = None,
-                 long_every: int | None = LONG_EVERY, long_min_new_tokens: int = LONG_MIN_NEW_TOKENS):
+                 long_every: int | None = LONG_EVERY, long_min_new_tokens: int = LONG_MIN_NEW_TOKENS,
+                 extra_args: list[str] = ()):
         port_file = os.path.join(workdir, "standin.port")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         cmd = [sys.executable, str(TESTS / "support" / "sglang_standin.py"), "--port-file", port_file]
@@ -560,8 +561,10 @@ class Server:
             cmd += ["--weights", weights]
         if hold_max_new_tokens is not None:
             cmd += ["--hold-max-new-tokens", str(hold_max_new_tokens)]
-        if long_every is not None:
-            cmd += ["--long-every", str(long_every), "--long-min-new-tokens", str(long_min_new_tokens)]
+        if long_every is not None:   # training requests only (their response cap tells them from eval ones)
+            cmd += ["--long-every", str(long_every), "--long-min-new-tokens", str(long_min_new_tokens),
+                    "--long-max-new-tokens", str(ROLLOUT_MAX_RESPONSE_LEN)]
+        cmd += list(extra_args)
         self.log = open(os.path.join(workdir, "standin.log"), "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120
