@@ -7,127 +7,19 @@ and the per-extra_key prefix cache. Each test fails on the stand-in before these
 
 from __future__ import annotations
 
-import concurrent.futures
 import importlib.util
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-import torch
 
 if importlib.util.find_spec("aiohttp") is None or importlib.util.find_spec("requests") is None:
     pytest.skip("the SGLang stand-in needs aiohttp and requests", allow_module_level=True)
 
-import requests
-
-REPO = Path(__file__).resolve().parents[2]
-STANDIN = REPO / "tests" / "support" / "sglang_standin.py"
-MAX_NEW = 48   # the tiny model holds 64 positions
-
-
-class StandIn:
-    """The stand-in in a subprocess on 127.0.0.1 (stopped by its pid)."""
-
-    def __init__(self, workdir: Path, *args: str):
-        port_file = workdir / f"port_{time.monotonic_ns()}"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-        self.log = open(workdir / "standin.log", "a")
-        self.proc = subprocess.Popen([sys.executable, str(STANDIN), "--port-file", str(port_file), *args],
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
-        while not port_file.exists():
-            assert self.proc.poll() is None and time.time() < deadline, f"stand-in did not start: {self.log.name}"
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{int(port_file.read_text())}"
-        self.http = requests.Session()
-        self.http.trust_env = False
-        self.pool = concurrent.futures.ThreadPoolExecutor(8)
-
-    def post(self, path, body=None, **kw):
-        return self.http.post(self.url + path, json=body if body is not None else {}, timeout=60, **kw)
-
-    def get(self, path, **kw):
-        return self.http.get(self.url + path, timeout=60, **kw)
-
-    def submit(self, input_ids, max_new_tokens=MAX_NEW, temperature=1.0, top_p=1.0, **extra):
-        """/generate in the background; a future of the JSON answer."""
-        body = {"input_ids": input_ids, "return_logprob": True,
-                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}}
-        return self.pool.submit(lambda: self.post("/generate", {**body, **extra}).json())
-
-    def stats(self):
-        return self.get("/stats").json()
-
-    def wait_for(self, predicate, timeout=60):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            stats = self.stats()
-            if predicate(stats):
-                return stats
-            time.sleep(0.01)
-        raise AssertionError(f"condition not reached: {self.stats()}")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        self.log.close()
-
+from support.sglang_client import MAX_NEW, logprobs_under, perturbed_models, standin_factory, tokens_of
 
 @pytest.fixture
 def standin(tmp_path):
-    started = []
-
-    def start(*args):
-        server = StandIn(tmp_path, *args)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-def _tokens(text: str) -> list[int]:
-    from epic_slime.runtime.task import BOS, Tokenizer
-
-    tok = Tokenizer()
-    return [tok.token_to_id[BOS]] + [tok.token_to_id[c] for c in text]
-
-
-def _models(tmp_path):
-    """The stand-in's initial weights and perturbed ones (saved for /update_weights_from_disk)."""
-    from epic_slime.runtime.model import ModelConfig, build_policy
-    from epic_slime.runtime.task import Tokenizer
-
-    tok = Tokenizer()
-    old = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=0).eval()
-    new = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=0).eval()
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in new.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=gen))
-    path = tmp_path / "new.pt"
-    torch.save(new.state_dict(), path)
-    return old, new, str(path), tok
-
-
-@torch.no_grad()
-def _logprobs(model, tok, prompt, tokens, mask_stop: bool) -> list[float]:
-    """log_softmax(logits)[token] of each response token under ``model`` (T = 1), end-of-sequence
-    masked as the stand-in's min_new_tokens does."""
-    out = []
-    for j, t in enumerate(tokens):
-        ids = torch.tensor([prompt + tokens[:j]])
-        logits = model(input_ids=ids, use_cache=False).logits[0, -1].float()
-        if mask_stop:
-            logits[tok.eos_id] = float("-inf")
-        out.append(float(torch.log_softmax(logits, -1)[t]))
-    return out
+    with standin_factory(tmp_path) as start:
+        yield start
 
 
 LONG = ["--long-every", "1", "--long-min-new-tokens", str(MAX_NEW), "--long-max-new-tokens", str(MAX_NEW)]
@@ -137,9 +29,9 @@ def test_in_place_pause_keeps_the_request_decoding_on_the_new_weights(standin, t
     """in_place: the running request is not aborted; /flush_cache fails while it waits; the update
     (flush_cache false) loads; after continue it decodes on, its earlier tokens drawn from the old
     weights and the later ones from the new; it reports the version at answer time."""
-    old, new, path, tok = _models(tmp_path)
+    old, new, path, tok = perturbed_models(tmp_path)
     server = standin(*LONG, "--step-seconds", "0.03")
-    prompt = _tokens("12+7=")
+    prompt = tokens_of("12+7=")
     answer = server.submit(prompt)
     server.wait_for(lambda s: s.get("decode_steps", 0) >= 3)
     assert server.post("/pause_generation", {"mode": "in_place"}).status_code == 200
@@ -154,8 +46,8 @@ def test_in_place_pause_keeps_the_request_decoding_on_the_new_weights(standin, t
     assert meta["finish_reason"]["type"] == "length" and len(got["output_ids"]) == MAX_NEW
     assert meta["weight_version"] == "7"   # submitted under "default": the version at answer time
     tokens, reported = got["output_ids"], [lp for lp, _, _ in meta["output_token_logprobs"]]
-    under_old = _logprobs(old, tok, prompt, tokens, mask_stop=True)
-    under_new = _logprobs(new, tok, prompt, tokens, mask_stop=True)
+    under_old = logprobs_under(old, tok, prompt, tokens, mask_stop=True)
+    under_new = logprobs_under(new, tok, prompt, tokens, mask_stop=True)
     matches_old = [abs(a - b) < 1e-4 for a, b in zip(reported, under_old)]
     switch = matches_old.index(False)   # the first token after the update
     assert 3 <= switch < MAX_NEW, matches_old
@@ -169,9 +61,9 @@ def test_in_place_pause_keeps_the_request_decoding_on_the_new_weights(standin, t
 def test_an_update_that_flushes_while_requests_run_ends_the_server(standin, tmp_path):
     """SGLang asserts that the update's own flush succeeded (flush_cache defaults to true): with a
     request paused in place the scheduler dies, and the server with it."""
-    _, _, path, _ = _models(tmp_path)
+    _, _, path, _ = perturbed_models(tmp_path)
     server = standin(*LONG, "--step-seconds", "0.03")
-    server.submit(_tokens("3+4="))
+    server.submit(tokens_of("3+4="))
     server.wait_for(lambda s: s.get("decode_steps", 0) >= 1)
     server.post("/pause_generation", {"mode": "in_place"})
     reply = server.post("/update_weights_from_disk", {"model_path": path})
@@ -180,9 +72,9 @@ def test_an_update_that_flushes_while_requests_run_ends_the_server(standin, tmp_
 
 
 def test_retract_requeues_the_running_request_and_prefills_it_again(standin, tmp_path):
-    _, _, path, _ = _models(tmp_path)
+    _, _, path, _ = perturbed_models(tmp_path)
     server = standin(*LONG, "--step-seconds", "0.03")
-    answer = server.submit(_tokens("5+5="))
+    answer = server.submit(tokens_of("5+5="))
     server.wait_for(lambda s: s.get("decode_steps", 0) >= 3)
     server.post("/pause_generation", {"mode": "retract"})
     assert server.get("/v1/loads").json() == {"num_running_reqs": 0, "num_waiting_reqs": 1}
@@ -198,12 +90,12 @@ def test_retract_requeues_the_running_request_and_prefills_it_again(standin, tmp
 
 def test_abort_is_the_default_mode_and_the_flush_then_succeeds(standin):
     server = standin(*LONG, "--step-seconds", "0.03")
-    answer = server.submit(_tokens("9+1="))
+    answer = server.submit(tokens_of("9+1="))
     server.wait_for(lambda s: s.get("decode_steps", 0) >= 3)
     server.post("/pause_generation")   # slime's body: {}
     got = answer.result(60)
     assert got["meta_info"]["finish_reason"]["type"] == "abort" and 3 <= len(got["output_ids"]) < MAX_NEW
-    late = server.submit(_tokens("1+1="))   # arrives while paused: waits before the scheduler
+    late = server.submit(tokens_of("1+1="))   # arrives while paused: waits before the scheduler
     flush = server.get("/flush_cache")
     assert flush.status_code == 200 and flush.text.startswith("Cache flushed.")
     assert not late.done()
@@ -216,9 +108,9 @@ def test_an_evaluation_with_other_sampling_settings_joins_the_running_batch(stan
     finishes while a long training request still decodes."""
     server = standin("--long-every", "1", "--long-min-new-tokens", str(MAX_NEW), "--long-max-new-tokens",
                      str(MAX_NEW), "--step-seconds", "0.02")
-    training = server.submit(_tokens("12+7="))
+    training = server.submit(tokens_of("12+7="))
     server.wait_for(lambda s: s.get("decode_steps", 0) >= 2)
-    evaluation = server.submit(_tokens("2+2="), max_new_tokens=4, temperature=0.6, top_p=0.7)
+    evaluation = server.submit(tokens_of("2+2="), max_new_tokens=4, temperature=0.6, top_p=0.7)
     assert evaluation.result(60)["meta_info"]["completion_tokens"] <= 4
     assert not training.done(), "the evaluation waited for the training request"
     assert server.stats()["max_batch_seen"] == 2
@@ -229,14 +121,14 @@ def test_the_long_response_rule_spares_evaluation_requests(standin):
     """Only training requests (max_new_tokens + answered = --long-max-new-tokens) must run long; an
     evaluation request (another cap) stops when the model stops."""
     server = standin("--long-every", "1", "--long-min-new-tokens", "30", "--long-max-new-tokens", "24")
-    prompts = [_tokens(f"{a}+{b}=") for a in range(4) for b in range(4)]
+    prompts = [tokens_of(f"{a}+{b}=") for a in range(4) for b in range(4)]
     evals = [server.submit(p, max_new_tokens=10) for p in prompts]
     training = [server.submit(p, max_new_tokens=24) for p in prompts[:4]]
     eval_reasons = [f.result(60)["meta_info"]["finish_reason"]["type"] for f in evals]
     assert "stop" in eval_reasons, eval_reasons
     assert all(f.result(60)["meta_info"]["finish_reason"]["type"] == "length" for f in training)
     # a resubmitted training request (prompt + 5 response tokens, cap 24 - 5) is still one
-    resubmitted = server.submit(prompts[0] + _tokens("1")[1:] * 5, max_new_tokens=19).result(60)
+    resubmitted = server.submit(prompts[0] + tokens_of("1")[1:] * 5, max_new_tokens=19).result(60)
     assert resubmitted["meta_info"]["finish_reason"]["type"] == "length"
     assert server.stats()["long_requests"] == 5
 
@@ -245,9 +137,9 @@ def test_prefix_cache_is_kept_apart_by_extra_key_and_counts_old_weight_reuse(sta
     """Without a flush (an in-place push) a later request without extra_key reuses prefix KV
     computed under the old weights (cached_tokens > 0, counted stale); a fresh extra_key does not;
     requests of one key sent together share their prompt."""
-    _, _, path, _ = _models(tmp_path)
+    _, _, path, _ = perturbed_models(tmp_path)
     server = standin()
-    prompt = _tokens("12+7=")
+    prompt = tokens_of("12+7=")
     first = server.submit(prompt, max_new_tokens=4).result(60)
     assert first["meta_info"]["cached_tokens"] == 0
     server.post("/pause_generation", {"mode": "in_place"})
