@@ -179,11 +179,18 @@ def install_train_hook(args) -> None:
         from epic_slime.slime.routing import install_train_hook as install_r3
 
         install_r3(args)
+    install_push_hook(args)
+
+
+def install_push_hook(args) -> bool:
+    """The push half of ``install_train_hook``: under ``--weight-push-mode in_place``, slime's
+    ``UpdateWeightFromDistributed.update_weights`` pauses in place (idempotent; True when installed)."""
     if push_mode_of(args) != IN_PLACE:
-        return
+        return False
     from slime.backends.megatron_utils.update_weight.update_weight_from_distributed import UpdateWeightFromDistributed
 
     UpdateWeightFromDistributed.update_weights = in_place_update_weights(UpdateWeightFromDistributed.update_weights)
+    return True
 
 
 # ---------------------------------------------------------------- rollout side

@@ -14,7 +14,7 @@ Stand-ins, at the interface slime's updater calls:
 - ``RayStandIn``: ``ray.get`` / ``ray.put`` over those futures, set as the ``ray`` of slime's
   updater module (``use_ray_stand_in``);
 - ``CpuDistributedUpdater``: slime's class with the two parts that need Megatron replaced:
-  ``connect_rollout_engines`` (a gloo group with the stand-in) and ``_send_weights`` (the tiny
+  ``connect_rollout_engines`` (a gloo group with the stand-ins) and ``_send_weights`` (the tiny
   model's parameters in buckets, metadata through the engine actor, tensors by broadcast).
 """
 
@@ -137,20 +137,21 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3):
 
     class CpuDistributedUpdater(base):
         def connect_rollout_engines(self, rollout_engines, rollout_engine_lock, **kwargs):
-            """slime's connect for one engine (node rank 0 of the trainer, rank 1 the engine), over gloo."""
+            """slime's connect, one GPU per engine: the trainer is rank 0, engine i rank i + 1, over gloo."""
             import torch.distributed as dist
 
             self.rollout_engines, self.rollout_engine_lock = rollout_engines, rollout_engine_lock
             self._is_pp_src_rank, self._group_name = True, GROUP_NAME
+            world = len(rollout_engines) + 1
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
                 port = sock.getsockname()[1]
-            joined = [e.init_weights_update_group.remote(master_address="127.0.0.1", master_port=port, rank_offset=1,
-                                                         world_size=2, group_name=GROUP_NAME, backend="gloo")
-                      for e in rollout_engines]
-            self._store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=120),
+            joined = [e.init_weights_update_group.remote(master_address="127.0.0.1", master_port=port, rank_offset=i + 1,
+                                                         world_size=world, group_name=GROUP_NAME, backend="gloo")
+                      for i, e in enumerate(rollout_engines)]
+            self._store = dist.TCPStore("127.0.0.1", port, world, is_master=True, timeout=timedelta(seconds=120),
                                         wait_for_workers=False)
-            self._model_update_groups = dist.ProcessGroupGloo(dist.PrefixStore(GROUP_NAME, self._store), 0, 2,
+            self._model_update_groups = dist.ProcessGroupGloo(dist.PrefixStore(GROUP_NAME, self._store), 0, world,
                                                               timedelta(seconds=120))
             RayStandIn.get(joined)
 
