@@ -23,7 +23,8 @@ wait before the scheduler, as in ``TokenizerManager.generate_request``'s ``is_pa
 
 - ``abort`` (``TokenizerManager.pause_generation``): every request ends now with finish_reason
   abort, the running ones with the tokens generated so far (after the step in progress), waiting
-  ones with none;
+  ones with none (SGLang answers the pause only at its next once-a-second check that all have
+  returned; the stand-in answers as soon as they have);
 - ``retract`` (``Scheduler.pause_generation``): running requests go back to the waiting queue with
   their tokens and are prefilled again (prompt + output) after ``/continue_generation``;
 - ``in_place``: nothing moves; after ``/continue_generation`` the running requests decode on with
