@@ -35,8 +35,8 @@ What SGLang 0.5.15.post1 does (paths under ``sglang/srt``):
 keeps prefix KV computed under older weights, and a later request whose prompt shares a prefix
 with it (an evaluation prompt asked again every evaluation, the chat template's head of every
 training prompt) would reuse it. SGLang 0.5.15 has a per-request knob for this:
-``GenerateReqInput.extra_key`` (``managers/io_struct.py``; the router's ``GenerateRequest``
-forwards it), and ``RadixCache.match_prefix`` keeps entries with different ``extra_key``
+``GenerateReqInput.extra_key`` (``managers/io_struct.py``; the SGLang router's ``GenerateRequest``
+has the field too, read in its source, not run), and ``RadixCache.match_prefix`` keeps entries with different ``extra_key``
 disjoint. The rollout hook gives every group submission (one call of slime's
 ``generate_and_rm_group``), every evaluation call (``eval_rollout``) and any other ``/generate``
 request a fresh key: a request reuses only prompt KV written by the requests submitted together
