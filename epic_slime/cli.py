@@ -6,6 +6,7 @@ Each subcommand lives in its own module and is imported only when used, so that
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -45,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command not in SUBCOMMANDS:
-        print(f"epic-slime: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(command, SUBCOMMANDS, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        print(f"epic-slime: unknown command {command!r}{hint}\n\n{_usage()}", file=sys.stderr)
         return 2
     module_name, func_name, _ = SUBCOMMANDS[command]
     func = getattr(importlib.import_module(module_name), func_name)

@@ -129,7 +129,12 @@ dry_run_or_check_flags() {
   cd "${REPO_DIR}"
   local status=0
   "${PYTHON}" -m epic_slime.slime.dry_run "${DRIVER_ARGS[@]}" || status=$?
-  echo "# dry run (DRY_RUN=1): nothing was submitted and no Ray cluster started; run again without --dry-run to submit"
+  if [[ "${status}" -eq 0 ]]; then
+    echo "# dry run (DRY_RUN=1): nothing was submitted and no Ray cluster started; run again without --dry-run to submit"
+  else
+    echo "# dry run (DRY_RUN=1): nothing was submitted and no Ray cluster started; the flag check failed" \
+         "(exit ${status}): fix the error above, then dry-run again"
+  fi
   exit "${status}"
 }
 

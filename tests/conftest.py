@@ -1,3 +1,4 @@
+import os
 import pathlib
 import sys
 
@@ -20,3 +21,106 @@ def shared_math_dir():
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared math data not present at {SHARED_DATA}")
     return SHARED_DATA
+
+
+# ---- a time limit on every test, and what the slow ones are doing ----
+#
+# pytest-timeout (pyproject: `timeout`, method "signal"): a test past its limit fails with its name
+# and a traceback of where it waited, and the suite goes on. The default (120 s) is for unit tests:
+# the slowest outside the files below took 16 s at load average 8-12 on 2 cores. The files below run
+# Ray, child processes or whole trainings; their limits are 2.5x or more their slowest test measured
+# at load average 8-12 on 2 cores (2026-12-02; in brackets), several times that idle.
+# EPIC_SLIME_TEST_TIMEOUT_SCALE multiplies every limit (e.g. 3 on a very busy machine); `--timeout N`
+# on the command line sets one limit for all (0: none, e.g. under a debugger).
+SLOW_FILE_TIMEOUT_S: dict[str, float] = {
+    "tests/runtime/test_runtime_e2e.py": 300,             # [20 s idle; the issue's loaded run: 122 s]
+    "tests/slime_adapter/test_slime_e2e.py": 300,         # [25 s]
+    "tests/study/test_study_runner.py": 600,              # [116 s the tiny study]
+    "tests/evaluation/test_evaluation_cli.py": 300,       # [11 s]
+    "tests/evaluation/test_reward_isolation.py": 300,     # [9 s]
+    "tests/launch/test_launch_reeval.py": 300,
+    "tests/bench/test_gpu_check.py": 300,                 # [43 s its module's set-up]
+    "tests/slime_adapter/test_slime_contract.py": 300,    # [19 s]
+}
+# single tests beyond their file's limit
+SLOW_TEST_TIMEOUT_S: dict[str, float] = {
+    "tests/study/test_study_runner.py::test_quick_ladder_end_to_end": 1500,   # [378 s; ~15 min at load 5-11]
+}
+TIMEOUT_SCALE_ENV = "EPIC_SLIME_TEST_TIMEOUT_SCALE"
+
+
+def _timeout_scale() -> float:
+    raw = os.environ.get(TIMEOUT_SCALE_ENV, "1")
+    try:
+        scale = float(raw)
+    except ValueError:
+        scale = -1.0
+    if not scale > 0:
+        raise pytest.UsageError(f"{TIMEOUT_SCALE_ENV}={raw!r}: must be a number > 0")
+    return scale
+
+
+def _test_file(item) -> str:
+    return pathlib.Path(str(item.fspath)).resolve().relative_to(REPO_ROOT).as_posix()
+
+
+def time_limit_s(item, default_s: float) -> float:
+    """The limit pytest-timeout applies to this test: its own, else its file's, else the default;
+    times the scale."""
+    path = _test_file(item)
+    name = item.nodeid.split("::", 1)[1].split("[")[0] if "::" in item.nodeid else ""
+    own = SLOW_TEST_TIMEOUT_S.get(f"{path}::{name}")
+    return (own or SLOW_FILE_TIMEOUT_S.get(path, default_s)) * _timeout_scale()
+
+
+
+
+def pytest_collection_modifyitems(config, items):
+    _ANNOUNCE.clear()
+    _ANNOUNCE.update(announcements(items, float(config.getini("timeout") or 0)))
+    if config.getoption("timeout", None) is not None:      # --timeout N given: one limit for all
+        return
+    default_s = float(config.getini("timeout") or 0)
+    if default_s <= 0:
+        return
+    for item in items:
+        if item.get_closest_marker("timeout") is None:     # a test's own marker wins
+            item.add_marker(pytest.mark.timeout(time_limit_s(item, default_s)))
+
+
+def announcements(items, default_s: float) -> dict[str, str]:
+    """nodeid -> the line printed as that test starts: the first test of each slow file names the file,
+    and each end-to-end test (marked `slow`) names itself, so that a long pause in `-q` output (the
+    suite's slow tail) says what is running. Other tests stay dots."""
+    out, files_seen = {}, set()
+    per_file: dict[str, int] = {}
+    for item in items:
+        per_file[_test_file(item)] = per_file.get(_test_file(item), 0) + 1
+    for item in items:
+        path = _test_file(item)
+        limit = f"limit {time_limit_s(item, default_s):.0f} s" if default_s > 0 else "no limit"
+        if item.get_closest_marker("slow") is not None:
+            out[item.nodeid] = f"running {item.nodeid} (end-to-end; {limit})"
+        elif path in SLOW_FILE_TIMEOUT_S and path not in files_seen:
+            out[item.nodeid] = f"running {path} ({per_file[path]} tests of a slow file; {limit} each)"
+        files_seen.add(path)
+    return out
+
+
+def pytest_runtest_logstart(nodeid, location):
+    line = _ANNOUNCE.get(nodeid)
+    tr = _REPORTER.get("tr")
+    if line is None or tr is None:
+        return
+    if getattr(getattr(tr, "_tw", None), "width_of_current_line", 0):   # after -q's dots: a line of its own
+        tr.write("\n")
+    tr.write_line(line)
+
+
+_ANNOUNCE: dict[str, str] = {}
+_REPORTER: dict = {}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    _REPORTER["tr"] = config.pluginmanager.get_plugin("terminalreporter")

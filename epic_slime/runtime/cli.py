@@ -67,15 +67,16 @@ def resume_command(argv: list[str], cfg: RuntimeConfig) -> str:
 
 def train_main(argv: list[str]) -> int:
     try:
+        parse_config(list(argv), quick=True)   # refusals (and --help) before torch's import: at once
         cfg = parse_config(list(argv))
     except (ConfigError, FileNotFoundError) as e:
         print(f"epic-slime train: error: {e}", file=sys.stderr)
         return 2
     if cfg.progress:
         print(f"[epic-slime] {key_settings(cfg)}", flush=True)
-    from .driver import run_training
-
     try:
+        from .driver import run_training   # torch, Ray: seconds on a busy machine, so inside the Ctrl-C handling
+
         summary = run_training(cfg)
     except (ConfigError, FileNotFoundError) as e:
         print(f"epic-slime train: error: {e}", file=sys.stderr)

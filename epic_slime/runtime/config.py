@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from .model import ModelConfig
+from .model_config import ModelConfig
 from .task import TaskConfig
 from .tasks import TASKS, validate_task_config
 
@@ -267,9 +267,8 @@ def _negative_number(text: str) -> bool:
     return text.startswith("-")
 
 
-def build_parser(prog: str = "epic-slime train") -> argparse.ArgumentParser:
-    from epic_slime.losses.flags import add_policy_loss_arguments
-
+def build_parser(prog: str = "epic-slime train", loss_table: dict | None = None) -> argparse.ArgumentParser:
+    """loss_table: the loss flags from `loss_flags.json` instead of the registry (no torch import)."""
     parser = OneLineErrorParser(prog=prog, allow_abbrev=False, description="The embedded asynchronous EPIC loop on "
                                 "CPU (Ray actors, tiny Qwen3-MoE, synthetic arithmetic).")
     parser.add_argument("--config", default=None, help="YAML config (keys = flag names with underscores)")
@@ -281,7 +280,14 @@ def build_parser(prog: str = "epic-slime train") -> argparse.ArgumentParser:
             # a help text that says its default itself ("default: <output-dir>/...") is not given a second one
             shown = help_text if "default:" in help_text else f"{help_text} (default: {default})"
             parser.add_argument(_flag(name), dest=name, type=typ, default=default, choices=choices, help=shown)
-    add_policy_loss_arguments(parser)
+    if loss_table is None:
+        from epic_slime.losses.flags import add_policy_loss_arguments
+
+        add_policy_loss_arguments(parser)
+    else:
+        from .loss_flags import add_loss_arguments_from_table
+
+        add_loss_arguments_from_table(parser, loss_table)
     return parser
 
 
@@ -389,11 +395,17 @@ def _validate(cfg: RuntimeConfig) -> None:
                           f"(model_max_positions)")
 
 
-def parse_config(argv: list[str], prog: str = "epic-slime train") -> RuntimeConfig:
-    """argv -> validated RuntimeConfig (argparse exits on malformed flags; ConfigError on bad values)."""
-    from epic_slime.losses.flags import policy_loss_config_from_args
+def parse_config(argv: list[str], prog: str = "epic-slime train", quick: bool = False) -> RuntimeConfig:
+    """argv -> validated RuntimeConfig (argparse exits on malformed flags; ConfigError on bad values).
 
-    parser = build_parser(prog)
+    quick: a first pass without torch (`loss_flags.py`): every check but the loss parameters' values;
+    the config it returns is for refusing, not for running."""
+    if quick:
+        from .loss_flags import stored_table
+
+        parser = build_parser(prog, stored_table())
+    else:
+        parser = build_parser(prog)
     argv = attach_negative_values(parser, list(argv))
     parser.parse_args(argv)            # --help, malformed flags: one-line messages and exit 2
     defaults = vars(parser.parse_args([]))
@@ -403,10 +415,15 @@ def parse_config(argv: list[str], prog: str = "epic-slime train") -> RuntimeConf
     merged.pop("config", None)
     values = {k: merged[k] for k in FIELDS}
     loss_args = {k: v for k, v in merged.items() if k not in FIELDS}
-    try:
-        mode, params, aggregation = policy_loss_config_from_args(argparse.Namespace(**loss_args))
-    except (ValueError, KeyError) as e:
-        raise ConfigError(f"policy loss: {e}") from None
+    if quick:
+        mode, params, aggregation = loss_args["policy_loss"], {}, loss_args.get("policy_loss_aggregation")
+    else:
+        from epic_slime.losses.flags import policy_loss_config_from_args
+
+        try:
+            mode, params, aggregation = policy_loss_config_from_args(argparse.Namespace(**loss_args))
+        except (ValueError, KeyError) as e:
+            raise ConfigError(f"policy loss: {e}") from None
     cfg = RuntimeConfig(policy_loss=mode, policy_loss_params=dict(params), values=values, loss_args=loss_args,
                         policy_loss_aggregation=aggregation)
     _validate(cfg)

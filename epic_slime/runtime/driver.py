@@ -445,6 +445,7 @@ class Run:
                 self._maybe_submit_eval(force=True)          # the warm-start level
             bar = Progress(cfg.num_rollout, initial=self.step, desc="epic-slime", enabled=cfg.progress,
                            interval=cfg.log_interval)
+            self.stop.begin_steps()   # before this a signal stops at once (signals.py): no step to finish
             try:
                 if self.stop.requested:
                     pass                                     # interrupted during start-up: nothing trained

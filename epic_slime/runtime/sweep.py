@@ -174,16 +174,18 @@ def main(argv: list[str]) -> int:
             print(f"epic-slime sweep: error: {bad} is set per run by the sweep; use the plural sweep flag",
                   file=sys.stderr)
             return 2
-    from epic_slime.losses import LOSS_MODES
+    from .loss_flags import stored_table   # the registry's names without torch (a refusal answers at once)
 
-    unknown = [m for m in args.policy_losses if m not in LOSS_MODES]
+    modes = stored_table()["modes"]
+    unknown = [m for m in args.policy_losses if m not in modes]
     if unknown:
-        print(f"epic-slime sweep: error: --policy-losses: unknown mode(s) {unknown}; known: {sorted(LOSS_MODES)}",
+        print(f"epic-slime sweep: error: --policy-losses: unknown mode(s) {unknown}; known: {modes}",
               file=sys.stderr)
         return 2
     out = Path(args.output_dir)
     plan = []
     try:   # validate every combination before running any
+        parse_config(list(train_args), prog="epic-slime sweep", quick=True)
         base = parse_config(list(train_args), prog="epic-slime sweep")
         depths = args.update_depths or [base.update_depth]
         for mode in args.policy_losses:

@@ -62,9 +62,11 @@ def validate_project_args(args: Any) -> ProjectConfig:
     check_unsupported_settings(args)
     from epic_slime.slime.routing import check_r3_setup
 
-    r3_problem = check_r3_setup(args)
-    if r3_problem:
-        raise ProjectFlagError(r3_problem)
+    from epic_slime.slime.push_mode import check_push_setup
+
+    for problem in (check_r3_setup(args), check_push_setup(args)):
+        if problem:
+            raise ProjectFlagError(problem)
     oversample_ratio = check_oversampling(args)
     topk = check_topk_flags(args, mode)
     from epic_slime.losses import resolve_params

@@ -7,7 +7,8 @@ command line once; each rewrite below reads that parse:
   (``--num-steps-per-rollout``), token-mean aggregation (``--calculate-per-token-loss``),
   oversampling (``--async-groups-in-flight``) and the warmup in rollouts (``--lr-warmup-iters``);
 - for the driver's own pieces: ``--use-rollout-logprobs`` where nothing needs slime's old-log-prob
-  forward, the streaming data source and the R3 train hook with the project's rollout function.
+  forward, the streaming data source, and the train hook (R3 with the project's rollout function,
+  ``--weight-push-mode in_place``).
 
 The dry run reports the first group; the driver hands slime both. No slime import.
 """
@@ -20,6 +21,8 @@ from collections.abc import Sequence
 
 from epic_slime.slime.flags import (
     DATA_SOURCE_PATH,
+    IN_PLACE,
+    PUSH_TRAIN_HOOK_PATH,
     ROLLOUT_FUNCTION_PATH,
     TOKEN_MEAN,
     ProjectFlagError,
@@ -45,7 +48,7 @@ class DriverCommandLine:
     rest: list[str]  # what the parser does not know (slime's and Megatron's own flags)
     overrides: list  # flags given more than once (option_strings.Override); empty when not checked
     slime_flags: list[str]  # added for slime's parser: update depth, aggregation, oversampling, warmup
-    driver_flags: list[str]  # added for the driver's pieces: rollout log-probs, data source, R3 hook
+    driver_flags: list[str]  # added for the driver's pieces: rollout log-probs, data source, train hook
 
     @property
     def translated(self) -> list[str]:
@@ -83,7 +86,7 @@ def read_command_line(
         check_unsupported_settings(parsed)
     slime_flags = update_depth_flags(parsed) + aggregation_flags(parsed) + oversampling_flags(parsed)
     slime_flags += lr_warmup_flags(parsed)
-    driver_flags = rollout_logprobs_flags(parsed) + data_source_flags(parsed) + r3_hook_flags(parsed)
+    driver_flags = rollout_logprobs_flags(parsed) + data_source_flags(parsed) + train_hook_flags(parsed)
     return DriverCommandLine(argv, parser, parsed, rest, overrides, slime_flags, driver_flags)
 
 
@@ -185,13 +188,18 @@ def data_source_flags(parsed: argparse.Namespace) -> list[str]:
     return []
 
 
-def r3_hook_flags(parsed: argparse.Namespace) -> list[str]:
-    """``--custom-megatron-init-path`` of the R3 train hook with R3 and the project's rollout function:
-    the rollout function stages R3 routing out of slime's per-DP data and each train rank fetches
-    its own rows through this hook (``epic_slime.slime.routing``)."""
-    if parsed.rollout_function_path != ROLLOUT_FUNCTION_PATH:
+def train_hook_flags(parsed: argparse.Namespace) -> list[str]:
+    """``--custom-megatron-init-path`` of the project's train hook, when one is needed and none is
+    given: under ``--weight-push-mode in_place`` the push-mode hook (``epic_slime.slime.push_mode``,
+    which also installs the R3 hook when R3 is on), else with R3 and the project's rollout function
+    the R3 train hook (the rollout function stages R3 routing out of slime's per-DP data and each
+    train rank fetches its own rows through it, ``epic_slime.slime.routing``). Another init path is
+    left alone here and refused by the checks."""
+    if parsed.custom_megatron_init_path is not None:
         return []
-    if not parsed.use_rollout_routing_replay or parsed.custom_megatron_init_path is not None:
+    if parsed.weight_push_mode == IN_PLACE:
+        return ["--custom-megatron-init-path", PUSH_TRAIN_HOOK_PATH]
+    if parsed.rollout_function_path != ROLLOUT_FUNCTION_PATH or not parsed.use_rollout_routing_replay:
         return []
     from epic_slime.slime.routing import HOOK_PATH
 

@@ -20,6 +20,11 @@ ROLLOUT_FUNCTION_PATH = "epic_slime.slime.rollout.generate_rollout"
 DATA_SOURCE_PATH = "epic_slime.slime.rollout.StreamingDataSource"
 TOKEN_MEAN = "token-mean"
 GENERATE_FUNCTION_PATH = "epic_slime.slime.generate.generate"
+# --weight-push-mode (epic_slime.slime.push_mode) and its train hook (--custom-megatron-init-path)
+ABORT, IN_PLACE = "abort", "in_place"
+PUSH_MODES = (ABORT, IN_PLACE)
+DEFAULT_PUSH_MODE = ABORT
+PUSH_TRAIN_HOOK_PATH = "epic_slime.slime.push_mode.install_train_hook"
 DEFAULT_POLICY_LOSS_TOPK = 20
 SYNCHRONOUS, ASYNCHRONOUS = "synchronous", "asynchronous"
 
@@ -108,7 +113,23 @@ def add_project_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     add_policy_loss_arguments(parser)
     add_bad_token_arguments(parser, default="skip")  # a NaN on one token must not end a 32-GPU run
     add_async_arguments(parser)
+    add_push_arguments(parser)
     add_table2_arguments(parser)
+    return parser
+
+
+def add_push_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """What a weight push does to the requests SGLang is generating (``epic_slime.slime.push_mode``)."""
+    group = parser.add_argument_group("epic-slime weight push")
+    group.add_argument(
+        "--weight-push-mode",
+        choices=PUSH_MODES,
+        default=DEFAULT_PUSH_MODE,
+        help="abort (slime's default): SGLang aborts every request at a push, they are resubmitted and "
+        "prefilled again on the new weights; in_place: SGLang pauses in place, the requests keep their KV "
+        "cache and decode on with the new weights (no /flush_cache; each group gets its own prefix-cache "
+        "key, so no new group reuses KV of older weights); see docs/cluster.md, Weight push modes",
+    )
     return parser
 
 
@@ -165,6 +186,7 @@ def add_read_slime_arguments(parser: argparse.ArgumentParser) -> argparse.Argume
     slime.add_argument("--allgather-cp", action="store_true")
     slime.add_argument("--advantage-estimator", default="grpo")
     slime.add_argument("--update-weight-mode", choices=("full", "delta"), default="full")  # slime's choices
+    slime.add_argument("--update-weight-transport", choices=("nccl", "disk"), default="nccl")  # slime's choices
     slime.add_argument("--data-source-path", default=None)
     slime.add_argument("--custom-megatron-init-path", default=None)
     slime.add_argument("--lr-warmup-iters", type=int, default=None)

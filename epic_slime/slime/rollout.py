@@ -380,6 +380,9 @@ async def _collect(args, stream: GroupStream, trainer_version: int, gate: Stalen
 
 
 def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False):
+    from epic_slime.slime.push_mode import install_rollout_hook
+
+    install_rollout_hook(args)   # --weight-push-mode in_place: a prefix-cache key per group (idempotent)
     if evaluation:
         from slime.rollout.sglang_rollout import generate_rollout as slime_generate_rollout
 

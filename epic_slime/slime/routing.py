@@ -293,15 +293,16 @@ def install_train_hook(args) -> None:
 def check_r3_setup(args) -> str | None:
     """An error message when R3 runs with the project's rollout function (which stages routing)
     but the train ranks would load another ``--custom-megatron-init-path`` than the hook that
-    fetches it; None when consistent (unset: the driver adds the hook, ``command_line.r3_hook_flags``)."""
-    from epic_slime.slime.flags import ROLLOUT_FUNCTION_PATH
+    fetches it; None when consistent (unset: the driver adds the hook, ``command_line.train_hook_flags``;
+    the push-mode hook, ``epic_slime.slime.push_mode.install_train_hook``, installs this one too)."""
+    from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH, ROLLOUT_FUNCTION_PATH
 
     if not _r3_on(args):
         return None
     if getattr(args, "rollout_function_path", None) != ROLLOUT_FUNCTION_PATH:
         return None
     hook = getattr(args, "custom_megatron_init_path", None)
-    if hook not in (None, HOOK_PATH):
+    if hook not in (None, HOOK_PATH, PUSH_TRAIN_HOOK_PATH):
         return (f"--use-rollout-routing-replay with the project's rollout function needs "
                 f"--custom-megatron-init-path {HOOK_PATH} (got {hook!r}): the rollout stages routing "
                 "out of slime's per-DP data and each train rank fetches only its own rows")

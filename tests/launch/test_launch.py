@@ -195,6 +195,9 @@ def test_a_dry_run_ends_saying_nothing_was_submitted(script):
     assert passed.returncode == 0 and failed.returncode == 2
     for result in (passed, failed):
         assert result.stdout.splitlines()[-1].startswith("# dry run (DRY_RUN=1): nothing was submitted")
+    assert passed.stdout.splitlines()[-1].endswith("run again without --dry-run to submit")
+    assert "without --dry-run" not in failed.stdout                  # a failed check is no go-ahead
+    assert failed.stdout.splitlines()[-1].endswith("the flag check failed (exit 2): fix the error above, then dry-run again")
 
 
 @pytest.mark.parametrize("script", ["launch/qwen3_30b_epic.sh", "launch/smoke_1gpu.sh"])

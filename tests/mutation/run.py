@@ -18,7 +18,9 @@ checkout itself is never written to.
 Results per mutant: ``killed`` (a test failed, or a collection error / timeout), ``survived`` (all
 covering tests passed: write the missing test, or mark the entry ``equivalent: <why>``), ``not
 applicable`` (the original text is not in the file, or not once: the list is stale, fix the entry)
-and ``error`` (pytest could not run the tests, e.g. a test file was renamed). The kill rate is
+and ``error`` (pytest could not run the tests, e.g. a test file was renamed). A mutant's test run has a
+time limit (``--timeout``, 180 s; its process group is killed, Ray and servers included) and each test
+its own (pytest-timeout, from pyproject.toml and tests/conftest.py): a hang is a kill, named. The kill rate is
 killed / (killed + survived); equivalent mutants are run and reported but not counted. Before the
 mutants, the covering test files are run once unmutated: a file failing there would make every
 mutant look killed, so the run stops (``--no-baseline`` skips that check).
@@ -36,6 +38,7 @@ import argparse
 import concurrent.futures
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -113,12 +116,33 @@ def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[int, float,
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *tests]
     start = time.monotonic()
+    # its own process group, so that a timeout ends pytest and everything it started (Ray, servers):
+    # subprocess.run's timeout kills pytest only, and its children would run on beside the next mutants
+    p = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
     try:
-        p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
-        rc, tail = p.returncode, (p.stdout + p.stderr).strip().splitlines()
+        out, _ = p.communicate(timeout=timeout)
+        rc, tail = p.returncode, out.strip().splitlines()
     except subprocess.TimeoutExpired:
-        rc, tail = -1, [f"timed out after {timeout:.0f}s"]
+        _kill_group(p)
+        rc, tail = -1, [f"timed out after {timeout:.0f}s (the mutant's whole test run)"]
+    finally:
+        _kill_group(p)      # whatever the tests left running
     return rc, time.monotonic() - start, tail[-1] if tail else ""
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        p.communicate(timeout=10)
+    except subprocess.TimeoutExpired:   # a child that left the group still holds the pipe: stop reading
+        for stream in (p.stdout, p.stderr):
+            if stream is not None:
+                stream.close()
+        p.wait()
 
 
 def check_imports_from(root: Path) -> None:

@@ -155,3 +155,22 @@ def test_report_reads_a_run_folder(tmp_path, capsys):
                    correct=(p + j + s) % 2 == 0) for s in (0, 2) for p in range(3) for j in range(2)])
     assert main(["--records", str(run), "--benchmarks", "heldout", "--out", str(tmp_path / "rep"), "--no-plots"]) == 0
     assert "| epic |" in (tmp_path / "rep" / "table1.md").read_text()
+
+
+# ---- the dispatcher ----
+
+@pytest.mark.parametrize("typed,meant", [("trian", "train"), ("reprot", "report"), ("sweeep", "sweep"),
+                                         ("prepare_data", "prepare-data")])
+def test_a_mistyped_command_gets_a_did_you_mean(capsys, typed, meant):
+    from epic_slime.cli import main
+
+    assert main([typed]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == f"epic-slime: unknown command {typed!r}; did you mean {meant!r}?"
+
+
+def test_an_unrelated_command_gets_no_guess(capsys):
+    from epic_slime.cli import main
+
+    assert main(["frobnicate"]) == 2
+    assert capsys.readouterr().err.splitlines()[0] == "epic-slime: unknown command 'frobnicate'"

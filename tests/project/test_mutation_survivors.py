@@ -98,3 +98,30 @@ def test_mutation_runner_applies_one_occurrence_and_calls_a_stale_entry_not_appl
         assert mutated is None and why in reason
     with open(run.HERE / "mutants.yaml") as f:      # the list parses and every entry is complete
         assert len(run.load_mutants(run.HERE / "mutants.yaml")) == len(__import__("yaml").safe_load(f))
+
+
+def test_mutation_runner_keeps_its_per_mutant_limit_when_a_test_leaves_children(tmp_path):
+    """A mutant whose test hangs after starting a child (as a Ray node or a stand-in server is): the
+    run is cut at its limit and the child is ended with it. subprocess.run's timeout killed pytest
+    only, and the child ran on, taking the cores of the mutants after it."""
+    import os
+    import time
+
+    run = _mutation_runner()
+    pid_file = tmp_path / "child.pid"
+    (tmp_path / "test_hangs.py").write_text(
+        "import subprocess, time\n\n\ndef test_hangs():\n"
+        f"    child = subprocess.Popen(['sleep', '60'])\n    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "    time.sleep(3600)\n")
+    start = time.monotonic()
+    rc, seconds, last = run.run_tests(tmp_path, ["test_hangs.py", "-s", "-p", "no:timeout"], timeout=3)
+    assert rc == -1 and "timed out after 3s" in last and time.monotonic() - start < 30, (rc, last)
+    child = int(pid_file.read_text())
+    for _ in range(50):                 # SIGKILLed with its group; reaped by init
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the test's child {child} outlived the mutant's run")

@@ -183,6 +183,7 @@ def test_first_signal_asks_for_a_checkpoint_and_a_second_exits_at_once(capsys):
     stop = StopRequest()
     before = signal.getsignal(signal.SIGTERM)
     stop.install()
+    stop.begin_steps()
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.requested and stop.signal_name == "SIGTERM"
@@ -259,3 +260,115 @@ def test_the_warm_start_says_it_is_trained_once_and_cached_with_an_eta(tmp_path,
     assert "[warm start (trained once, then cached)] step 2/20" in out and "ETA" in out
     _, again = _tiny_warm_start(tmp_path, monkeypatch, seen)
     assert again == f"cache:{path}" and f"warm start: cached at {path}" in capsys.readouterr().out
+
+
+def test_a_signal_during_start_up_stops_at_once_without_promising_a_step(capsys):
+    """Before the driver's loop there is no step in flight: the first Ctrl-C stops (it used to print
+    "finishing the step in flight" and let the warm start and Ray's start run on)."""
+    import os
+    import signal
+
+    from epic_slime.runtime.signals import StopRequest
+
+    stop = StopRequest()
+    stop.install()
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGINT during start-up"):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        stop.restore()
+    out = capsys.readouterr().out
+    assert "during start-up, before any step: stopping now" in out and "step in flight" not in out
+
+
+def test_installing_twice_restores_the_handlers_from_before_the_first(capsys):
+    """The driver installs again after ray.init: restore must put back the caller's handler, not the
+    first install's own (which stayed installed after the run)."""
+    import signal
+
+    from epic_slime.runtime.signals import StopRequest
+
+    before = signal.getsignal(signal.SIGINT)
+    stop = StopRequest()
+    stop.install()
+    stop.install()
+    stop.restore()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ctrl_c_during_the_warm_start_exits_in_seconds(tmp_path):
+    """A real `epic-slime train` (its warm start, no Ray yet) sent SIGINT while it trains: exit 130
+    at once, no "finishing the step in flight", no run files left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from support.runtime_helpers import TINY_FLAGS
+
+    flags = [f for f in TINY_FLAGS if f != "--no-progress"]
+    argv = [sys.executable, "-m", "epic_slime.cli", "train", *flags, "--warm-start-steps", "100000",
+            "--output-dir", str(tmp_path / "run"), "--warm-start-cache-dir", str(tmp_path / "cache")]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "warm start: training" in line:   # the next thing it does is train
+                break
+        time.sleep(1.0)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "".join(seen) + rest
+    assert proc.returncode == 130, text
+    assert "during start-up, before any step: stopping now" in text and "step in flight" not in text, text
+    assert "nothing to resume" in text and took < 20, (took, text)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+# ---- refusals before torch's import ----
+
+def test_the_stored_loss_flags_match_the_registry():
+    from epic_slime.runtime.loss_flags import live_table, stored_table
+
+    assert stored_table() == live_table(), ("epic_slime/runtime/loss_flags.json is stale: "
+                                            "python -m epic_slime.runtime.loss_flags --write")
+
+
+def test_the_quick_parser_is_the_full_parser_but_for_value_types():
+    from epic_slime.runtime.config import build_parser
+    from epic_slime.runtime.loss_flags import stored_table
+
+    def actions(parser):
+        return [(a.option_strings, a.dest, a.default, list(a.choices) if a.choices else None, a.help, a.nargs,
+                 a.metavar) for a in parser._actions]
+    full, quick = build_parser(), build_parser(loss_table=stored_table())
+    assert actions(quick) == actions(full)
+    assert quick.format_help() == full.format_help()
+
+
+REFUSALS = [["train", "--bogus"], ["train", "--lr", "-1"], ["train", "--max-stalenes", "2"],
+            ["train", "--policy-loss", "epik"], ["train", "--config", "/nonexistent.yaml"], ["train", "--help"],
+            ["sweep", "--bogus"], ["sweep", "--policy-losses", "epik"]]
+
+
+@pytest.mark.parametrize("argv", REFUSALS, ids=[" ".join(a) for a in REFUSALS])
+def test_a_refusal_answers_before_torch_is_imported(argv):
+    """torch's import is 1 s idle and 4-22 s on a busy machine; a refused flag must not wait for it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom epic_slime.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    rc = e.code\nprint('torch imported' if 'torch' in sys.modules else 'no torch', rc)\n")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    last = done.stdout.strip().splitlines()[-1]
+    assert last in ("no torch 2", "no torch 0"), (last, done.stderr[-500:])
+    if argv[-1] != "--help":
+        assert done.stderr.strip().startswith(f"epic-slime {argv[0]}: error: "), done.stderr

@@ -11,7 +11,9 @@ after the next generate returned; eval every rollout with no lost group, no HTTP
 crashed group task; the prompt accounting at every rollout; staleness never above K and no group
 dropped; a request aborted before its first token adds no version; every prompt trained exactly
 once over kill and resume; eval records valid for the report after the resume; no old-log-prob
-forward (D training forwards) per rollout; the driver's RSS every rollout.
+forward (D training forwards) per rollout; the driver's RSS every rollout. Pushes run slime's own
+UpdateWeightFromDistributed.update_weights (abort mode); one more session runs
+--weight-push-mode in_place (the push-mode hook around it).
 """
 
 from __future__ import annotations
@@ -222,11 +224,13 @@ def test_harness_args_match_slime_parser(tmp_path, monkeypatch):
 
 # ---- single sessions: --max-staleness 1, and the unserialised-push stress case
 
-def _single_session(workdir: str, name: str, num_rollout: int, push: str | None = None, **argv) -> list[dict]:
-    """One driver session (no kill) against a fresh stand-in without the held request (at K = 1 the
-    held group would belong to the very batch the next push waits for); its trace."""
+def _single_session(workdir: str, name: str, num_rollout: int, push: str | None = None,
+                    hold_max_new_tokens: int | None = None, stats: dict | None = None, **argv) -> list[dict]:
+    """One driver session (no kill) against a fresh stand-in, by default without the held request (at
+    K = 1 the held group would belong to the very batch the next push waits for); its trace (and
+    the stand-in's counters into ``stats``)."""
     h.prepare_workdir(workdir)
-    server = h.Server(workdir, os.path.join(workdir, "init.pt"))
+    server = h.Server(workdir, os.path.join(workdir, "init.pt"), hold_max_new_tokens=hold_max_new_tokens)
     config = {"trace": os.path.join(workdir, f"{name}.jsonl"), "port": server.port,
               "dist_file": os.path.join(workdir, "dist"),
               "argv": h.standard_argv(workdir, num_rollout=num_rollout, save_interval=None, **argv)}
@@ -234,6 +238,8 @@ def _single_session(workdir: str, name: str, num_rollout: int, push: str | None 
         config["push"] = push
     try:
         rc = h.run_session(config, timeout=150)
+        if stats is not None:
+            stats.update(server.stats())
     finally:
         server.stop()
     assert rc == 0, f"logs in {workdir}"
@@ -268,6 +274,27 @@ def test_unserialised_push_stress_loses_no_prompt(tmp_path):
                                                            + m["rollout/accounting/in_flight_groups"])
     assert max(s for e in _events(events, "train") for s in e["staleness"]) <= K
     _trained_once(events, 10)
+
+
+def test_in_place_push_keeps_every_request_and_trains_every_prompt_once(tmp_path):
+    """--weight-push-mode in_place under slime's push order (slime's own update_weights, wrapped by
+    the push-mode hook): no request is aborted (nothing resubmitted), /flush_cache is never called,
+    a request submitted before a push answers with the version after it, no new group reuses prefix
+    KV of older weights while the samples of a group share their prompt, every prompt trained once."""
+    stats: dict = {}
+    events = _single_session(str(tmp_path), "in_place", num_rollout=5, hold_max_new_tokens=h.ROLLOUT_MAX_RESPONSE_LEN,
+                             stats=stats, extra=["--weight-push-mode", "in_place"])
+    _trained_once(events, 10)
+    pushes = len(_events(events, "update_weights"))
+    assert pushes == 1 + 5, pushes   # the first push, then one per rollout
+    assert stats.get("pauses_in_place") == pushes and stats.get("pauses_abort", 0) == 0, stats
+    assert stats.get("aborted", 0) == 0 and stats.get("flush_calls", 0) == 0, stats
+    # the held request of each version is released by the next push and answers after it
+    assert stats["held_released"] >= 1 and stats.get("held_aborted", 0) == 0 and stats["spanning_answers"] >= 1, stats
+    assert stats.get("stale_prefix_hits", 0) == 0 and stats["prefix_hits"] >= 1, stats
+    last = _events(events, "generate")[-1]["metrics"]
+    assert last["rollout/accounting/abort_resubmits"] == 0 and last["rollout/staleness/total_dropped_groups"] == 0
+    assert max(s for e in _events(events, "train") for s in e["staleness"]) <= K
 
 
 # ---- the synchronous schedule (--max-staleness 0, issue 14): the same stand-ins, the driver's own

@@ -13,9 +13,11 @@ call at a time on its own thread, ``.remote`` returns a future, slime's own piec
 the Megatron train group (``CpuTrainGroup``: the tiny model, slime's ``loss_function``, AdamW,
 weight pushes as slime's distributed updater makes them: first ask the RolloutManager for the
 engines, which queues the push behind its call in progress (so it lands only after
-``generate(r + 1)`` returned, as on a cluster), then pause, flush, per bucket
-``/update_weights_from_distributed`` with its ``weight_version`` and the tensors broadcast over a
-gloo group, continue; an unserialised push from disk is kept as a stress case only). slime's argument parser needs SGLang and Megatron-LM's ``megatron.training`` (neither
+``generate(r + 1)`` returned, as on a cluster), then slime's own
+``UpdateWeightFromDistributed.update_weights`` (``support/slime_push.py``: pause, flush in abort
+mode, per bucket ``/update_weights_from_distributed`` with its ``weight_version`` and the tensors
+broadcast over a gloo group, continue; the push-mode hook around it under ``--weight-push-mode
+in_place``); an unserialised push from disk is kept as a stress case only). slime's argument parser needs SGLang and Megatron-LM's ``megatron.training`` (neither
 installs on this CPU machine), so args are slime's own defaults, read from its
 ``slime/utils/arguments.py`` source, overlaid with the driver's flag layer (``driver_argv``) and
 checked by ``validate_project_args``.
@@ -297,7 +299,7 @@ class CpuTrainGroup:
             raise ValueError(f"push must be one of {PUSH_MODES}, got {push!r}")
         self.args, self.url, self.trace, self.kill_after_train = args, server_url, trace, kill_after_train
         self.manager, self.push, self.save_window = manager, push, save_window
-        self.update_group = None
+        self.updater = None   # slime's distributed updater (support/slime_push.py), connected at the first push
         self.memory_clears = 0
         tok = Tokenizer()
         self.model = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=0)
@@ -342,14 +344,23 @@ class CpuTrainGroup:
 
     def update_weights(self):
         """slime's push: ask the RolloutManager for the engines (waits behind its call in
-        progress), then the distributed updater's order: version + 1, pause, flush, one
-        ``update_weights_from_distributed`` per bucket (metadata over HTTP, tensors by broadcast,
-        the bucket's weight_version), continue. ``push="disk-unserialised"``, a stress case only:
-        straight to the engine from disk, landing wherever generation happens to be."""
+        progress), then slime's own ``UpdateWeightFromDistributed.update_weights``
+        (``support/slime_push.py``; under ``--weight-push-mode in_place`` wrapped by the push-mode
+        hook): version + 1, pause, flush (abort mode), one ``update_weights_from_distributed`` per
+        bucket (metadata over HTTP, tensors by broadcast, the bucket's weight_version), continue.
+        ``push="disk-unserialised"``, a stress case only: straight to the engine from disk, landing
+        wherever generation happens to be."""
         if self.push == "distributed":
+            from support.slime_push import EngineActorStandIn, make_updater
+
             self.manager.get_updatable_engines_and_lock.remote().result()
-            if self.update_group is None:
-                self._connect()
+            if self.updater is None:
+                self.updater = make_updater(self.args, self.model, [EngineActorStandIn(self.url)])
+            self.updater.weight_version = self.weight_version
+            self.updater.update_weights()
+            self.weight_version = self.updater.weight_version
+            self.trace.write("update_weights", self.weight_version)
+            return
         self.weight_version += 1
         s = _session()
         s.post(f"{self.url}/pause_generation", json={}).raise_for_status()
@@ -357,62 +368,14 @@ class CpuTrainGroup:
             if s.get(f"{self.url}/flush_cache").status_code == 200:
                 break
             time.sleep(0.2)
-        if self.push == "distributed":
-            for bucket in self._buckets():
-                self._send_bucket(bucket)
-        else:
-            os.makedirs(self.args.save, exist_ok=True)
-            path = os.path.join(self.args.save, f"push_{self.weight_version}.pt")
-            torch.save(self.model.state_dict(), path)
-            s.post(f"{self.url}/update_weights_from_disk", json={"model_path": path}).raise_for_status()
-            s.post(f"{self.url}/update_weight_version", json={"new_version": str(self.weight_version)}).raise_for_status()
-            os.remove(path)
+        os.makedirs(self.args.save, exist_ok=True)
+        path = os.path.join(self.args.save, f"push_{self.weight_version}.pt")
+        torch.save(self.model.state_dict(), path)
+        s.post(f"{self.url}/update_weights_from_disk", json={"model_path": path}).raise_for_status()
+        s.post(f"{self.url}/update_weight_version", json={"new_version": str(self.weight_version)}).raise_for_status()
+        os.remove(path)
         s.post(f"{self.url}/continue_generation", json={}).raise_for_status()
         self.trace.write("update_weights", self.weight_version)
-
-    def _connect(self):
-        """slime's connect_rollout_engines_from_distributed: the engine joins (HTTP, answered once
-        the group is up) while this rank creates the group as rank 0."""
-        import socket
-        import torch.distributed as dist
-        from datetime import timedelta
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        payload = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-                   "group_name": "epic_e2e_update", "backend": "gloo"}
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            joined = pool.submit(_session().post, f"{self.url}/init_weights_update_group", json=payload, timeout=120)
-            store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=120),
-                                  wait_for_workers=False)
-            self.update_group = dist.ProcessGroupGloo(dist.PrefixStore(payload["group_name"], store), 0, 2,
-                                                      timedelta(seconds=120))
-            joined.result().raise_for_status()
-        self._store = store   # the store's server lives as long as the group
-
-    def _buckets(self, count: int = 3):
-        """The parameters in ``count`` buckets (slime: --update-weight-buffer-size)."""
-        named = list(self.model.named_parameters())
-        size = -(-len(named) // count)
-        return [named[i:i + size] for i in range(0, len(named), size)]
-
-    def _send_bucket(self, bucket):
-        import torch.distributed as dist
-
-        payload = {"names": [n for n, _ in bucket], "dtypes": [str(p.dtype).replace("torch.", "") for _, p in bucket],
-                   "shapes": [list(p.shape) for _, p in bucket], "group_name": "epic_e2e_update",
-                   "flush_cache": False, "weight_version": str(self.weight_version)}
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            answer = pool.submit(_session().post, f"{self.url}/update_weights_from_distributed", json=payload, timeout=120)
-            for _, param in bucket:
-                opts = dist.BroadcastOptions()
-                opts.rootRank, opts.rootTensor = 0, 0
-                self.update_group.broadcast([param.detach().contiguous()], opts).wait()
-            reply = answer.result()
-        reply.raise_for_status()
-        if not reply.json().get("success"):
-            raise RuntimeError(f"update_weights_from_distributed failed: {reply.text}")
 
     # -- training
     def _logits(self, data, rows):
@@ -552,7 +515,8 @@ class Server:
     """The SGLang stand-in in its own process, stopped by its pid."""
 
     def __init__(self, workdir: str, weights: str | None = None, hold_max_new_tokens: int | None = None,
-                 long_every: int | None = LONG_EVERY, long_min_new_tokens: int = LONG_MIN_NEW_TOKENS):
+                 long_every: int | None = LONG_EVERY, long_min_new_tokens: int = LONG_MIN_NEW_TOKENS,
+                 extra_args: list[str] = ()):
         port_file = os.path.join(workdir, "standin.port")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         cmd = [sys.executable, str(TESTS / "support" / "sglang_standin.py"), "--port-file", port_file]
@@ -560,8 +524,10 @@ class Server:
             cmd += ["--weights", weights]
         if hold_max_new_tokens is not None:
             cmd += ["--hold-max-new-tokens", str(hold_max_new_tokens)]
-        if long_every is not None:
-            cmd += ["--long-every", str(long_every), "--long-min-new-tokens", str(long_min_new_tokens)]
+        if long_every is not None:   # training requests only (their response cap tells them from eval ones)
+            cmd += ["--long-every", str(long_every), "--long-min-new-tokens", str(long_min_new_tokens),
+                    "--long-max-new-tokens", str(ROLLOUT_MAX_RESPONSE_LEN)]
+        cmd += list(extra_args)
         self.log = open(os.path.join(workdir, "standin.log"), "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120
@@ -610,6 +576,14 @@ def session(config: dict) -> None:
     args = build_args(config["argv"] + ["--sglang-router-ip", "127.0.0.1", "--sglang-router-port", str(config["port"])])
     dist.init_process_group("gloo", init_method=f"file://{config['dist_file']}", rank=0, world_size=1)
     parallel_state.initialize_model_parallel()
+    from slime.utils.distributed_utils import set_gloo_group
+    from support.slime_push import use_ray_stand_in
+
+    from epic_slime.slime.push_mode import install_push_hook
+
+    set_gloo_group(dist.group.WORLD)   # slime's updater barriers on it
+    use_ray_stand_in()
+    install_push_hook(args)   # slime runs --custom-megatron-init-path on each train rank (its R3 half needs CUDA)
     manager = RolloutManagerStandIn(args, trace)
     window = SaveWindowKill(config.get("kill_between_saves"), trace)
     manager.save_window = window

@@ -1,0 +1,191 @@
+"""--weight-push-mode (epic_slime.slime.push_mode): the flag and its checks, the train hook around
+slime 624b824a's own UpdateWeightFromDistributed.update_weights (run against the SGLang stand-in
+over HTTP), and the rollout hook's prefix-cache keys on slime's own rollout functions."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+
+import pytest
+
+from epic_slime.slime import push_mode
+from epic_slime.slime.command_line import driver_argv
+from epic_slime.slime.dry_run import check_argv
+from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH, ROLLOUT_FUNCTION_PATH, ProjectFlagError
+from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK
+
+BASE = [
+    "--loss-type", "custom_loss",
+    "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
+    "--rollout-function-path", ROLLOUT_FUNCTION_PATH,
+    "--rollout-batch-size", "64",
+    "--n-samples-per-prompt", "8",
+]
+_SLIME = importlib.util.find_spec("slime") is not None and importlib.util.find_spec("megatron") is not None
+needs_slime = pytest.mark.skipif(not _SLIME, reason="needs slime's source on the path (SLIME_PATH) and megatron-core")
+
+
+def _init_path(argv):
+    out = driver_argv(argv)
+    return out[out.index("--custom-megatron-init-path") + 1] if "--custom-megatron-init-path" in out else None
+
+
+def test_default_push_mode_is_abort_and_adds_nothing():
+    config, args, _ = check_argv(BASE)
+    assert args.weight_push_mode == "abort"
+    assert _init_path(BASE) is None
+    assert _init_path(BASE + ["--use-rollout-routing-replay"]) == R3_TRAIN_HOOK
+
+
+def test_in_place_installs_the_push_hook_which_also_carries_r3():
+    assert _init_path(BASE + ["--weight-push-mode", "in_place"]) == PUSH_TRAIN_HOOK_PATH
+    argv = BASE + ["--weight-push-mode", "in_place", "--use-rollout-routing-replay"]
+    assert _init_path(argv) == PUSH_TRAIN_HOOK_PATH
+    check_argv(argv + ["--custom-megatron-init-path", PUSH_TRAIN_HOOK_PATH])   # R3's check accepts it
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--colocate", "--max-staleness", "0"], "--colocate"),
+    (["--update-weight-transport", "disk"], "--update-weight-transport disk"),
+    (["--custom-megatron-init-path", "my.init"], "'my.init'"),
+])
+def test_in_place_refuses_what_its_hook_cannot_reach(extra, message):
+    with pytest.raises(ProjectFlagError, match=message):
+        check_argv(BASE + ["--weight-push-mode", "in_place"] + extra)
+    check_argv(BASE + extra)   # fine in abort mode
+
+
+def test_check_names_a_bad_mode_from_a_config_file():
+    assert "'later'" in push_mode.check_push_setup(argparse.Namespace(weight_push_mode="later"))
+
+
+def test_the_train_hook_chains_r3_in_either_mode(monkeypatch):
+    from epic_slime.slime import routing
+
+    calls = []
+    monkeypatch.setattr(routing, "install_train_hook", lambda args: calls.append(args))
+    args = argparse.Namespace(use_rollout_routing_replay=True, rollout_function_path=ROLLOUT_FUNCTION_PATH,
+                              weight_push_mode="abort")
+    push_mode.install_train_hook(args)
+    assert calls == [args]
+
+
+# ---- the train hook on slime's own update_weights, against the stand-in
+
+class _OneRank:
+    """``torch.distributed`` as slime's updater uses it on rank 0 of a one-rank train group."""
+
+    @staticmethod
+    def get_rank():
+        return 0
+
+    @staticmethod
+    def barrier(group=None):
+        return None
+
+
+@pytest.fixture
+def slime_updater(monkeypatch, tmp_path):
+    """start(mode) -> (stand-in, engine actor, slime's updater) with the push-mode train hook
+    installed for ``mode``; slime's class is restored afterwards."""
+    if not _SLIME:
+        pytest.skip("needs slime's source on the path (SLIME_PATH) and megatron-core")
+    from support.sglang_client import standin_factory
+    from support.slime_push import EngineActorStandIn, RayStandIn, make_updater, updater_module
+
+    module = updater_module()
+    monkeypatch.setattr(module, "ray", RayStandIn)
+    monkeypatch.setattr(module, "dist", _OneRank)
+    monkeypatch.setattr(module, "get_gloo_group", lambda: None)
+    monkeypatch.setattr(module.UpdateWeightFromDistributed, "update_weights", module.UpdateWeightFromDistributed.update_weights)
+
+    with standin_factory(tmp_path) as start_server:
+        def start(mode):
+            from epic_slime.runtime.model import ModelConfig, build_policy
+            from epic_slime.runtime.task import Tokenizer
+
+            server = start_server("--long-every", "1", "--long-min-new-tokens", "48", "--long-max-new-tokens", "48",
+                                  "--step-seconds", "0.03")
+            push_mode.install_train_hook(argparse.Namespace(weight_push_mode=mode, use_rollout_routing_replay=False))
+            engine = EngineActorStandIn(server.url, flush_retry_s=0.05)
+            tok = Tokenizer()
+            model = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=1)
+            return server, engine, make_updater(argparse.Namespace(), model, [engine])
+
+        yield start
+
+
+def _push_meets_a_running_request(server, updater):
+    from support.sglang_client import tokens_of
+
+    answer = server.submit(tokens_of("12+7="))
+    server.wait_for(lambda s: s.get("decode_steps", 0) >= 3)
+    updater.update_weights()
+    return answer.result(60), server.stats()
+
+
+def test_in_place_hook_pauses_slimes_updater_in_place_without_a_flush(slime_updater):
+    server, engine, updater = slime_updater("in_place")
+    assert push_mode.installed()["train"]
+    got, stats = _push_meets_a_running_request(server, updater)
+    assert got["meta_info"]["finish_reason"]["type"] == "length" and len(got["output_ids"]) == 48
+    assert got["meta_info"]["weight_version"] == "1"   # slime's version + 1, reported at answer time
+    assert stats.get("aborted", 0) == 0 and stats["pauses_in_place"] == 1 and stats.get("flush_calls", 0) == 0
+    assert stats["spanning_answers"] == 1 and stats["weight_buckets"] == 3
+    assert engine.calls == ["init_weights_update_group", "pause_generation {'mode': 'in_place'}",
+                            *["update_weights_from_distributed"] * 3, "continue_generation {}"]
+    assert updater.rollout_engines == [engine]   # the views last one push
+
+
+def test_without_the_hook_slimes_updater_aborts_and_flushes(slime_updater):
+    server, engine, updater = slime_updater("abort")
+    assert not push_mode.installed()["train"]
+    got, stats = _push_meets_a_running_request(server, updater)
+    assert got["meta_info"]["finish_reason"]["type"] == "abort" and len(got["output_ids"]) < 48
+    assert stats["pauses_abort"] == 1 and stats["flushes"] == 1 and stats.get("flush_failed", 0) == 0
+    assert engine.calls[1:3] == ["pause_generation {}", "flush_cache"]
+
+
+# ---- the rollout hook on slime's own rollout functions
+
+@needs_slime
+def test_rollout_hook_keys_each_group_submission_and_each_eval(monkeypatch):
+    from slime.rollout import sglang_rollout
+    from slime.utils import http_utils
+
+    sent = []
+
+    async def post(url, payload, max_retries=60, headers=None):
+        sent.append((url, payload))
+        return {}
+
+    async def group_call(args, group, sampling_params, evaluation=False):   # the shape of generate_and_rm_group
+        await asyncio.gather(*[asyncio.create_task(sglang_rollout.post("http://r/generate", {"input_ids": [s]}))
+                               for s in group])
+
+    async def eval_call(args, rollout_id):
+        await asyncio.gather(*[asyncio.create_task(http_utils.post("http://r/generate", {"input_ids": [i]}))
+                               for i in range(3)])
+
+    for module, name, fn in ((sglang_rollout, "post", post), (http_utils, "post", post),
+                             (sglang_rollout, "generate_and_rm_group", group_call), (sglang_rollout, "eval_rollout", eval_call)):
+        monkeypatch.setattr(module, name, fn)
+    assert not push_mode.install_rollout_hook(argparse.Namespace(weight_push_mode="abort"))
+    assert sglang_rollout.generate_and_rm_group is group_call
+    assert push_mode.install_rollout_hook(argparse.Namespace(weight_push_mode="in_place"))
+    assert push_mode.install_rollout_hook(argparse.Namespace(weight_push_mode="in_place"))   # idempotent
+
+    async def run():
+        await sglang_rollout.generate_and_rm_group(None, [1, 2, 3], {})
+        await sglang_rollout.generate_and_rm_group(None, [4, 5], {})
+        await sglang_rollout.eval_rollout(None, 0)
+        await sglang_rollout.post("http://r/generate", {"input_ids": [9]})   # outside any submission
+        await sglang_rollout.post("http://r/abort_request", {"abort_all": True})
+
+    asyncio.run(run())
+    keys = [p.get("extra_key") for _, p in sent]
+    assert len(set(keys[:3])) == 1 and len(set(keys[3:5])) == 1 and len(set(keys[5:8])) == 1
+    assert len({keys[0], keys[3], keys[5], keys[8]}) == 4 and all(k.startswith(push_mode.KEY_PREFIX) for k in keys[:9])
+    assert keys[9] is None   # not a /generate request
