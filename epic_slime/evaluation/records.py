@@ -1,7 +1,7 @@
 """Eval records: one line of JSON per generated sample.
 
 ``{"run": str, "method": str, "seed": int, "step": int, "benchmark": str, "prompt_id": str,
-"sample_idx": int, "correct": bool}``. ``run`` names one training run (one method, one seed);
+"sample_idx": int, "correct": bool, "weight_version": int}``. ``run`` names one training run (one method, one seed);
 ``step`` is the number of the evaluated checkpoint: the slime rollout id whose training produced
 it (Megatron's ``iter_<step>``, ``--save-hf``'s ``{rollout_id}``), or ``PRE_TRAINING_STEP`` (-1)
 for slime's evaluation before training rollout 0 (slime logs that one, and the one after rollout
@@ -10,6 +10,16 @@ rollout 0). The embedded runtime numbers by weight version instead, its warm sta
 the pre-training evaluation is the earliest step, so checkpoint selection treats it alike (it wins
 ties). ``sample_idx`` numbers the samples of one prompt (0..k-1). Written by the slime eval hook
 and by the local runtime; read by ``epic-slime report``.
+
+``weight_version`` names the weights that generated the sample, in the numbering of ``step``: the
+step of the checkpoint those weights are, as the serving engine reported them (slime: from the
+sample's SGLang ``weight_versions``, see ``epic_slime.slime.eval_hooks``; the runtime: the version
+its eval worker held). ``step`` is what the evaluation was keyed by, ``weight_version`` what it
+scored, so a record where they differ scored other weights than its step names (an eval that ran
+before the push of its step's weights): ``read_records`` refuses it, naming the file, line, step
+and version (``VersionMismatchError``). Fallback for files written before records carried the
+field: it is absent (``None``) and the step is trusted as is; ``epic-slime report`` counts such
+records in its notes.
 
 Resume (``replace_run_records``, what the slime eval hook writes with): every write of run R's
 evaluation at step s replaces R's records at steps >= s and adds the new ones, so a resumed run
@@ -43,6 +53,10 @@ class RecordError(ValueError):
     """An eval record is malformed (message names the file, line and field)."""
 
 
+class VersionMismatchError(RecordError):
+    """An eval record's step and the weight version it scored disagree (names file, line, step, version)."""
+
+
 @dataclass(frozen=True)
 class EvalRecord:
     run: str
@@ -53,19 +67,23 @@ class EvalRecord:
     prompt_id: str
     sample_idx: int
     correct: bool
+    weight_version: int | None = None   # None: a record written before records named their weights
 
     def key(self) -> tuple:
         """Identity of a sample: a second record with the same key is a duplicate."""
         return (self.run, self.step, self.benchmark, self.prompt_id, self.sample_idx)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if data["weight_version"] is None:   # unknown: written as before, not as null
+            del data["weight_version"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "record") -> "EvalRecord":
         if not isinstance(data, dict):
             raise RecordError(f"{where}: expected a JSON object, got {type(data).__name__}")
-        missing = [f.name for f in fields(cls) if f.name not in data]
+        missing = [f.name for f in fields(cls) if f.name not in data and f.name != "weight_version"]
         if missing:
             raise RecordError(f"{where}: missing field(s) {', '.join(missing)}")
         values = {}
@@ -89,7 +107,22 @@ class EvalRecord:
             values["correct"] = bool(correct)
         else:
             raise RecordError(f"{where}: field 'correct' must be true/false or 0/1, got {correct!r}")
+        version = data.get("weight_version")
+        if version is not None:
+            if isinstance(version, bool) or not isinstance(version, int) and not (
+                    isinstance(version, float) and version.is_integer()):
+                raise RecordError(f"{where}: field 'weight_version' must be an integer or absent, got {version!r}")
+            values["weight_version"] = int(version)
         return cls(**values)
+
+    def check_version(self, where: str = "record") -> None:
+        """Refuse a record that scored other weights than its step names (see the module docstring)."""
+        if self.weight_version is not None and self.weight_version != self.step:
+            raise VersionMismatchError(
+                f"{where}: run {self.run!r} record at step {self.step} scored weight version "
+                f"{self.weight_version}: the evaluation keyed step {self.step} ran on other weights "
+                f"(before the push of step {self.step}'s weights?); its scores would shift the curve and "
+                f"the checkpoint selection by {self.step - self.weight_version} step(s)")
 
 
 def write_records(path: str, records: Iterable[EvalRecord | dict], append: bool = True) -> int:
@@ -115,13 +148,17 @@ def _parse_line(line: str, where: str) -> EvalRecord:
     return EvalRecord.from_dict(data, where=where)
 
 
-def read_records(path: str) -> list[EvalRecord]:
-    """All records of one JSONL file (blank lines ignored); errors name the line."""
+def read_records(path: str, check_versions: bool = True) -> list[EvalRecord]:
+    """All records of one JSONL file (blank lines ignored); errors name the line. ``check_versions``:
+    refuse a record whose step and weight version disagree (``EvalRecord.check_version``)."""
     records = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if line.strip():
-                records.append(_parse_line(line, f"{path}:{number}"))
+                record = _parse_line(line, f"{path}:{number}")
+                if check_versions:
+                    record.check_version(f"{path}:{number}")
+                records.append(record)
     return records
 
 

@@ -8,6 +8,10 @@ Table 1 cell carries a bootstrap 95% interval over prompts and seeds (``--bootst
 
 Writes ``table1.md`` (Table 1, per-run selections, notes), ``scores.csv`` (every run, step
 and benchmark), ``selection.json`` and ``average.png`` + one ``<benchmark>.png`` per benchmark.
+
+A record file whose step and weight version disagree (an eval that scored other weights than its
+step names) is refused with an error naming the file, line, step and version; records from before
+the version field are read with their step trusted, counted in the notes.
 """
 
 from __future__ import annotations
@@ -95,9 +99,20 @@ def runs_markdown(rows: Sequence[MethodRow], runs: dict[str, RunInfo], benchmark
     return "\n".join(lines)
 
 
+def version_note(records) -> list[str]:
+    """Records name the weights they scored (``weight_version``; ``read_records`` refused any that
+    disagree with their step). Files from before that field: their steps are trusted, said here."""
+    unnamed = sorted({r.run for r in records if r.weight_version is None})
+    if not unnamed:
+        return []
+    count = sum(r.weight_version is None for r in records)
+    return [f"{count} of {len(records)} records (run(s) {', '.join(unnamed)}) name no weight version (written "
+            f"before records carried one): their step is taken as the weights they scored, unchecked"]
+
+
 def notes(rows: Sequence[MethodRow], runs: dict[str, RunInfo], benchmarks: Sequence[str], k_expected: int,
-          k: int | dict[str, int] | None = None) -> list[str]:
-    out = []
+          k: int | dict[str, int] | None = None, records=()) -> list[str]:
+    out = version_note(records)
     if k is not None:
         chosen = {b: (k.get(b) if isinstance(k, dict) else k) for b in benchmarks}
         out.append("mean@k from the first k samples of each prompt: "
@@ -247,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "## Notes",
         "",
-        *[f"- {line}" for line in notes(rows, runs, args.benchmarks, args.samples_per_prompt, k)],
+        *[f"- {line}" for line in notes(rows, runs, args.benchmarks, args.samples_per_prompt, k, records)],
         "",
     ]
     with open(os.path.join(args.out, "table1.md"), "w") as handle:

@@ -42,7 +42,7 @@ class EvalWorker:
 
     def evaluate(self, weights, version: int, problems, sampling: dict):
         self.engine.set_weights(weights, version)
-        return version, self.engine.evaluate(problems, **sampling)
+        return self.engine.version, self.engine.evaluate(problems, **sampling)   # the version it scored
 
 
 @ray.remote(num_cpus=1, max_restarts=0)

@@ -293,14 +293,14 @@ class Run:
     def _collect_eval(self) -> None:
         import ray
 
-        version, correct = ray.get(self.eval_future)
-        self.eval_future = None
+        scored, correct = ray.get(self.eval_future)   # the version the eval worker held
+        version, self.eval_future = self.eval_future_version, None   # the version it was due on: its step
         k = self.cfg.n_samples_per_eval_prompt
         flat = [c for row in correct for c in row]
         result = {f"eval/{HELDOUT}/mean@{k}": statistics.fmean(flat),
                   f"eval/{HELDOUT}/pass@{k}": statistics.fmean(any(r) for r in correct), "eval/version": version}
         self.eval_ready.append(result)
-        self.log.evaluation(self.step, result, version, correct)
+        self.log.evaluation(self.step, result, version, correct, weight_version=scored)
         self._maybe_submit_eval()
 
     # ---------------- checkpoints ----------------

@@ -136,14 +136,18 @@ class RunLog:
             f.write(json.dumps({"step": step, "trained_group_ids": trained_ids, "dropped_group_ids": dropped_ids,
                                 "lags": lags}) + "\n")
 
-    def evaluation(self, step: int, result: dict, version: int, correct: list[list[bool]]) -> None:
+    def evaluation(self, step: int, result: dict, version: int, correct: list[list[bool]],
+                   weight_version: int | None = None) -> None:
         """eval_metrics.jsonl (one line per evaluation) and eval_records.jsonl (one record per
-        sample, the evaluation package's format, so `epic-slime report` reads local runs as-is)."""
+        sample, the evaluation package's format, so `epic-slime report` reads local runs as-is).
+        Records are keyed by ``version`` (the one the eval was due on) and name ``weight_version``,
+        the one the eval worker scored (default: the same)."""
         with open(self.out / EVAL_METRICS_FILE, "a") as f:
             f.write(json.dumps({"step": step, **result}) + "\n")
         write_records(str(self.out / EVAL_RECORDS_FILE), [
             EvalRecord(run=self.out.name, method=self.cfg.policy_loss, seed=self.cfg.seed, step=version,
-                       benchmark=HELDOUT, prompt_id=str(pid), sample_idx=j, correct=bool(c))
+                       benchmark=HELDOUT, prompt_id=str(pid), sample_idx=j, correct=bool(c),
+                       weight_version=version if weight_version is None else int(weight_version))
             for pid, row in enumerate(correct) for j, c in enumerate(row)])
 
 

@@ -20,6 +20,11 @@ with another rollout function, as this process's first eval when it is at rollou
 ``--skip-eval-before-train`` is off (the driver's and slime's train.py schedule; under slime's
 train_async.py, which has no pre-training eval, that first one would be mislabelled -1).
 A sample is correct when its reward is > 0.5 (1/0 rewards, and DAPO's +1/-1 scores).
+Each record names the weights it scored (``weight_version``, in step numbering): the sample's
+SGLang ``weight_versions`` translated by ``served_step`` (the project's rollout function only: it
+knows this process's first training rollout; with another, records name none). An eval that ran
+before the push of its step's weights names the step before, is logged as an error here, and
+``epic-slime report`` refuses the file.
 
 Resume: each eval of a training run replaces the run's records from its step on
 (``replace_run_records``, atomic), so a run resumed from a checkpoint supersedes the evals its
@@ -39,6 +44,7 @@ from collections import defaultdict
 from epic_slime.evaluation.records import PRE_TRAINING_STEP, EvalRecord, replace_run_records
 from epic_slime.slime import rollout as project_rollout
 from epic_slime.slime.flags import ROLLOUT_FUNCTION_PATH
+from epic_slime.staleness import parse_weight_version
 
 logger = logging.getLogger(__name__)
 _warned_no_path = False
@@ -62,8 +68,33 @@ def _reward_value(reward) -> float:
     return float(reward)
 
 
-def eval_records_from_rollout(rollout_id: int, args, data: dict) -> list[EvalRecord]:
-    """The records of one eval rollout (pure: no I/O)."""
+def served_step(served, step: int, first_training_rollout: int | None) -> int:
+    """The step of the weights SGLang served at weight version ``served`` (its ``weight_version``:
+    the pushes of this process, the initial one 1), in the records' step numbering.
+
+    The driver pushes once before its first training rollout ``f`` (the weights of step ``f - 1``,
+    loaded or initial) and once after each trained rollout, so version ``v`` holds step
+    ``f + v - 2``. Before this process trained anything (the pre-training eval, an eval-only run)
+    only the initial push exists, and it holds the weights the eval is keyed by: version ``v``
+    holds ``step + v - 1``."""
+    version = parse_weight_version(served)
+    if first_training_rollout is None:
+        return step + version - 1
+    return first_training_rollout + version - 2
+
+
+def _sample_weights_step(sample, step: int, first_training_rollout: int | None, known: bool) -> int | None:
+    versions = getattr(sample, "weight_versions", None)
+    if not known or not versions:
+        return None
+    return served_step(min(versions, key=parse_weight_version), step, first_training_rollout)
+
+
+def eval_records_from_rollout(rollout_id: int, args, data: dict, first_training_rollout: int | None = None,
+                              versions_known: bool = False) -> list[EvalRecord]:
+    """The records of one eval rollout (pure: no I/O). ``versions_known``: the samples'
+    ``weight_versions`` can be translated into steps (``served_step``, with the process's
+    ``first_training_rollout``), so each record names the weights it scored; else it names none."""
     run, method, seed = _run_identity(args)
     default_k = int(getattr(args, "n_samples_per_eval_prompt", None) or 1)
     records = []
@@ -72,7 +103,7 @@ def eval_records_from_rollout(rollout_id: int, args, data: dict) -> list[EvalRec
         samples = entry.get("samples")
         if samples is not None and len(samples) != len(rewards):
             raise ValueError(f"eval dataset {dataset_name!r}: {len(samples)} samples but {len(rewards)} rewards")
-        keyed = []  # (benchmark, prompt_id, order key, correct)
+        keyed = []  # (benchmark, prompt_id, order key, correct, weights step)
         for position, reward in enumerate(rewards):
             sample = samples[position] if samples is not None else None
             metadata = getattr(sample, "metadata", None) or {}
@@ -81,13 +112,15 @@ def eval_records_from_rollout(rollout_id: int, args, data: dict) -> list[EvalRec
             benchmark = str(metadata.get("benchmark") or dataset_name)
             prompt_id = metadata.get("problem_id")
             prompt_id = str(prompt_id) if prompt_id is not None else str(index // default_k)
-            keyed.append((benchmark, prompt_id, index, _reward_value(reward) > 0.5))
+            weights = _sample_weights_step(sample, int(rollout_id), first_training_rollout, versions_known)
+            keyed.append((benchmark, prompt_id, index, _reward_value(reward) > 0.5, weights))
         groups = defaultdict(list)
-        for benchmark, prompt_id, index, correct in keyed:
-            groups[(benchmark, prompt_id)].append((index, correct))
+        for benchmark, prompt_id, index, correct, weights in keyed:
+            groups[(benchmark, prompt_id)].append((index, correct, weights))
         for (benchmark, prompt_id), members in groups.items():
-            for sample_idx, (_, correct) in enumerate(sorted(members)):
-                records.append(EvalRecord(run, method, seed, int(rollout_id), benchmark, prompt_id, sample_idx, correct))
+            for sample_idx, (_, correct, weights) in enumerate(sorted(members, key=lambda m: m[0])):
+                records.append(EvalRecord(run, method, seed, int(rollout_id), benchmark, prompt_id, sample_idx,
+                                          correct, weight_version=weights))
     return records
 
 
@@ -124,7 +157,13 @@ def log_eval_rollout(rollout_id, args, data, extra_metrics=None) -> bool:
     if last is not None and step <= last:
         raise ValueError(f"eval records: run {run!r} step {step} (rollout id {rollout_id}) comes after step {last} "
                          f"in this process; two evals keyed alike would replace one another in {path}")
-    records = eval_records_from_rollout(step, args, data)
+    ours = getattr(args, "rollout_function_path", None) == ROLLOUT_FUNCTION_PATH
+    records = eval_records_from_rollout(step, args, data, first_training_rollout=project_rollout._first_rollout_id,
+                                        versions_known=ours)
+    wrong = sorted({r.weight_version for r in records if r.weight_version not in (None, step)})
+    if wrong:   # written as scored (the report refuses the file), and said here where it happened
+        logger.error("eval at rollout id %s (step %d) scored the weights of step(s) %s: the eval ran before "
+                     "the push of its step's weights", rollout_id, step, wrong)
     # an eval-only run re-scores one checkpoint: replace that step only, keep the run's others
     replace_run_records(path, records, run=run, from_step=step, to_step=step if eval_only_run(args) else None)
     _last_written[key] = step

@@ -53,7 +53,9 @@ def test_async_run_writes_the_metrics_plots_and_eval_records(async_run):
     all_evals = read_jsonl(out / "eval_metrics.jsonl")              # every evaluation, also those not on a step line
     assert {e["eval/version"] for e in all_evals} >= {r["eval/version"] for r in evals}
     records = read_jsonl(out / "eval_records.jsonl")
-    assert set(records[0]) == {"run", "method", "seed", "step", "benchmark", "prompt_id", "sample_idx", "correct"}
+    assert set(records[0]) == {"run", "method", "seed", "step", "benchmark", "prompt_id", "sample_idx", "correct",
+                               "weight_version"}
+    assert all(rec["weight_version"] == rec["step"] for rec in records)   # each eval scored the version it is keyed by
     by_step = {}
     for rec in records:
         by_step.setdefault(rec["step"], []).append(rec)

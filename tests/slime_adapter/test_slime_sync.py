@@ -4,6 +4,8 @@ The schedule runs on fakes of slime's RolloutManager and actor group (their meth
 624b824a), with the project's real rollout function and staleness gate in between: the fake
 engines tag every sample with the weight version they hold, as SGLang does, so a schedule that
 generated ahead of the push would produce stale groups and the gate would refuse them.
+The overlap loop's eval-after-push order is pinned in test_eval_weight_order.py, on a fake
+RolloutManager that serves one call at a time as slime's does.
 """
 
 from __future__ import annotations
