@@ -58,7 +58,9 @@ def _count(name: str) -> None:
 
 def reward_stats() -> dict[str, int]:
     """Counters of this process: calls, fast_path, math_verify, no_answer, too_long,
-    no_verdict (timeouts + worker errors, scored 0.0), plus the default pool's own counters."""
+    no_verdict (the verifier's own failures, scored 0.0, never 1.0: a call past its deadline, a
+    verifier that raised or answered no bool, a worker that died mid-call), plus the default
+    pool's own counters (``pool_timeouts``, ``pool_worker_errors``, ``pool_worker_deaths``, ...)."""
     with _stats_lock:
         stats = dict(_stats)
     if _default_pool is not None:

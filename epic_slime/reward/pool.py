@@ -7,6 +7,15 @@ its own main thread; the caller (any thread, any process, a Ray actor) waits at 
 
 Workers are started with ``subprocess`` (fork+exec of ``sys.executable -m ...``), not with
 multiprocessing, so nothing depends on the caller's ``__main__`` module or start method.
+
+The verifier never scores its own failure: a call whose verifier raised (or answered something
+other than True/False), whose worker hung past the deadline, or whose worker died mid-call (a
+crash, ``os._exit``, the OOM killer's SIGKILL) returns None, "no verdict", which ``math_reward``
+scores 0.0 and counts (``reward_stats()["no_verdict"]``); the pool counts each kind
+(``worker_errors``, ``timeouts``, ``worker_deaths``), replaces a worker that hung or died, and
+later calls are served as before. A worker found dead when a call picks it up (it died idle)
+never saw that call: it is replaced (``idle_deaths``) and the call goes to another worker within
+its deadline.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from multiprocessing.connection import Connection
 import epic_slime
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(epic_slime.__file__)))
+DEFAULT_VERIFIER = "epic_slime.reward.equivalence:verify_equivalent"
 
 
 class RewardWorkerError(RuntimeError):
@@ -33,13 +43,14 @@ class RewardWorkerError(RuntimeError):
 class _Worker:
     """One worker process and its two pipe ends (parent side)."""
 
-    def __init__(self, backstop_s: int):
+    def __init__(self, backstop_s: int, verifier: str = DEFAULT_VERIFIER):
         to_child_read, to_child_write = os.pipe()
         from_child_read, from_child_write = os.pipe()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "epic_slime.reward._worker", str(to_child_read), str(from_child_write), str(backstop_s)],
+            [sys.executable, "-m", "epic_slime.reward._worker", str(to_child_read), str(from_child_write), str(backstop_s),
+             verifier],
             pass_fds=(to_child_read, from_child_write),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -99,19 +110,27 @@ class RewardPool:
     The deadline covers the whole call: waiting for a free worker plus the verification.
     None means no verdict: the worker missed the deadline (it is killed, reaped and replaced;
     counted as ``timeouts``), every worker stayed busy until the deadline (``busy_timeouts``),
-    or the worker failed (``worker_errors``). Worker start-up is not charged to calls: the
+    the verifier raised or answered neither True nor False (``worker_errors``; the worker serves
+    on), or the worker died during the call (``worker_deaths``; replaced). ``verified`` counts
+    verdicts. ``verifier`` ("module:function", default math-verify's ``verify_equivalent``) is
+    what the workers call with (prediction, reference). Worker start-up is not charged to calls: the
     constructor waits for the first workers, and replacements start in the background and
     join the pool once ready. Use as a context manager or call ``close()``; pools still open
     at interpreter exit are closed by an atexit hook.
     """
 
-    def __init__(self, num_workers: int | None = None, timeout: float = 5.0, startup_timeout: float = 120.0):
+    def __init__(self, num_workers: int | None = None, timeout: float = 5.0, startup_timeout: float = 120.0,
+                 verifier: str = DEFAULT_VERIFIER):
         if num_workers is None:
             num_workers = default_num_workers()
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        module, sep, function = str(verifier).partition(":")
+        if not (module and sep and function):
+            raise ValueError(f"verifier must be 'module:function', got {verifier!r}")
+        self.verifier = str(verifier)
         self.num_workers = int(num_workers)
         self.timeout = float(timeout)
         self.startup_timeout = float(startup_timeout)
@@ -121,7 +140,8 @@ class RewardPool:
         self._closed = False
         self._startup_error: RewardWorkerError | None = None
         self._owner_pid = os.getpid()  # a forked child must neither use nor kill these workers
-        self._stats = {"verified": 0, "timeouts": 0, "busy_timeouts": 0, "worker_errors": 0, "worker_restarts": 0}
+        self._stats = {"verified": 0, "timeouts": 0, "busy_timeouts": 0, "worker_errors": 0, "worker_deaths": 0,
+                       "idle_deaths": 0, "worker_restarts": 0}
         _OPEN_POOLS.add(self)
         first = [self._spawn() for _ in range(self.num_workers)]
         try:
@@ -138,7 +158,7 @@ class RewardPool:
         return int(max(30.0, 6.0 * self.timeout))
 
     def _spawn(self) -> _Worker:
-        worker = _Worker(self._backstop_s())
+        worker = _Worker(self._backstop_s(), self.verifier)
         with self._lock:
             self._workers.add(worker)
         return worker
@@ -197,28 +217,42 @@ class RewardPool:
             raise self._startup_error
         timeout = self.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + timeout
+        while True:
+            try:
+                worker = self._idle.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                with self._lock:
+                    self._stats["busy_timeouts"] += 1
+                return None
+            if worker.process.poll() is not None:   # died while idle: it never saw this call
+                self._retire(worker, "idle_deaths")
+                continue
+            try:
+                worker.writer.send(("verify", prediction, reference))
+            except OSError:   # its pipe is gone (it died idle, just now): the call was not sent
+                self._retire(worker, "idle_deaths")
+                continue
+            break
         try:
-            worker = self._idle.get(timeout=timeout)
-        except queue.Empty:
-            with self._lock:
-                self._stats["busy_timeouts"] += 1
-            return None
-        try:
-            worker.writer.send(("verify", prediction, reference))
-            if worker.reader.poll(max(deadline - time.monotonic(), 0.0)):
-                status, value = worker.reader.recv()
-            else:
+            if not worker.reader.poll(max(deadline - time.monotonic(), 0.0)):
                 self._retire(worker, "timeouts")
                 return None
-        except (EOFError, OSError):
-            self._retire(worker, "worker_errors")
+            status, value = worker.reader.recv()
+        except (EOFError, OSError, ValueError):   # died mid-call (crash, os._exit, SIGKILL)
+            self._retire(worker, "worker_deaths")
             return None
-        with self._lock:
-            self._stats["verified"] += 1
-            if status != "ok":
+        if status == "ok" and isinstance(value, bool):
+            with self._lock:
+                self._stats["verified"] += 1
+            self._idle.put(worker)
+            return value
+        if status == "error":   # the verifier raised (or answered no bool): the worker serves on
+            with self._lock:
                 self._stats["worker_errors"] += 1
-        self._idle.put(worker)
-        return bool(value) if status == "ok" else None
+            self._idle.put(worker)
+            return None
+        self._retire(worker, "worker_deaths")   # "fatal" (the worker is exiting) or a reply it never sends
+        return None
 
     def stats(self) -> dict[str, int]:
         with self._lock:

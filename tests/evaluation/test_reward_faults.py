@@ -1,0 +1,124 @@
+"""Issue 28, section 3: the verifier never scores its own failure, against the real reward pool.
+
+Real worker processes run a verifier that fails on demand (tests/support/reward_faults.py) on a
+pair math-verify judges correct ("2/4" = "0.5", not a fast-path case), so a failure scored as a
+verdict would show as 1.0. Each failure gives a non-reward (None from the pool, 0.0 from
+``math_reward``), counted in ``reward_stats()["no_verdict"]`` and in the pool's named counter,
+and the pool serves the next call correctly.
+
+Failed before the fix: ``not_bool`` (the truthy "False" was scored 1.0) and
+``test_a_worker_that_died_idle_is_replaced_without_failing_a_call`` (the next call went to the dead
+worker and got no verdict).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from support.eval_helpers import REPO_ROOT, pid_alive
+from support.reward_faults import FAULT_FILE_ENV
+from epic_slime.reward import RewardPool, math_reward, reward_stats
+
+CORRECT = ("Answer: \\frac{2}{4}", "0.5")      # needs math-verify: 1.0
+WRONG = ("Answer: \\frac{2}{5}", "0.5")        # needs math-verify: 0.0
+TESTS_DIR = os.path.join(REPO_ROOT, "tests")
+
+
+@pytest.fixture
+def faults(tmp_path, monkeypatch):
+    """The fault file, visible to every worker the pool starts (they inherit the environment)."""
+    path = tmp_path / "fault"
+    monkeypatch.setenv(FAULT_FILE_ENV, str(path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")]))
+    return path
+
+
+def _pool(**kwargs) -> RewardPool:
+    return RewardPool(verifier="support.reward_faults:verify", **kwargs)
+
+
+def _dead(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("fault, counter, replaced", [
+    ("raise", "worker_errors", False),
+    ("not_bool", "worker_errors", False),
+    ("hang", "timeouts", True),
+    ("exit", "worker_deaths", True),
+    ("sigkill", "worker_deaths", True),
+])
+def test_a_failing_verifier_gives_a_counted_non_reward_and_the_pool_recovers(faults, fault, counter, replaced):
+    with _pool(num_workers=1, timeout=3.0) as pool:
+        assert math_reward(*CORRECT, pool=pool) == 1.0 and math_reward(*WRONG, pool=pool) == 0.0
+        (first,) = pool.worker_pids()
+        before = reward_stats()["no_verdict"]
+        faults.write_text(fault)
+        start = time.monotonic()
+        assert math_reward(*CORRECT, timeout=1.0, pool=pool) == 0.0     # never the 1.0 it would have been
+        assert time.monotonic() - start < 1.0 + 1.0
+        assert reward_stats()["no_verdict"] == before + 1
+        stats = pool.stats()
+        assert stats[counter] == 1, stats
+        assert sum(stats[k] for k in ("worker_errors", "timeouts", "worker_deaths")) == 1, stats
+        assert stats["worker_restarts"] == (1 if replaced else 0)
+        if replaced:
+            assert _dead(first), "the failed worker still runs"
+        pool.wait_idle()
+        assert pool.verify(CORRECT[0][8:], CORRECT[1], timeout=10.0) is True   # later calls still work
+        assert math_reward(*WRONG, pool=pool, timeout=10.0) == 0.0
+        assert (pool.worker_pids() == [first]) is (not replaced)
+
+
+def test_a_worker_killed_from_outside_mid_call_is_a_counted_non_reward(faults):
+    with _pool(num_workers=1, timeout=20.0) as pool:
+        faults.write_text("hang")
+        started = faults.parent / (faults.name + ".started")
+        got = []
+        call = threading.Thread(target=lambda: got.append(pool.verify("2/4", "0.5", timeout=20.0)))
+        call.start()
+        deadline = time.monotonic() + 15
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(int(started.read_text()), signal.SIGKILL)   # the OOM killer, mid-call
+        call.join(10)
+        assert got == [None]
+        assert pool.stats()["worker_deaths"] == 1 and pool.stats()["timeouts"] == 0
+        pool.wait_idle()
+        assert pool.verify("2/4", "0.5", timeout=10.0) is True
+
+
+def test_a_worker_that_died_idle_is_replaced_without_failing_a_call(faults):
+    with _pool(num_workers=1, timeout=20.0) as pool:
+        (pid,) = pool.worker_pids()
+        os.kill(pid, signal.SIGKILL)
+        assert _dead(pid)
+        before = reward_stats()["no_verdict"]
+        assert math_reward(*CORRECT, pool=pool, timeout=20.0) == 1.0   # served by its replacement
+        assert reward_stats()["no_verdict"] == before
+        stats = pool.stats()
+        assert stats["idle_deaths"] == 1 and stats["worker_restarts"] == 1 and stats["worker_deaths"] == 0
+
+
+def test_faults_in_a_batch_score_only_their_own_sample(faults):
+    from epic_slime.reward import math_rewards
+
+    with _pool(num_workers=2, timeout=3.0) as pool:
+        faults.write_text("exit")
+        rewards = math_rewards([CORRECT[0]] * 6, [CORRECT[1]] * 6, timeout=3.0, pool=pool)
+        assert sorted(rewards) == [0.0] + [1.0] * 5 and pool.stats()["worker_deaths"] == 1
+
+
+def test_a_verifier_that_is_not_module_colon_function_is_refused():
+    with pytest.raises(ValueError, match="verifier must be 'module:function', got 'nocolon'"):
+        RewardPool(num_workers=1, verifier="nocolon")
