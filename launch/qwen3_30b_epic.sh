@@ -22,6 +22,7 @@
 #                                        train/dapo_math_17k.jsonl, eval/{aime_2024,aime_2025,amc_2023,hmmt_feb_2025}.jsonl
 #                       EVAL_RECORDS     per-sample eval records for the Table 1 report (default SAVE_DIR/eval_records.jsonl)
 #   --wandb-project P   WANDB_PROJECT    W&B project; W&B is on when WANDB_API_KEY is set (never printed)
+#                       ASYNC_SAVE=1     Megatron writes checkpoints in the background (--async-save; docs/cluster.md, "Checkpoints")
 #   --reuse-ray         REUSE_RAY=1      submit to (or, as a worker, stay in) the Ray cluster already running here
 #   --dry-run           DRY_RUN=1        print the full command and validate the project flags; no Ray, no GPUs
 # Ray: RAY_ROLE=head (default) starts a head on this node, dashboard and job API bound to 127.0.0.1
@@ -143,6 +144,7 @@ DRIVER_ARGS=(
   "${WANDB_ARGS[@]}"
   "${EXTRA_ARGS[@]}"
 )
+if [[ "${ASYNC_SAVE:-0}" == 1 ]]; then DRIVER_ARGS+=(--async-save); fi
 
 dry_run_or_check_flags
 

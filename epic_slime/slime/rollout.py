@@ -59,6 +59,7 @@ import threading
 from collections import Counter, deque
 
 from epic_slime.metric_names import STALENESS_PREFIX
+from epic_slime.slime.checkpoint_marks import MEGATRON_TRACKER, MODEL_DONE_FILE, model_checkpoint_complete
 from epic_slime.slime.flags import DATA_SOURCE_PATH
 from epic_slime.staleness import (
     GroupLedger,
@@ -165,14 +166,19 @@ class StreamingDataSource:
             pending = self.ledger.pending_payloads() + [copy.deepcopy(g) for g in self._restored]
         path = os.path.join(self.args.save, PENDING_FILE.format(rollout_id=rollout_id))
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        torch.save({"groups": pending}, path + ".tmp")
+        # model_marker: this checkpoint's model is trusted only once marked complete (checkpoint_marks)
+        torch.save({"groups": pending, "model_marker": True}, path + ".tmp")
         os.replace(path + ".tmp", path)
         self.inner.save(rollout_id)
         logger.info("saved %d consumed-but-untrained groups with the rollout-%d data state", len(pending), rollout_id)
 
     def load(self, rollout_id=None) -> None:
         """Resume (``rollout_id`` = the checkpoint's last trained rollout, >= 0): the data state and
-        pending groups saved with it must exist; a fresh start (None or -1) loads nothing."""
+        pending groups saved with it must exist, and its model checkpoint must be marked complete
+        (``checkpoint_marks.model_checkpoint_complete``: a resume with ``--ckpt-step`` of a
+        checkpoint whose asynchronous write was cut short is refused; data states saved before the
+        marker existed carry no ``model_marker`` and are trusted as before); a fresh start (None or
+        -1) loads nothing."""
         import torch
 
         if self.args.load is None or rollout_id is None or rollout_id < 0:
@@ -186,29 +192,50 @@ class StreamingDataSource:
                 f"missing, so the run would restart the data at prompt 0 and train prompts twice. "
                 f"{last_consistent_save(self.args.load, rollout_id)}"
             )
+        saved = torch.load(path, weights_only=False) if os.path.exists(path) else {"groups": []}
+        if saved.get("model_marker") and not model_checkpoint_complete(self.args.load, rollout_id):
+            raise RuntimeError(
+                f"resume from the rollout-{rollout_id} checkpoint: its model checkpoint is not marked complete "
+                f"(no {MODEL_DONE_FILE.format(rollout_id=rollout_id)} and Megatron's {MEGATRON_TRACKER} is "
+                f"behind it): its write, asynchronous with --async-save, was cut short, so the weights may be "
+                f"torn. {last_consistent_save(self.args.load, rollout_id)}"
+            )
         self.inner.load(rollout_id)
-        groups = torch.load(path, weights_only=False)["groups"]
+        groups = saved["groups"]
         with self._lock:
             self._restored.extend(groups)
         logger.info("restored %d consumed-but-untrained groups from %s", len(groups), path)
 
 
+def _consistent(load_dir: str, rollout_id: int) -> bool:
+    """Data state complete and, for saves that carry the marker flag, the model marked complete."""
+    import torch
+
+    path = os.path.join(load_dir, PENDING_FILE.format(rollout_id=rollout_id))
+    if not os.path.exists(path):
+        return False
+    if model_checkpoint_complete(load_dir, rollout_id):
+        return True
+    return not torch.load(path, weights_only=False).get("model_marker", False)
+
+
 def last_consistent_save(load_dir: str, before: int) -> str:
-    """A sentence naming the newest rollout below ``before`` whose data state is complete."""
+    """A sentence naming the newest rollout below ``before`` whose data state is complete and whose
+    model checkpoint is marked complete (see ``StreamingDataSource.load``)."""
     import re
 
-    found = []
+    candidates = []
     rollout_dir = os.path.join(load_dir, "rollout")
     names = os.listdir(rollout_dir) if os.path.isdir(rollout_dir) else []
     for name in names:
         match = re.fullmatch(r"global_dataset_state_dict_(\d+)\.pt", name)
-        if match and int(match.group(1)) < before and os.path.exists(
-                os.path.join(load_dir, PENDING_FILE.format(rollout_id=int(match.group(1))))):
-            found.append(int(match.group(1)))
-    if not found:
-        return f"No earlier rollout in {load_dir} has a complete data state: start the run afresh."
+        if match and int(match.group(1)) < before:
+            candidates.append(int(match.group(1)))
+    found = next((r for r in sorted(candidates, reverse=True) if _consistent(load_dir, r)), None)
+    if found is None:
+        return f"No earlier rollout in {load_dir} has a complete data state and model checkpoint: start the run afresh."
     # slime saves the Megatron checkpoint of rollout r as iteration r
-    return f"The last consistent save is rollout {max(found)}: resume from it with --ckpt-step {max(found)}."
+    return f"The last consistent save is rollout {found}: resume from it with --ckpt-step {found}."
 
 
 class GroupStream:

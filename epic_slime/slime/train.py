@@ -8,8 +8,8 @@ is built from slime's public pieces (placement groups, RolloutManager, the actor
   2. ask the RolloutManager for rollout ``start``; for every rollout ``r``: wait for its data,
      immediately ask for rollout ``r + 1`` (the background worker of
      ``epic_slime.slime.rollout`` never stops generating), train ``r`` with ``D`` optimizer
-     steps, save when due (data state, then model), push the new weights, evaluate every
-     ``--eval-interval``.
+     steps, save when due (data state, then model; with ``--async-save`` the model write overlaps
+     what follows, see ``save_checkpoint``), push the new weights, evaluate every ``--eval-interval``.
 
 slime's RolloutManager actor runs one call at a time and the weight push asks it for the
 engines, so the push after rollout ``r`` happens once rollout ``r + 1`` is collected (as in
@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from epic_slime.provenance import resident_memory_mib
+from epic_slime.slime.checkpoint_marks import ModelSaves
 from epic_slime.slime.checks import validate_project_args
 from epic_slime.slime.command_line import read_command_line
 from epic_slime.slime.flags import ProjectFlagError, add_project_arguments
@@ -65,16 +66,23 @@ def _periodic(rollout_id: int, interval: int | None, per_epoch: int | None, last
 
 
 def save_checkpoint(args: Any, rollout_manager: Any, actor_model: Any, rollout_id: int, force_sync: bool,
-                    get: Callable[[Any], Any]) -> None:
+                    get: Callable[[Any], Any], marks: ModelSaves | None = None) -> None:
     """The data state (slime's data-source state and the consumed, untrained groups) first, then
     the model checkpoint. A resume starts from the newest model checkpoint, so that checkpoint must
     never exist without its data state: in the overlap schedule the data save waits behind
     ``generate(r + 1)`` on the one-call-at-a-time RolloutManager, often minutes, and a crash in that
     window would otherwise restart the data at prompt 0. A crash between the two now resumes from
-    the previous checkpoint, whose data state is complete."""
+    the previous checkpoint, whose data state is complete.
+
+    With ``--async-save`` slime's ``save_model`` returns once Megatron has staged the checkpoint
+    and the write runs on while the driver pushes and the next rollout generates; ``marks``
+    (``checkpoint_marks.ModelSaves``) writes each checkpoint's completion marker once its write is
+    known to be done. A kill during the write resumes from the previous marked checkpoint."""
     if args.rollout_global_dataset:
         get(rollout_manager.save.remote(rollout_id))
     actor_model.save_model(rollout_id, force_sync=force_sync)
+    if marks is not None:
+        marks.saved(rollout_id, force_sync)
 
 
 def eval_before_training(args: Any) -> int | None:
@@ -103,6 +111,7 @@ def async_training_loop(
     """The overlap schedule; returns the (event, rollout_id) trace (tests run it on fakes)."""
     trace: list[tuple[str, int]] = []
     start, end = args.start_rollout_id, args.num_rollout
+    marks = ModelSaves(args)
     first_eval = eval_before_training(args)
     if first_eval is not None:
         get(rollout_manager.eval.remote(first_eval))
@@ -119,7 +128,7 @@ def async_training_loop(
         get(actor_model.async_train(rollout_id, data_ref))
         trace.append(("train", rollout_id))
         if _periodic(rollout_id, args.save_interval, num_rollout_per_epoch, end - 1):
-            save_checkpoint(args, rollout_manager, actor_model, rollout_id, rollout_id == end - 1, get)
+            save_checkpoint(args, rollout_manager, actor_model, rollout_id, rollout_id == end - 1, get, marks)
             trace.append(("save", rollout_id))
         actor_model.update_weights()
         trace.append(("update_weights", rollout_id))
@@ -178,6 +187,7 @@ def sync_training_loop(
     # as slime's train.py: actors that do not sleep after training (no --offload-train) free their
     # cached memory before the push, colocated or not
     free_train_memory = not getattr(args, "offload_train", False)
+    marks = ModelSaves(args)
     first_eval = eval_before_training(args)
     if first_eval is not None:
         get(rollout_manager.eval.remote(first_eval))
@@ -194,7 +204,8 @@ def sync_training_loop(
         get(actor_model.async_train(rollout_id, data_ref))
         trace.append(("train", rollout_id))
         if release_train or _periodic(rollout_id, args.save_interval, num_rollout_per_epoch, end - 1):
-            save_checkpoint(args, rollout_manager, actor_model, rollout_id, release_train or rollout_id == end - 1, get)
+            save_checkpoint(args, rollout_manager, actor_model, rollout_id, release_train or rollout_id == end - 1, get,
+                            marks)
             trace.append(("save", rollout_id))
         if free_train_memory:
             actor_model.clear_memory()

@@ -137,11 +137,20 @@ def _source(tmp_path, load=None):
     return source
 
 
+def _model_saved(tmp_path, *rollout_ids):
+    """The driver's marker that the model checkpoint of these rollouts is on disk whole."""
+    from epic_slime.slime.checkpoint_marks import mark_model_complete
+
+    for rollout_id in rollout_ids:
+        mark_model_complete(str(tmp_path), rollout_id)
+
+
 def test_resume_hands_out_the_saved_untrained_prompts_first_and_saves_them_again(tmp_path):
     first = _source(tmp_path)
     for group in first.get_samples(3):                  # 0, 1, 2 consumed; 0 trained in rollout 0
         first.ledger.deliver(group[0].group_index, 0 if group[0].group_index == 0 else 1)
     first.save(0)
+    _model_saved(tmp_path, 0)
     resumed = _source(tmp_path, load=str(tmp_path))
     resumed.load(0)
     # saved again before any restored prompt was handed out: they must all still be there
@@ -158,6 +167,7 @@ def test_resume_without_its_data_state_is_refused_naming_the_last_consistent_sav
     source.get_samples(2)
     source.save(1)
     source.save(3)
+    _model_saved(tmp_path, 1, 3)
     os.remove(tmp_path / "rollout" / "global_dataset_state_dict_3.pt")   # killed between the two writes
     with pytest.raises(RuntimeError, match=r"rollout-3 checkpoint: its data state .* missing.*last consistent save is rollout 1"):
         _source(tmp_path, load=str(tmp_path)).load(3)
