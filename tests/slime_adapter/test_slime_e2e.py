@@ -203,6 +203,12 @@ def test_eval_records_over_kill_and_resume_pass_report(fixture, request, tmp_pat
     run = request.getfixturevalue(fixture)
     got = report_on_records(os.path.join(run["workdir"], "eval_records.jsonl"), str(tmp_path / "report"))
     assert got["records_per_step"] == {"e2e": {step: 40 for step in range(-1, NUM_ROLLOUT)}}
+    from epic_slime.evaluation.records import read_records
+
+    # every eval scored the weights its step names (slime's eval samples' SGLang weight_versions,
+    # over the kill and the resume, whose process counts versions from 1 again)
+    records = read_records(os.path.join(run["workdir"], "eval_records.jsonl"))
+    assert {(r.step, r.weight_version) for r in records} == {(step, step) for step in range(-1, NUM_ROLLOUT)}
 
 
 def test_harness_args_match_slime_parser(tmp_path, monkeypatch):
