@@ -137,9 +137,16 @@ def eval_step(rollout_id: int, args, first_eval_in_process: bool) -> int:
 
 
 def eval_only_run(args) -> bool:
-    """An eval-only run: ``--num-rollout`` at or below the start (``launch/reeval.sh``, ``--num-rollout 0``)."""
+    """An eval-only run: ``--num-rollout`` at or below the start (``launch/reeval.sh``, ``--num-rollout 0``).
+
+    In slime's RolloutManager ``start_rollout_id`` is None when a Megatron checkpoint is loaded
+    (slime sets it in the driver only after the manager got its copy of args), so ``--num-rollout
+    0`` alone marks an eval-only run there; a start above a positive ``--num-rollout`` is seen only
+    when ``--start-rollout-id`` is given."""
     start, end = getattr(args, "start_rollout_id", None), getattr(args, "num_rollout", None)
-    return start is not None and end is not None and int(start) >= int(end)
+    if end is None:
+        return False
+    return int(end) <= 0 or (start is not None and int(start) >= int(end))
 
 
 def log_eval_rollout(rollout_id, args, data, extra_metrics=None) -> bool:

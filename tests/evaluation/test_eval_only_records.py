@@ -123,3 +123,20 @@ def test_other_runs_untouched_by_an_eval_only_run(tmp_path, monkeypatch):
     _trained_run(monkeypatch, path, _args(path))
     _eval_only(monkeypatch, path, _args(path), start=0, tag=9)
     assert _by_step(path, run="other") == other
+
+
+def test_num_rollout_0_is_eval_only_in_slimes_rollout_manager_too(tmp_path, monkeypatch):
+    """slime's RolloutManager gets its args before the checkpoint sets start_rollout_id (None when a
+    Megatron checkpoint is loaded): --num-rollout 0 must still replace only its own step. Failed
+    before: the hook saw no eval-only run and replaced the run's records from step 1 on."""
+    path = tmp_path / "evals.jsonl"
+    args = _args(path)
+    _trained_run(monkeypatch, path, args)
+    before = _by_step(path)
+    manager_args = types.SimpleNamespace(**vars(args), start_rollout_id=None, num_rollout=0, eval_interval=1)
+    assert eval_hooks.eval_only_run(manager_args)
+    Process(monkeypatch).eval(1, manager_args, tag=9)          # the driver's eval of checkpoint 1
+    after = _by_step(path)
+    assert sorted(after) == [PRE_TRAINING_STEP, 0, 1, 2, 3] and after[1] == _signature(9)
+    assert {s: after[s] for s in after if s != 1} == {s: before[s] for s in before if s != 1}
+    assert not eval_hooks.eval_only_run(types.SimpleNamespace(start_rollout_id=None, num_rollout=5))
