@@ -15,8 +15,11 @@ state. Two markers say the model write of r finished:
   first waits for the previous asynchronous write: Megatron's
   ``maybe_finalize_async_save(blocking=True)``) or the final, forced one.
 
-``model_checkpoint_complete`` accepts either; ``StreamingDataSource.load`` refuses a resume from a
-checkpoint neither marks (``--ckpt-step`` of a torn write), naming the last consistent save.
+``model_checkpoint_complete`` accepts either (the tracker for its own iteration only: a run resumed
+from an older checkpoint keeps the tracker of its first lineage until its first save is finalized);
+``StreamingDataSource.load`` refuses a resume from a checkpoint neither marks (``--ckpt-step`` of a
+torn write), naming the last consistent save. A new save of rollout r first removes r's marker (a
+resumed run saves its rollouts again, over its first lineage's checkpoints).
 """
 
 from __future__ import annotations
@@ -53,8 +56,7 @@ def model_checkpoint_complete(load_dir: str, rollout_id: int) -> bool:
     """True when the model checkpoint of ``rollout_id`` finished writing (see the module docstring)."""
     if os.path.exists(os.path.join(load_dir, MODEL_DONE_FILE.format(rollout_id=rollout_id))):
         return True
-    tracked = megatron_tracker_iteration(load_dir)
-    return tracked is not None and tracked >= rollout_id   # Megatron finalizes its saves in order
+    return megatron_tracker_iteration(load_dir) == rollout_id
 
 
 class ModelSaves:
@@ -64,6 +66,13 @@ class ModelSaves:
         self.save_dir = getattr(args, "save", None)
         self.async_save = bool(getattr(args, "async_save", False))
         self.unfinished: int | None = None   # the asynchronous write still running, if any
+
+    def starting(self, rollout_id: int) -> None:
+        """A save of ``rollout_id`` begins (data state first): an older marker of it no longer holds."""
+        if self.save_dir:
+            path = os.path.join(self.save_dir, MODEL_DONE_FILE.format(rollout_id=rollout_id))
+            if os.path.exists(path):
+                os.unlink(path)
 
     def saved(self, rollout_id: int, force_sync: bool) -> list[int]:
         """``save_model(rollout_id, force_sync)`` returned; returns the rollouts marked now."""

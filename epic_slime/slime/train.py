@@ -78,6 +78,8 @@ def save_checkpoint(args: Any, rollout_manager: Any, actor_model: Any, rollout_i
     and the write runs on while the driver pushes and the next rollout generates; ``marks``
     (``checkpoint_marks.ModelSaves``) writes each checkpoint's completion marker once its write is
     known to be done. A kill during the write resumes from the previous marked checkpoint."""
+    if marks is not None:
+        marks.starting(rollout_id)
     if args.rollout_global_dataset:
         get(rollout_manager.save.remote(rollout_id))
     actor_model.save_model(rollout_id, force_sync=force_sync)

@@ -245,10 +245,11 @@ def test_a_synchronous_save_is_marked_at_once_an_asynchronous_one_when_the_next_
 
 
 def test_megatrons_tracker_also_marks_a_finished_write(tmp_path):
-    """The driver may die between Megatron's finalize and its own marker: the tracker still counts."""
+    """The driver may die between Megatron's finalize and its own marker: the tracker still counts,
+    for its own iteration (older ones carry the driver's markers)."""
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("7")
-    assert model_checkpoint_complete(str(tmp_path), 7) and model_checkpoint_complete(str(tmp_path), 5)
-    assert not model_checkpoint_complete(str(tmp_path), 9)
+    assert model_checkpoint_complete(str(tmp_path), 7)
+    assert not model_checkpoint_complete(str(tmp_path), 5) and not model_checkpoint_complete(str(tmp_path), 9)
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("release")
     assert not model_checkpoint_complete(str(tmp_path), 0)
 
@@ -258,3 +259,16 @@ def test_without_async_save_the_loop_still_saves_data_then_model_and_marks_each(
     actor, _ = _session(_args(save, async_save=False))
     assert sorted(actor.trained) == list(range(NUM_ROLLOUT))
     assert all((save / MODEL_DONE_FILE.format(rollout_id=r)).exists() for r in (1, 3, 5))
+
+
+def test_a_second_lineage_saving_a_rollout_again_drops_its_old_marker(tmp_path):
+    """Resumed from rollout 1 after a first lineage had saved 3 and 5: saving 3 again starts by
+    removing 3's marker, so a kill during that write cannot pass the first lineage's mark off as
+    this write's."""
+    save = tmp_path / "ckpt"
+    _session(_args(save, async_save=False))                      # lineage 1: 1, 3, 5 marked
+    (save / "latest_checkpointed_iteration.txt").write_text("5")
+    _session(_args(save, load=str(save), ckpt_step=1), kill_during_write_of=KILL_AT)
+    assert not (save / MODEL_DONE_FILE.format(rollout_id=3)).exists()
+    with pytest.raises(RuntimeError, match="rollout-3 checkpoint: its model checkpoint is not marked complete"):
+        _session(_args(save, load=str(save), ckpt_step=3))
