@@ -72,3 +72,22 @@ def test_a_worker_killed_while_idle_costs_one_verdict_not_a_crash(one_worker):
     assert one_worker.stats()["worker_errors"] == 1
     one_worker.wait_idle()
     assert one_worker.verify(*HALF) is True
+
+
+def test_a_worker_lives_past_its_backstop_once_it_has_answered():
+    """The worker arms a SIGALRM backstop per request (an orphaned worker must not compute forever)
+    and must disarm it with the answer: otherwise it dies backstop seconds later, idle, and the next
+    call through it gets no verdict. A worker of the pool's own kind, with a 1 s backstop."""
+    from epic_slime.reward.pool import _Worker
+
+    worker = _Worker(backstop_s=1)
+    try:
+        worker.wait_ready(120)
+        worker.writer.send(("verify", *HALF))
+        assert worker.reader.recv() == ("ok", True)
+        time.sleep(2.0)
+        assert worker.process.poll() is None, "the worker died idle, after its backstop"
+        worker.writer.send(("verify", "2/4", "\\frac{1}{3}"))
+        assert worker.reader.recv() == ("ok", False)
+    finally:
+        worker.kill()
