@@ -74,3 +74,26 @@ def test_the_engines_are_handed_back_when_the_push_raises(monkeypatch):
     assert updater.rollout_engines == engines and all(e is o for e, o in zip(updater.rollout_engines, engines))
     assert all(isinstance(v, push_mode.InPlaceEngine) for v in seen) and len(seen) == 2
     assert calls == [("pause_generation", {"mode": "in_place"})] * 2         # no flush_cache reached the engines
+
+
+def test_in_place_from_args_without_a_transport_is_slimes_nccl_default():
+    """Args built without slime's --update-weight-transport (a config file, another driver) mean
+    slime's default, nccl: accepted."""
+    assert push_mode.check_push_setup(argparse.Namespace(weight_push_mode="in_place")) is None
+    assert push_mode.check_push_setup(argparse.Namespace(weight_push_mode="in_place", update_weight_transport=None)) is None
+    assert "disk" in push_mode.check_push_setup(argparse.Namespace(weight_push_mode="in_place",
+                                                                   update_weight_transport="disk"))
+
+
+@pytest.mark.parametrize("extra", [["--weight-push-mode", "in_place"], ["--use-rollout-routing-replay"]])
+def test_a_train_hook_named_on_the_command_line_is_not_added_again(extra):
+    from epic_slime.slime.command_line import driver_argv
+    from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH, ROLLOUT_FUNCTION_PATH
+    from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK
+
+    hook = PUSH_TRAIN_HOOK_PATH if "in_place" in extra else R3_TRAIN_HOOK
+    argv = ["--loss-type", "custom_loss", "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
+            "--rollout-function-path", ROLLOUT_FUNCTION_PATH, "--rollout-batch-size", "64",
+            "--n-samples-per-prompt", "8", *extra, "--custom-megatron-init-path", hook]
+    out = driver_argv(argv)
+    assert out.count("--custom-megatron-init-path") == 1 and out[out.index("--custom-megatron-init-path") + 1] == hook
