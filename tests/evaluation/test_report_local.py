@@ -61,3 +61,19 @@ def test_pass_at_k_with_uneven_samples_per_prompt_prints_na(tmp_path, capsys):
     assert main([*argv, "--pass-at-k", "2"]) == 0          # 2 <= every prompt's samples: a number
     runs_table = (out / "table1.md").read_text().split("## Selected checkpoints")[1].split("## Notes")[0]
     assert not runs_table.strip().splitlines()[-1].rstrip(" |").endswith("n/a")
+
+
+def test_report_default_lists_each_benchmark_once(tmp_path):
+    """Found by issue 28 item 7's mutation pass: a paper benchmark listed twice by the default would
+    be two columns and weigh double in the average."""
+    from epic_slime.evaluation.report import held_benchmarks
+
+    _write(tmp_path / "a.jsonl", benchmark="zeta")
+    _write(tmp_path / "b.jsonl", benchmark="aime_2024")
+    out = tmp_path / "out"
+    assert main(["--records", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--out", str(out),
+                 "--no-plots"]) == 0
+    header = next(line for line in (out / "table1.md").read_text().splitlines() if line.startswith("| Method"))
+    assert header.count("AIME") == 1 and header.count("zeta") == 1, header
+    recs = [type("R", (), {"benchmark": b})() for b in ("zeta", "aime_2024", "math_500", "aime_2024")]
+    assert held_benchmarks(recs) == ["aime_2024", "math_500", "zeta"]
