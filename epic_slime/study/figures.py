@@ -172,7 +172,9 @@ def stress_heatmap(summary: dict, methods: list[str], warm: float, chance: float
                 c = summary["cells"].get(s, {}).get(m)
                 if c is not None:
                     grid[i, j] = c["test_last_mean"]
-                    ax.text(j, i, f"{c['test_last_mean']:.2f}", ha="center", va="center", fontsize=7)
+                    dark = c["test_last_mean"] < (chance + 1.0) / 2
+                    ax.text(j, i, f"{c['test_last_mean']:.2f}", ha="center", va="center", fontsize=7,
+                            color="w" if dark else "k", fontweight="bold")
                     if c["breaks"]:
                         ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", lw=0,
                                                    edgecolor="0.35"))
