@@ -33,8 +33,10 @@ def stress_section(cfg, out: Path, results: list[dict], metrics: dict, warm: dic
     n_planned = len(plan(cfg))
     complete = [s for s, c in cells.items() if len(c) == len(methods)
                 and all(c[m]["n_seeds"] == len(cfg.seeds) for m in methods)]
+    paired = [s for s, c in cells.items() if len(c) == len(methods) and all(c[m]["n_seeds"] >= 2 for m in methods)]
     summary["stress"] = {
         "runs_finished": len(results), "runs_planned": n_planned, "cells_complete": complete,
+        "cells_every_method_two_seeds": paired,
         "rule": st["rule"], "axes": axes, "hypothesis": st["hypothesis"], "near_breaks": st["near_breaks"],
         "cells": {s: {"stress": _stress_settings(cfg, s), "warm_start_test": st["warm_start_by_setting"][s],
                       "methods": c} for s, c in cells.items()},
@@ -43,7 +45,8 @@ def stress_section(cfg, out: Path, results: list[dict], metrics: dict, warm: dic
     }
     lines = ["## The stress ladder", "",
              f"**Finished: {len(results)} of {n_planned} planned runs; complete cells (every method, every seed): "
-             f"{len(complete)} of {len(cfg.settings)}** ({', '.join(complete) or 'none'}). A cell with fewer seeds "
+             f"{len(complete)} of {len(cfg.settings)}** ({', '.join(complete) or 'none'}); cells with every method "
+             f"at 2 or more seeds (paired intervals): {', '.join(paired) or 'none'}. A cell with fewer seeds "
              "than planned is reported with the seeds it has; a method or level missing below did not finish.", "",
              "Fixed before the runs (configs and `epic_slime/study/stress.py`):", "",
              "- Axes, mildest first: " + "; ".join(f"**{a}**: {' -> '.join(v)}" for a, v in axes.items()) + ".",
