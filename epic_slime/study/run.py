@@ -116,15 +116,15 @@ def execute(cfg: StudyConfig, out: Path, log=print, provenance: tuple[str, str] 
             else:
                 finish_run(cfg, spec, run_cfg, run_dir, time.time() - t)
             durations.append(time.time() - t)
-            measure_other_warm_start(cfg, out, spec.setting, log)
-        finished = {s.setting for s in specs if (run_dir_of(out, s) / RESULT).exists()}
-        for setting in sorted(finished):    # a resumed study whose runs had all finished before
-            measure_other_warm_start(cfg, out, setting, log)
             done = len(specs) - len(todo) + i + 1
             typical = durations[1:] or durations     # the first run also trains the warm start
             left = statistics.fmean(typical) * (len(todo) - i - 1)
             log(f"[study] {done}/{len(specs)} done: {spec.name} in {durations[-1]:.0f}s; "
                 f"elapsed {time.time() - t0:.0f}s, about {left / 60:.1f} min left")
+            measure_other_warm_start(cfg, out, spec.setting, log)
+        finished = {s.setting for s in specs if (run_dir_of(out, s) / RESULT).exists()}
+        for setting in sorted(finished):    # a resumed study whose runs had all finished before
+            measure_other_warm_start(cfg, out, setting, log)
     finally:
         if todo:
             import ray
