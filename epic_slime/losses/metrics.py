@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from . import bounds  # bounds.host_checks_are_free looked up per call: tests force the accelerator branches
-from .core import INT_DTYPE_OF, TokenTerms, as_float, exp_by_exp2, max_exponent
+from .core import INT_DTYPE_OF, TokenTerms, as_float, exp_by_exp2, max_exponent, safe_exp
 from .inputs import LossBatch
 
 POSITION_BINS = 10
@@ -237,6 +237,44 @@ def _position_metrics(batch: LossBatch, clipped: torch.Tensor) -> dict[str, torc
     return out
 
 
+PREFIX_POSITIONS = (50, 90)  # |L_t| read at these percent of each response's valid tokens
+
+
+def _prefix_at_positions(batch: LossBatch) -> dict[str, torch.Tensor]:
+    """Mean over non-empty responses of |L_t| at the ceil(q n)-th valid token (q = 50%, 90%): how far
+    the cumulative prefix log-ratio has drifted by the middle and near the end of a response.
+    Fixed shapes: a searchsorted of the [B, 2] ranks in the running valid-token count."""
+    m = batch.mask
+    n = batch.response_length                                   # float64 [B]
+    q = torch.tensor([p / 100 for p in PREFIX_POSITIONS], dtype=torch.float64, device=m.device)
+    rank = torch.ceil(torch.outer(n, q)).clamp_(min=1.0)       # [B, 2], 1-based
+    running = torch.cumsum(m, dim=-1)                           # unclamped: 0 before the first valid token
+    at = torch.searchsorted(running.contiguous(), rank.to(running.dtype), right=False)
+    at = at.clamp_(max=max(m.shape[-1] - 1, 0))
+    if m.shape[-1] == 0:
+        zero = torch.zeros((), dtype=torch.float64, device=m.device)
+        return {f"abs_L_p{p}_position": zero for p in PREFIX_POSITIONS}
+    drift = torch.gather(batch.log_prefix_ratio, 1, at).abs().to(torch.float64)  # [B, 2]
+    has = (n > 0).to(torch.float64)
+    means = _frac(has @ drift, has.sum())
+    return {f"abs_L_p{p}_position": v for p, v in zip(PREFIX_POSITIONS, means.unbind())}
+
+
+def _removed_gradient_sums(batch: LossBatch, terms: TokenTerms) -> tuple[torch.Tensor, torch.Tensor]:
+    """(removed, total) of the share of the gradient weight the bound removed: per valid token the
+    unbounded weight |A_t| e^{X_t} of the mode's clipped quantity X_t (`log_value`; e^X capped as in
+    `safe_exp`), and what the mode kept of it, max(|A_t| e^{X_t} - |coef_t|, 0). Masking and
+    clipping remove all of it, CISPO's truncated weight the part above the bound. A mode without a
+    clipped quantity (log_value None) reports 0."""
+    m = batch.mask
+    if terms.log_value is None:
+        zero = torch.zeros((), dtype=m.dtype, device=m.device)
+        return zero, zero
+    unbounded = batch.advantages.abs().to(m.dtype) * safe_exp(terms.log_value).to(m.dtype)
+    removed = (unbounded - terms.coef.abs().to(m.dtype)).clamp_(min=0.0)
+    return _dot(removed, m), _dot(unbounded, m)
+
+
 def _all_present(bound: torch.Tensor, side: str) -> bool:
     """Every entry of the bound is present (lower: > log tiny; upper: finite): one min/max pass."""
     if bound.numel() == 0:
@@ -311,6 +349,9 @@ def policy_loss_metrics(batch: LossBatch, terms: TokenTerms, clipped: torch.Tens
         metrics["value_capped_frac"] = torch.zeros((), dtype=torch.float64, device=m.device)
 
     metrics.update(_position_metrics(batch, clipped_f))
+    metrics.update(_prefix_at_positions(batch))
+    removed, total = (x.to(torch.float64) for x in _removed_gradient_sums(batch, terms))
+    metrics["grad_removed_frac"] = torch.where(total > 0, removed / total.clamp(min=1e-300), 0.0)
     for name in ("abs_L_mean", "abs_z_mean", "logprob_abs_diff", "ratio_mean", "ratio_max", "ratio_p95"):
         metrics[name] = stats[name]
     for key, value in terms.extra_metrics.items():

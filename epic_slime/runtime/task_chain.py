@@ -25,6 +25,7 @@ from .task import Problem, TaskConfig, make_problem
 NAME = "chain"
 MODULUS = 10
 MAX_OPERANDS = 14
+LONG_MAX_OPERANDS = 40   # the `chain_long` task (tasks.TASKS): same problems, longer chains
 SPLITS = ("train", "validation", "test")
 _VALIDATION_SHARE = 0.05
 _TEST_SHARE = 0.05

@@ -31,6 +31,10 @@ TASKS: dict[str, Task] = {
              task_arith.MAX_OPERANDS, task_arith.MODULUS, task_arith.train_problem, task_arith.eval_problems),
         Task(task_chain.NAME, "chains of single-digit steps modulo 10 (the study's long-response task)",
              task_chain.MAX_OPERANDS, task_chain.MODULUS, task_chain.train_problem, task_chain.eval_problems),
+        # the stress ladder's long-response variant: the same problems and splits, up to 40 operands
+        # (34 operands: 33 steps, 201 response tokens), so that prefix log-ratios accumulate
+        Task("chain_long", "the chain task with up to 40 operands (200+ token responses; the stress ladder)",
+             task_chain.LONG_MAX_OPERANDS, task_chain.MODULUS, task_chain.train_problem, task_chain.eval_problems),
     )
 }
 

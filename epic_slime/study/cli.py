@@ -3,6 +3,7 @@
     epic-slime study --quick                    # configs/study/quick.yaml -> runs/study-quick
     epic-slime study                            # configs/study/default.yaml -> runs/study
     epic-slime study --ladder [--quick]         # configs/study/ladder[_quick].yaml -> runs/ladder[-quick]
+    epic-slime study --stress [--quick]         # configs/study/stress[_quick].yaml -> runs/stress[-quick]
     epic-slime study --config X.yaml --output-dir D [--analyze-only]
 
 Phases: `study.plan` (the config and its runs), `study.run` (execute and measure; resumable), then
@@ -19,8 +20,8 @@ from pathlib import Path
 from epic_slime.provenance import git_commit
 
 from .files import finished_results
-from .plan import (DEFAULT_CONFIG, LADDER_CONFIG, LADDER_QUICK_CONFIG, QUICK_CONFIG, REPO, StudyConfigError,
-                   load_study_config, plan)
+from .plan import (DEFAULT_CONFIG, LADDER_CONFIG, LADDER_QUICK_CONFIG, QUICK_CONFIG, REPO, STRESS_CONFIG,
+                   STRESS_QUICK_CONFIG, StudyConfigError, load_study_config, plan)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -29,6 +30,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help=f"the quick study ({QUICK_CONFIG.relative_to(REPO)}; with "
                    f"--ladder: {LADDER_QUICK_CONFIG.relative_to(REPO)})")
     p.add_argument("--ladder", action="store_true", help=f"the policy-lag ladder ({LADDER_CONFIG.relative_to(REPO)})")
+    p.add_argument("--stress", action="store_true", help=f"the stress ladder ({STRESS_CONFIG.relative_to(REPO)}; "
+                   f"with --quick: {STRESS_QUICK_CONFIG.relative_to(REPO)})")
     p.add_argument("--config", default=None, help=f"study YAML (default: {DEFAULT_CONFIG.relative_to(REPO)})")
     p.add_argument("--output-dir", default=None, help="study directory (default: runs/study or runs/study-quick)")
     p.add_argument("--analyze-only", action="store_true", help="only write tables and figures from finished runs")
@@ -37,13 +40,18 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _build_parser().parse_args(argv)
-    if (args.quick or args.ladder) and args.config:
-        print("epic-slime study: error: --quick / --ladder and --config exclude each other", file=sys.stderr)
+    if (args.quick or args.ladder or args.stress) and args.config:
+        print("epic-slime study: error: --quick / --ladder / --stress and --config exclude each other", file=sys.stderr)
+        return 2
+    if args.ladder and args.stress:
+        print("epic-slime study: error: --ladder and --stress exclude each other", file=sys.stderr)
         return 2
     config_path, default_out = {(False, False): (DEFAULT_CONFIG, "runs/study"),
                                 (True, False): (QUICK_CONFIG, "runs/study-quick"),
                                 (False, True): (LADDER_CONFIG, "runs/ladder"),
                                 (True, True): (LADDER_QUICK_CONFIG, "runs/ladder-quick")}[(args.quick, args.ladder)]
+    if args.stress:
+        config_path, default_out = (STRESS_QUICK_CONFIG, "runs/stress-quick") if args.quick else (STRESS_CONFIG, "runs/stress")
     config_path = args.config or config_path
     out = Path(args.output_dir or default_out)
     try:

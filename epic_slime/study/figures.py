@@ -151,3 +151,45 @@ def ladder_figure(summary: dict, axes: dict[str, list[dict]], methods: list[str]
     plt.close(fig)
     plt.rcParams.update({"font.size": plt.rcParamsDefault["font.size"]})
     return path
+
+
+def stress_heatmap(summary: dict, methods: list[str], warm: float, chance: float, k: int, path: Path) -> Path:
+    """Method x stress, one panel per axis (levels mildest first), coloured by the last checkpoint's
+    test mean@k; each cell's score written in it, a broken cell hatched, and each method's breaking
+    point (the mildest broken level of the axis) boxed in red. Empty: not finished."""
+    import numpy as np
+
+    plt = _plt()
+    axes = summary["axes"]
+    widths = [len(v) for v in axes.values()]
+    fig, panels = plt.subplots(1, len(axes), figsize=(1.1 * sum(widths) + 2.5, 0.42 * len(methods) + 1.8),
+                               gridspec_kw={"width_ratios": widths}, squeeze=False)
+    image = None
+    for ax, (axis, levels) in zip(panels[0], axes.items()):
+        grid = np.full((len(methods), len(levels)), np.nan)
+        for i, m in enumerate(methods):
+            for j, s in enumerate(levels):
+                c = summary["cells"].get(s, {}).get(m)
+                if c is not None:
+                    grid[i, j] = c["test_last_mean"]
+                    dark = c["test_last_mean"] < (chance + 1.0) / 2
+                    ax.text(j, i, f"{c['test_last_mean']:.2f}", ha="center", va="center", fontsize=7,
+                            color="w" if dark else "k", fontweight="bold")
+                    if c["breaks"]:
+                        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", lw=0,
+                                                   edgecolor="0.35"))
+            point = summary["breaking_points"][m][axis]["index"]
+            if point is not None:
+                ax.add_patch(plt.Rectangle((point - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=2))
+        image = ax.imshow(grid, cmap="viridis", vmin=chance, vmax=1.0, aspect="auto")
+        ax.set_xticks(range(len(levels)), levels, rotation=35, fontsize=7, ha="right")
+        ax.set_yticks(range(len(methods)), methods if ax is panels[0][0] else [""] * len(methods), fontsize=8)
+        ax.set_title(f"{axis} (milder -> harsher)", fontsize=9)
+    cbar = fig.colorbar(image, ax=list(panels[0]), fraction=0.025, pad=0.01)
+    cbar.set_label(f"test mean@{k}, last checkpoint", fontsize=8)
+    cbar.ax.axhline(warm, color="w", lw=1.5)
+    fig.suptitle(f"stress ladder: hatched = breaks, red box = breaking point; warm start {warm:.2f} (white line), "
+                 f"chance {chance:.2f}", fontsize=9)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return path

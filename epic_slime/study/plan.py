@@ -20,8 +20,11 @@ QUICK_CONFIG = REPO / "configs" / "study" / "quick.yaml"
 DEFAULT_CONFIG = REPO / "configs" / "study" / "default.yaml"
 LADDER_CONFIG = REPO / "configs" / "study" / "ladder.yaml"
 LADDER_QUICK_CONFIG = REPO / "configs" / "study" / "ladder_quick.yaml"
+STRESS_CONFIG = REPO / "configs" / "study" / "stress.yaml"
+STRESS_QUICK_CONFIG = REPO / "configs" / "study" / "stress_quick.yaml"
 _STUDY_KEYS = {"seeds", "methods", "settings", "test_prompts", "train"}
-_OPTIONAL_KEYS = {"ladder"}   # ladder: true adds the lag-ladder analysis (study.ladder) to the report
+_OPTIONAL_KEYS = {"ladder", "stress"}   # ladder: true adds the lag-ladder analysis (study.ladder); stress: its
+# axes (ordered setting names, mildest first) add the stress-ladder analysis (study.stress)
 # run keys the study sets itself (per run) and a config may not override
 _RESERVED = {"seed", "output_dir", "policy_loss", "save_interval", "save", "load", "progress", "plots",
              "warm_start_cache_dir"}
@@ -40,6 +43,7 @@ class StudyConfig:
     train: dict
     path: str
     ladder: bool = False
+    stress: dict | None = None    # {"axes": {axis: [setting, ...]}}, mildest first (study.stress)
 
 
 @dataclass(frozen=True)
@@ -91,8 +95,29 @@ def load_study_config(path: str | Path) -> StudyConfig:
     ladder = data.get("ladder", False)
     if not isinstance(ladder, bool):
         raise StudyConfigError(f"{path}: ladder must be true or false, got {ladder!r}")
+    stress = _check_stress(path, data.get("stress"), [s["name"] for s in settings])
     return StudyConfig(seeds=list(seeds), methods=list(methods), settings=[dict(s) for s in settings],
-                       test_prompts=test_prompts, train=dict(train), path=str(path), ladder=ladder)
+                       test_prompts=test_prompts, train=dict(train), path=str(path), ladder=ladder, stress=stress)
+
+
+def _check_stress(path: Path, stress, names: list[str]) -> dict | None:
+    """`stress: {axes: {axis: [setting, ...]}}`: each axis an ordered list (mildest first, at least two)
+    of the config's setting names; every setting on some axis."""
+    if stress is None:
+        return None
+    axes = stress.get("axes") if isinstance(stress, dict) else None
+    if not isinstance(stress, dict) or set(stress) != {"axes"} or not isinstance(axes, dict) or not axes:
+        raise StudyConfigError(f"{path}: stress must be a mapping {{axes: {{axis: [setting, ...]}}}}, got {stress!r}")
+    for axis, levels in axes.items():
+        if not (isinstance(levels, list) and len(levels) >= 2 and len(set(levels)) == len(levels)):
+            raise StudyConfigError(f"{path}: stress.axes.{axis} must list at least two distinct settings, got {levels!r}")
+        unknown = [x for x in levels if x not in names]
+        if unknown:
+            raise StudyConfigError(f"{path}: stress.axes.{axis} names settings {unknown} that are not in settings {names}")
+    loose = [n for n in names if not any(n in levels for levels in axes.values())]
+    if loose:
+        raise StudyConfigError(f"{path}: settings {loose} are on no stress axis")
+    return {"axes": {a: list(v) for a, v in axes.items()}}
 
 
 def plan(cfg: StudyConfig) -> list[RunSpec]:

@@ -218,6 +218,9 @@ def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: 
     metrics = {(r["setting"], r["method"], r["seed"]): run_metrics(out, r) for r in results}   # read once
     if cfg.ladder and results:
         lines += ladder_section(cfg, out, results, metrics, warm, summary, k)
+    if cfg.stress and results:
+        from .stress_report import stress_section
+        lines += stress_section(cfg, out, results, metrics, warm, summary, k)
     for setting in [s["name"] for s in cfg.settings]:
         res = [r for r in results if r["setting"] == setting]
         if not res or not any(r["method"] == "epic" for r in res):
@@ -229,7 +232,7 @@ def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: 
             f"{key}={v}" for key, v in next(s for s in cfg.settings if s["name"] == setting).items() if key != "name")
         summary["settings"][setting] = {"table1": rows, "diagnostics": {m: {k: v for k, v in d.items() if k != "runs"}
                                                                         for m, d in diag.items()}}
-        if cfg.ladder:      # the ladder's figure stands for its settings; per-setting tables only
+        if cfg.ladder or cfg.stress:   # the ladder's figure stands for its settings; per-setting tables only
             lines += [header, "", *table1_markdown(rows), "", *diagnostics_markdown(diag), ""]
             continue
         figures.table1_figure(rows, setting, out / f"table1_{setting}.png")

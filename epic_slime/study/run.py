@@ -55,10 +55,15 @@ def _mean(correct: list[list[bool]]) -> float:
     return statistics.fmean(c for row in correct for c in row)
 
 
-def finish_run(cfg: StudyConfig, spec: RunSpec, run_cfg, run_dir: Path, wall_s: float) -> dict:
-    """Select on validation, evaluate the test split at the selected and the final version."""
+def finish_run(cfg: StudyConfig, spec: RunSpec, run_cfg, run_dir: Path, wall_s: float, failed: str | None = None) -> dict:
+    """Select on validation, evaluate the test split at the selected and the final version.
+
+    failed: the error that stopped the run (a numerical divergence); its last evaluated checkpoint
+    counts as its final one, and the study's analyses count the run as collapsed."""
     k = run_cfg.n_samples_per_eval_prompt
     evals = [(r["eval/version"], r[f"eval/heldout/mean@{k}"]) for r in read_jsonl(run_dir / "eval_metrics.jsonl")]
+    if failed:   # only versions whose checkpoint was written can be evaluated
+        evals = [(v, x) for v, x in evals if v == 0 or (run_cfg.checkpoint_dir / f"step_{v:06d}" / "trainer.pt").exists()]
     version, val_score = select_checkpoint(evals)
     final_version = max(v for v, _ in evals)
     test_sel = evaluate_split(run_cfg, weights_at(run_cfg, run_dir, version), version, "test", cfg.test_prompts)
@@ -69,7 +74,7 @@ def finish_run(cfg: StudyConfig, spec: RunSpec, run_cfg, run_dir: Path, wall_s: 
               "validation_at_selected": val_score, "test_at_selected": _mean(test_sel),
               "final_version": final_version, "validation_at_final": dict(evals)[final_version],
               "test_at_final": _mean(test_final),
-              "test_correct_at_selected": test_sel, "wall_s": wall_s}
+              "test_correct_at_selected": test_sel, "wall_s": wall_s, "failed": failed}
     shutil.rmtree(run_cfg.checkpoint_dir, ignore_errors=True)   # result.json holds what the study needs
     write_json_atomically(run_dir / RESULT, result)               # the "finished" marker, written last
     return result
@@ -101,14 +106,25 @@ def execute(cfg: StudyConfig, out: Path, log=print, provenance: tuple[str, str] 
             run_dir.parent.mkdir(parents=True, exist_ok=True)
             run_cfg = parse_config(run_argv(cfg, spec, run_dir, cache_dir))
             t = time.time()
-            run_training(run_cfg, reuse_ray=True)
-            finish_run(cfg, spec, run_cfg, run_dir, time.time() - t)
+            try:
+                run_training(run_cfg, reuse_ray=True)
+            except (FloatingPointError, RuntimeError) as e:   # a diverged run is a result, not a crash
+                if not (run_dir / "eval_metrics.jsonl").exists():
+                    raise
+                log(f"[study] {spec.name} failed ({type(e).__name__}: {e}); kept as a failed run")
+                finish_run(cfg, spec, run_cfg, run_dir, time.time() - t, failed=f"{type(e).__name__}: {e}")
+            else:
+                finish_run(cfg, spec, run_cfg, run_dir, time.time() - t)
             durations.append(time.time() - t)
             done = len(specs) - len(todo) + i + 1
             typical = durations[1:] or durations     # the first run also trains the warm start
             left = statistics.fmean(typical) * (len(todo) - i - 1)
             log(f"[study] {done}/{len(specs)} done: {spec.name} in {durations[-1]:.0f}s; "
                 f"elapsed {time.time() - t0:.0f}s, about {left / 60:.1f} min left")
+            measure_other_warm_start(cfg, out, spec.setting, log)
+        finished = {s.setting for s in specs if (run_dir_of(out, s) / RESULT).exists()}
+        for setting in sorted(finished):    # a resumed study whose runs had all finished before
+            measure_other_warm_start(cfg, out, setting, log)
     finally:
         if todo:
             import ray
@@ -163,7 +179,76 @@ def measure_warm_start(cfg: StudyConfig, out: Path, log=print) -> dict:
               "chance_test": chance_level(train, test), "chance_validation": chance_level(train, validation),
               "entropy_profile": warm_start_entropy_profile(run_cfg, state, validation),
               "measure_s": time.time() - t}
+    first = cfg.settings[0]["name"]
+    record["warm_start_scores"] = {_identity_of(cfg, out, first, seed)[1]: by_seed[seed] for seed in cfg.seeds}
+    # settings on the same warm start as the first; the others are measured after their first run
+    warm_starts_by_setting(cfg, out, record, [s["name"] for s in cfg.settings], train=False)
+    record["measure_s"] = time.time() - t
     write_json_atomically(out / WARM_START, record)
     log(f"[study] warm start: test mean@{run_cfg.n_samples_per_eval_prompt} {record['test_mean']:.3f} "
         f"(chance {record['chance_test']['chance']:.3f}) in {record['measure_s']:.0f}s")
     return record
+
+
+def _warm_start_identity(run_cfg) -> tuple:
+    """What makes two settings' warm starts (and their test splits) the same policy on the same task."""
+    return (repr(run_cfg.model), repr(run_cfg.task), run_cfg.warm_start_steps, run_cfg.warm_start_lr,
+            run_cfg.warm_start_batch_size, run_cfg.warm_start_answer_noise, run_cfg.warm_start_step_noise,
+            run_cfg.warm_start_seed_or_seed, run_cfg.n_samples_per_eval_prompt, run_cfg.eval_temperature,
+            run_cfg.eval_top_p, run_cfg.rollout_max_response_len)
+
+
+def _identity_of(cfg: StudyConfig, out: Path, setting: str, seed: int):
+    from epic_slime.runtime.config import parse_config
+
+    spec = RunSpec(setting, cfg.methods[0], seed)
+    run_cfg = parse_config(run_argv(cfg, spec, run_dir_of(out, spec), out / "warm_start"))
+    return run_cfg, f"{_warm_start_identity(run_cfg)!r}|seed {seed}"
+
+
+def warm_starts_by_setting(cfg: StudyConfig, out: Path, record: dict, only: list[str], train: bool) -> None:
+    """Add to record["by_setting"] {setting: {test_by_seed, test_mean, chance}}: the warm start each
+    setting starts from, on the test split of its own task (the stress ladder has a long-response task
+    beside the short one). Scores are kept per (warm start, seed) in record["warm_start_scores"], so a
+    warm start is measured once however many settings share it. train=False: only settings whose every
+    score is known already (no warm start is trained or evaluated)."""
+    from dataclasses import replace
+
+    from epic_slime.runtime.task_chain import split_problems
+    from epic_slime.runtime.tasks import train_problem
+
+    scores = record.setdefault("warm_start_scores", {})
+    by_setting = record.setdefault("by_setting", {})
+    states = {}
+    for name in only:
+        if name in by_setting:
+            continue
+        keys = [_identity_of(cfg, out, name, seed) for seed in cfg.seeds]
+        if not train and any(key not in scores for _, key in keys):
+            continue
+        for seed, (run_cfg, key) in zip(cfg.seeds, keys):
+            if key not in scores:
+                ident = key.rsplit("|", 1)[0]
+                if ident not in states:
+                    states[ident] = weights_at(run_cfg, run_dir_of(out, RunSpec(name, cfg.methods[0], seed)), 0)
+                scores[key] = _mean(evaluate_split(run_cfg, states[ident], 0, "test", cfg.test_prompts))
+        run_cfg = keys[0][0]
+        test = split_problems("test", replace(run_cfg.task, eval_num_prompts=cfg.test_prompts))
+        train_set = [train_problem(i, 0, run_cfg.task) for i in range(CHANCE_SAMPLE)]
+        by_seed = {seed: scores[key] for seed, (_, key) in zip(cfg.seeds, keys)}
+        by_setting[name] = {"test_by_seed": by_seed, "test_mean": statistics.fmean(by_seed.values()),
+                            "chance": chance_level(train_set, test)["chance"]}
+
+
+def measure_other_warm_start(cfg: StudyConfig, out: Path, setting: str, log=print) -> None:
+    """After a run of a setting whose warm start was not measured yet (the run trained and cached it):
+    measure it and record it for every setting that shares it (warm_start.json)."""
+    record = read_warm_start(out)
+    if setting in record.get("by_setting", {}):
+        return
+    t = time.time()
+    warm_starts_by_setting(cfg, out, record, [setting], train=True)
+    warm_starts_by_setting(cfg, out, record, [s["name"] for s in cfg.settings], train=False)
+    write_json_atomically(out / WARM_START, record)
+    log(f"[study] warm start of {setting}: test {record['by_setting'][setting]['test_mean']:.3f} "
+        f"in {time.time() - t:.0f}s")

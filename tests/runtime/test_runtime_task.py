@@ -75,9 +75,15 @@ def test_exact_verifier():
 
 
 def test_the_registry_names_each_task_once_and_checks_its_limits():
-    assert sorted(TASKS) == ["arith", "chain"]
+    assert sorted(TASKS) == ["arith", "chain", "chain_long"]
     assert get_task("chain").modulus == 10 and get_task("arith").modulus is None
-    with pytest.raises(ValueError, match="task_name must be one of \\['arith', 'chain'\\], got 'poetry'"):
+    # the stress ladder's long variant: the chain task's problems, longer chains allowed
+    validate_task_config(TaskConfig(name="chain_long", min_operands=34, max_operands=34))
+    with pytest.raises(ValueError, match="<= 40"):
+        validate_task_config(TaskConfig(name="chain_long", min_operands=34, max_operands=41))
+    long = train_problem(3, 1, TaskConfig(name="chain_long", min_operands=34, max_operands=34))
+    assert long.solution.count(";") == 33 and len(long.solution) >= 199
+    with pytest.raises(ValueError, match="task_name must be one of \\['arith', 'chain', 'chain_long'\\], got 'poetry'"):
         get_task("poetry")
     validate_task_config(TaskConfig(name="chain", min_operands=12, max_operands=14))
     with pytest.raises(ValueError, match="<= 6"):

@@ -10,8 +10,8 @@ import yaml
 from epic_slime.cli import main as cli_main
 from epic_slime.runtime.config import parse_config
 from epic_slime.study.files import RESULT
-from epic_slime.study.plan import (DEFAULT_CONFIG, LADDER_CONFIG, LADDER_QUICK_CONFIG, QUICK_CONFIG, StudyConfigError,
-                                   load_study_config, plan, run_argv)
+from epic_slime.study.plan import (DEFAULT_CONFIG, LADDER_CONFIG, LADDER_QUICK_CONFIG, QUICK_CONFIG, STRESS_QUICK_CONFIG,
+                                   StudyConfigError, load_study_config, plan, run_argv)
 
 TINY_TRAIN = {"task_name": "chain", "task_min_operands": 12, "task_max_operands": 12, "model_max_positions": 144,
               "rollout_max_response_len": 80, "task_eval_num_prompts": 4, "n_samples_per_eval_prompt": 2,
@@ -119,7 +119,9 @@ def test_tiny_study_end_to_end_and_resume(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_quick_ladder_end_to_end(tmp_path, capsys):
-    """`epic-slime study --ladder --quick`: every cell, the warm start's record, the figure and summary.json."""
+    """`epic-slime study --ladder --quick`: every cell, the warm start's record, the figure and summary.json;
+    then `--stress --quick` on the same directory: the two quick studies share one run plan, so the stress
+    report runs nothing new (CI does not grow) and still computes every cell, breaking point and the test."""
     out = tmp_path / "ladder"
     assert cli_main(["study", "--ladder", "--quick", "--output-dir", str(out)]) == 0
     cfg = load_study_config(LADDER_QUICK_CONFIG)
@@ -148,3 +150,20 @@ def test_quick_ladder_end_to_end(tmp_path, capsys):
     assert cli_main(["study", "--ladder", "--quick", "--output-dir", str(out), "--analyze-only"]) == 0
     again = json.loads((out / "summary.json").read_text())
     assert again["ladder"] == json.loads(first)["ladder"]
+
+    # the quick stress ladder: its plan is the quick ladder's, so every run is found finished
+    capsys.readouterr()
+    assert cli_main(["study", "--stress", "--quick", "--output-dir", str(out)]) == 0
+    n = len(plan(load_study_config(STRESS_QUICK_CONFIG)))
+    assert f"{n} runs planned, {n} already finished, 0 to run" in capsys.readouterr().out
+    st = json.loads((out / "summary.json").read_text())["stress"]
+    assert st["runs_finished"] == st["runs_planned"] == n and sorted(st["cells_complete"]) == sorted(cells)
+    for name, c in st["cells"].items():
+        for m in cfg.methods:
+            d = c["methods"][m]
+            assert d["test_last_mean"] == pytest.approx(cells[name]["methods"][m]["test_last_mean"])
+            assert isinstance(d["breaks"], bool) and d["mean_abs_log_ratio"] >= 0 and d["prefix_log_ratio_p90"] >= 0
+            assert 0 <= d["grad_removed_frac"] <= 1 and d["collapse_frac"] == cells[name]["methods"][m]["collapse_frac"]
+    assert set(st["breaking_point"]) == set(cfg.methods) and st["hypothesis"]["verdict"] in (
+        "untested", "rejected", "supported", "not rejected")
+    assert "## The stress ladder" in (out / "study.md").read_text() and (out / "stress.png").stat().st_size > 10_000
