@@ -44,14 +44,10 @@ def test_a_record_past_to_step_is_refused_and_the_file_is_left_alone(tmp_path):
     assert sorted((r.step, r.correct) for r in read_records(path)) == [(1, True), (2, False), (3, True)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "real bug (issue 28 s1 in slime's own order): slime creates the RolloutManager (create_rollout_manager) "
-    "before create_training_models fills args.start_rollout_id from the loaded Megatron checkpoint "
-    "(slime/ray/placement_group.py:218; slime/utils/arguments.py:1837 sets it to 0 only without one), so the "
-    "hook's copy of args has start_rollout_id None: eval_only_run is False and the eval-only run replaces "
-    "the run's records from its step on, deleting every later step (epic_slime/slime/rollout.py:86 notes "
-    "the same of start_rollout_id)"))
 def test_eval_only_run_with_the_args_the_rollout_manager_holds_keeps_later_steps(tmp_path, monkeypatch):
+    """slime creates the RolloutManager before create_training_models fills args.start_rollout_id from
+    the loaded checkpoint, so the hook's copy has start_rollout_id None. Found by the mutation pass as a
+    strict xfail (the eval-only run deleted every later step); fixed in eval_hooks (h-rel, d7681c5)."""
     path = tmp_path / "evals.jsonl"
     base = dict(epic_eval_records_path=str(path), epic_run_name="r1", epic_method="epic", seed=1,
                 n_samples_per_eval_prompt=1, rollout_function_path=ROLLOUT_FUNCTION_PATH)
