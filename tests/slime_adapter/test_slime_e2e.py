@@ -205,11 +205,61 @@ def test_eval_records_over_kill_and_resume_pass_report(fixture, request, tmp_pat
     assert got["records_per_step"] == {"e2e": {step: 40 for step in range(-1, NUM_ROLLOUT)}}
 
 
-def test_harness_args_match_slime_parser(tmp_path, monkeypatch):
-    """The harness's args (slime's defaults from its source + the driver's flag layer) against slime's
-    real parse_args, where SGLang and Megatron-LM's megatron.training are installed (the cluster image)."""
+def _e2e_argv(workdir: str) -> list[str]:
+    """The driver command line of the e2e sessions, as the session completes it."""
+    return h.standard_argv(workdir, num_rollout=2, save_interval=None) + [
+        "--sglang-router-ip", "127.0.0.1", "--sglang-router-port", "1"]
+
+
+def test_harness_parser_has_the_real_parsers_option_strings():
+    """Without SGLang: the harness's parser (slime's flags read from its source, slime's reset_arg
+    run on the Megatron flags it stands in for) against the option strings stored from the real
+    parsers at the pinned versions (epic_slime/slime/option_strings.json). Every option it has is
+    one of theirs and takes a value exactly when theirs does (a BooleanOptionalAction flag read as
+    taking a value would swallow the next flag), and it has every option of slime's own parser."""
+    from epic_slime.slime.option_strings import known_options, load_option_strings, option_kinds_of
+
+    ours = option_kinds_of(h.slime_argument_parser())
+    real = known_options()
+    assert not sorted(o for o in ours if o not in real), "options no real parser has"
+    assert not {o: (k, real[o]) for o, k in ours.items() if real[o] != k}, "kinds differ from the real parsers'"
+    slime_own = load_option_strings()["parsers"]["slime"]
+    assert not sorted(o for o in slime_own if o not in ours), "slime options the harness does not read"
+
+
+def test_harness_command_line_is_spelt_for_the_real_parsers(tmp_path):
+    """Every flag the e2e sessions pass (after the driver's flag layer) is known to the real
+    parsers or the project, unabbreviated, given once, and takes a value exactly when the real
+    parser's option does."""
+    from epic_slime.slime.command_line import driver_argv
+    from epic_slime.slime.flags import project_option_kinds
+    from epic_slime.slime.option_strings import check_flag_spelling, known_options
+
+    argv = driver_argv(_e2e_argv(str(tmp_path)))
+    known = known_options(project_option_kinds())
+    assert check_flag_spelling(argv, known) == []
+    for i, token in enumerate(argv):
+        if not token.startswith("--"):
+            continue
+        followed_by_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        assert followed_by_value == (known[token] in ("value", "append")), (token, known[token])
+
+
+def test_harness_takes_slime_defaults_that_reset_arg_sets():
+    """slime's reset_arg changes Megatron defaults (--lr 1e-6, --micro-batch-size 1) and adds the
+    flags Megatron lacks; a BooleanOptionalAction flag defaults to None (slime derives it later)."""
+    args = h.slime_argument_parser().parse_args([])
+    assert args.lr == 1e-6 and args.micro_batch_size == 1 and args.distributed_timeout_minutes == 10
+    assert args.offload_train is None and args.freeze_indexer is False and args.custom_config_path is None
+    assert h.slime_argument_parser().parse_args(["--no-offload-train"]).offload_train is False
+
+
+def test_harness_args_match_slime_full_parser(tmp_path):
+    """The harness's args against slime's real parse_args, where SGLang and Megatron-LM's
+    megatron.training are installed (the cluster image): the values, not only the spelling."""
     if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("megatron.training") is None:
-        pytest.skip("slime's full parser needs SGLang and Megatron-LM's megatron.training (not installable on CPU CI)")
+        pytest.skip("slime's full parser needs SGLang and Megatron-LM's megatron.training (the cluster image); "
+                    "test_harness_parser_has_the_real_parsers_option_strings checks the spelling without them")
     from epic_slime.slime.train import parse
 
     h.prepare_workdir(str(tmp_path), train_prompts=4, eval_prompts=2)
