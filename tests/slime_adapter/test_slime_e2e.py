@@ -205,6 +205,61 @@ def test_eval_records_over_kill_and_resume_pass_report(fixture, request, tmp_pat
     assert got["records_per_step"] == {"e2e": {step: 40 for step in range(-1, NUM_ROLLOUT)}}
 
 
+LAYERS, TOPK, EXPERTS = 2, 2, 4   # the tiny Qwen3-MoE's routing shape
+R3_FLAGS = ["--use-rollout-routing-replay", "--num-layers", str(LAYERS), "--moe-router-topk", str(TOPK),
+            "--num-experts", str(EXPERTS)]
+BATCH = 2 * 4   # samples per rollout
+
+
+def _check_dp_split(trace, r3: bool = False) -> None:
+    """slime's own conversion and per-DP split, fetched by slime's process_rollout_data: each rank
+    reads exactly one object, its own; the partitions are disjoint, equal and cover the batch (no
+    group loses a sample); the tensors a rank read are exactly its own samples' tokens (int64),
+    loss masks (int32), rollout log-probs and mask sum (float32) and, under R3, one int64
+    [1, layers, topk] routing handle each: no other rank's sample and no routing rows."""
+    trained = _events(trace, "train")
+    assert trained
+    for e in trained:
+        dp = e["dp"]
+        assert [d["rank"] for d in dp] == list(range(h.DP_SIZE))
+        objects = [d["objects"] for d in dp]
+        assert all(len(o) == 1 for o in objects) and len({o[0] for o in objects}) == h.DP_SIZE, objects
+        assert sorted(p for d in dp for p in d["partition"]) == list(range(BATCH)) and e["mixed_groups"] == 0
+        handle = 8 * LAYERS * TOPK if r3 else 0
+        for d in dp:
+            assert len(d["partition"]) == BATCH // h.DP_SIZE
+            want = sum(8 * t + 8 * r + 4 + handle for t, r in zip(d["total_lengths"], d["response_lengths"]))
+            assert d["tensor_bytes"] == want, (d["rank"], d["tensor_bytes"], want)
+            assert ("rollout_routed_experts" in d["keys"]) == r3
+
+
+def test_each_dp_rank_fetches_only_its_own_part_of_slimes_split(e2e):
+    for trace in (e2e["first"], e2e["resumed"]):
+        _check_dp_split(trace)
+
+
+def test_r3_routing_reaches_each_rank_through_slimes_split_and_the_store(tmp_path):
+    """R3 on: the stand-in's routed experts, slime's decoding, the project's staging into its
+    RoutingStore (a Ray actor), slime's split carrying handles, and each train rank's replay
+    through the project's hook around slime's prepare_routed_experts_for_routing_replay. Each
+    rank fetched from the store exactly its own samples' rows (uint8: (tokens - 1) x layers x
+    topk bytes each); at the first step (the rollout's weights) the replayed rows are the
+    trainer model's own routing."""
+    missing = [m for m in ("pybase64", "ray") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the R3 run needs {missing} (slime decodes SGLang's routing with pybase64; the store is a Ray actor)")
+    events = _single_session(str(tmp_path), "r3", num_rollout=3, extra=R3_FLAGS)
+    _trained_once(events, 6)
+    _check_dp_split(events, r3=True)
+    for e in _events(events, "train"):
+        for d, served, rows in zip(e["dp"], e["r3"]["routing_bytes"], e["r3"]["replayed_rows"]):
+            own = sum(t - 1 for t in d["total_lengths"])
+            assert served == own * LAYERS * TOPK, (e["rollout_id"], d["rank"], served, own)
+            assert rows >= own   # slime pads each micro-batch's rows; the pad rows are made, not fetched
+    agreement = _events(events, "train")[0]["r3"]["agreement"]
+    assert len(agreement) == BATCH // 2 and min(agreement) >= 0.98, agreement   # 2 steps, micro-batches of 1
+
+
 def _e2e_argv(workdir: str) -> list[str]:
     """The driver command line of the e2e sessions, as the session completes it."""
     return h.standard_argv(workdir, num_rollout=2, save_interval=None) + [

@@ -102,6 +102,11 @@ def megatron_arguments(parser: argparse.ArgumentParser) -> None:
         "--clip-grad": dict(type=float, default=1.0),
         "--micro-batch-size": dict(type=int, default=None),
         "--calculate-per-token-loss": dict(action="store_true"),
+        # the MoE shape R3 checks routing against (the tiny Qwen3-MoE: 2 layers, top-2 of 4)
+        "--num-layers": dict(type=int, default=None),
+        "--num-experts": dict(type=int, default=None),
+        "--moe-router-topk": dict(type=int, default=2),
+        "--sequence-parallel": dict(action="store_true"),
         # SGLang's ServerArgs (slime prefixes them with --sglang-): dp_size defaults to 1
         "--sglang-dp-size": dict(type=int, default=1),
     }.items():

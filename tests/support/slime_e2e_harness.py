@@ -48,7 +48,7 @@ import torch
 
 # the harness's parts, in their own modules; their names stay importable from here
 from support.slime_args import REPO, SLIME_SNAPSHOT, TESTS, build_args, megatron_arguments, slime_argument_parser, slime_path  # noqa: F401
-from support.slime_e2e_manager import RolloutManagerStandIn, train_data  # noqa: F401
+from support.slime_e2e_manager import RolloutManagerStandIn  # noqa: F401
 from support.slime_e2e_setup import (  # noqa: F401
     EVAL_MAX_RESPONSE_LEN, GROUPS_IN_FLIGHT, LONG_EVERY, LONG_MIN_NEW_TOKENS, ROLLOUT_MAX_RESPONSE_LEN, init_weights,
     prepare_workdir, reward, standard_argv, write_prompts, write_tokenizer,
@@ -57,6 +57,8 @@ from support.slime_e2e_train import PUSH_MODES, CpuTrainGroup, _session  # noqa:
 
 
 # ---------------------------------------------------------------- trace, server, session
+
+DP_SIZE = 2   # train ranks: slime's split gives each its own object and micro-batches
 
 class SaveWindowKill:
     """SIGKILL between the two saves of a checkpoint (data state and model, in whichever order the
@@ -155,6 +157,37 @@ class Server:
         self.log.close()
 
 
+class RouterServer:
+    """The router stand-in (``support/router_standin.py``) in its own process, with ``engines``
+    registered as slime's SGLang engine actors register themselves at start (``POST /workers``)."""
+
+    def __init__(self, workdir: str, engines: list[Server], extra_args: list[str] = ()):
+        port_file = os.path.join(workdir, "router.port")
+        self.log = open(os.path.join(workdir, "router.log"), "w")
+        self.proc = subprocess.Popen([sys.executable, str(TESTS / "support" / "router_standin.py"), "--port-file", port_file,
+                                      *extra_args], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while not os.path.exists(port_file):
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise RuntimeError(f"router stand-in did not start; see {self.log.name}")
+            time.sleep(0.05)
+        self.port = int(Path(port_file).read_text())
+        self.url = f"http://127.0.0.1:{self.port}"
+        for engine in engines:
+            _session().post(f"{self.url}/workers", json={"url": engine.url, "worker_type": "regular"},
+                            timeout=10).raise_for_status()
+
+    def stats(self) -> dict:
+        return _session().get(f"{self.url}/stats", timeout=10).json()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.log.close()
+
+
 def session(config: dict) -> None:
     """One driver process: the loop under test against the stand-ins; writes config['trace']."""
     import torch.distributed as dist
@@ -176,12 +209,24 @@ def session(config: dict) -> None:
 
     set_gloo_group(dist.group.WORLD)   # slime's updater barriers on it
     use_ray_stand_in()
-    install_push_hook(args)   # slime runs --custom-megatron-init-path on each train rank (its R3 half needs CUDA)
-    manager = RolloutManagerStandIn(args, trace)
+    r3 = bool(getattr(args, "use_rollout_routing_replay", False))
+    if r3:   # a local Ray (the routing store) and slime's init path on the train ranks (support/slime_e2e_r3.py)
+        from support import slime_e2e_r3
+
+        slime_e2e_r3.start(args)
+    else:
+        install_push_hook(args)   # the push half of --custom-megatron-init-path (its R3 half needs slime's actor module)
+    from support.slime_store import ObjectStoreStandIn
+
+    store = ObjectStoreStandIn()   # Ray's object store: slime's per-DP objects, fetched per rank
+    manager = RolloutManagerStandIn(args, trace, store)
     window = SaveWindowKill(config.get("kill_between_saves"), trace)
     manager.save_window = window
     actor = CpuTrainGroup(args, f"http://127.0.0.1:{config['port']}", trace, config.get("kill_after_train"),
-                          manager=manager, push=config.get("push", "distributed"), save_window=window)
+                          manager=manager, push=config.get("push", "distributed"), save_window=window,
+                          store=store, dp_size=config.get("dp_size", DP_SIZE), engine_urls=config.get("engine_urls"))
+    # slime's train_actor.set_rollout_manager: rank 0 tells the manager the DP layout
+    manager.set_train_parallel_config.remote(actor.train_parallel_config).result()
     # slime's create_training_models: the checkpoint sets the start rollout, then the data source loads
     args.start_rollout_id = actor.start_rollout_id
     if args.rollout_global_dataset:
@@ -202,6 +247,8 @@ def session(config: dict) -> None:
                 prompts_consumed=consumed, pending_pids=pending, memory_clears=actor.memory_clears)
     manager.dispose.remote().result()
     manager.shutdown()
+    if r3:
+        slime_e2e_r3.stop()
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
     os._exit(0)   # slime's event-loop thread and HTTP client are daemons: nothing to wait for

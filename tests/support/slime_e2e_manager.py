@@ -1,8 +1,17 @@
-"""slime's RolloutManager Ray actor as the e2e harness's driver sees it (``slime_e2e_harness.py``)."""
+"""slime's RolloutManager Ray actor as the e2e harness's driver sees it (``slime_e2e_harness.py``).
+
+A rollout's samples become training data by slime's own ``RolloutManager`` methods
+(``_get_rollout_data``'s flattening, ``_post_process_rewards``, ``_convert_samples_to_train_data``,
+``_split_train_data_by_dp``: GRPO rewards, loss masks, per-rollout mask sums, the DP / micro-batch
+schedule, one object per DP rank put into the store), run on this stand-in as ``self``
+(``support/slime_store.py``: the class without its Ray wrapper, Ray's object store stood in for).
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
+import types
 
 class _Method:
     def __init__(self, pool, fn):
@@ -18,26 +27,55 @@ class RolloutManagerStandIn:
     --data-source-path, the rollout / eval functions by path, ``call_rollout_fn`` and the rollout
     / eval logging (which calls the eval-record hook)."""
 
-    def __init__(self, args, trace):
+    def __init__(self, args, trace, store):
         from slime.utils.http_utils import init_http_client
         from slime.utils.misc import load_function
 
-        self.args, self.trace = args, trace
+        from support.slime_store import install, rollout_manager_class
+
+        self.args, self.trace, self.store = args, trace, store
+        self.slime_manager = rollout_manager_class()
+        install(store)
+        self._post_process_rewards = types.MethodType(self.slime_manager._post_process_rewards, self)
+        # what slime's __init__ sets and its conversion reads
+        self.custom_reward_post_process_func = (load_function(args.custom_reward_post_process_path)
+                                                if args.custom_reward_post_process_path else None)
+        self.custom_convert_samples_to_train_data_func = (
+            load_function(args.custom_convert_samples_to_train_data_path)
+            if args.custom_convert_samples_to_train_data_path else None)
+        self.train_parallel_config = None   # set by the train group (slime: train_actor.set_rollout_manager)
+        self.sample_info: dict[int, dict] = {}   # Sample.index -> what the trace reports per sample
         init_http_client(args)
         self.data_source = load_function(args.data_source_path)(args)
         self.generate_rollout = load_function(args.rollout_function_path)
         self.eval_generate_rollout = load_function(args.eval_function_path)
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout-manager")
         self.save_window = None   # SaveWindowKill, set by the session
-        for name in ("generate", "eval", "save", "load", "dispose", "get_updatable_engines_and_lock"):
+        for name in ("generate", "eval", "save", "load", "dispose", "get_updatable_engines_and_lock",
+                     "set_train_parallel_config"):
             setattr(self, name, _Method(self._pool, getattr(self, f"_{name}")))
 
     def _generate(self, rollout_id):
+        """slime's ``generate`` without its logging and debug dumps (wandb): the rollout function
+        through ``call_rollout_fn``, slime's flattening, conversion and per-DP split; returns one
+        ``Box`` per DP rank."""
+        from slime.observability.rollout_data_utils import validate_rollout_id_annotated
         from slime.rollout.base_types import call_rollout_fn
 
         out = call_rollout_fn(self.generate_rollout, self.args, rollout_id, self.data_source, evaluation=False)
         self.trace.write("generate", rollout_id, metrics=out.metrics)
-        return train_data(out.samples, self.args)
+        samples = out.samples
+        validate_rollout_id_annotated(samples)
+        while isinstance(samples[0], list):   # slime's _get_rollout_data
+            samples = list(itertools.chain.from_iterable(samples))
+        for s in samples:
+            self.sample_info[s.index] = {"pid": int(s.metadata["pid"]), "weight_versions": list(s.weight_versions),
+                                         "staleness": int(s.metadata["epic_group_staleness"]), "rollout_id": rollout_id}
+        data = self.slime_manager._convert_samples_to_train_data(self, samples)
+        return self.slime_manager._split_train_data_by_dp(self, data)
+
+    def _set_train_parallel_config(self, config):
+        self.train_parallel_config = config
 
     def _eval(self, rollout_id):
         from slime.rollout.base_types import call_rollout_fn
@@ -68,26 +106,3 @@ class RolloutManagerStandIn:
 
     def shutdown(self):
         self._pool.shutdown(wait=True)
-
-
-def train_data(groups, args) -> dict:
-    """What the train group needs from a rollout: per sample tokens, lengths, loss masks,
-    SGLang log-probs, and the GRPO-normalised reward (the project's runtime formula)."""
-    from epic_slime.runtime.trainer import group_advantages
-
-    samples, rewards = [], []
-    for group in groups:
-        raw = [float(s.reward) for s in group]
-        for s, adv in zip(group, group_advantages(raw)):
-            samples.append(s)
-            rewards.append(adv)
-    return {
-        "tokens": [list(s.tokens) for s in samples],
-        "response_lengths": [s.response_length for s in samples],
-        "loss_masks": [list(s.loss_mask) for s in samples],
-        "rollout_log_probs": [list(s.rollout_log_probs) for s in samples],
-        "advantages": rewards,
-        "pids": [int(s.metadata["pid"]) for s in samples[:: args.n_samples_per_prompt]],
-        "weight_versions": [list(s.weight_versions) for s in samples],
-        "staleness": [int(s.metadata["epic_group_staleness"]) for s in samples[:: args.n_samples_per_prompt]],
-    }

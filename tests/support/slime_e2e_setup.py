@@ -66,9 +66,10 @@ def init_weights(path: str) -> str:
 
 
 def standard_argv(workdir: str, *, num_rollout: int, save_interval: int | None, load: str | None = None,
-                  extra: list[str] = (), max_staleness: int = 2) -> list[str]:
+                  extra: list[str] = (), max_staleness: int = 2, engines: int = 1) -> list[str]:
     """The issue's scale: 12 permits (--sglang-server-concurrency 12, one engine), 2 groups x 4
-    samples = 8 training samples in flight, 10 eval prompts x 4 = 40 eval samples every rollout."""
+    samples = 8 training samples in flight, 10 eval prompts x 4 = 40 eval samples every rollout.
+    ``engines``: engines behind the router (``--rollout-num-gpus``, one GPU each; 12 permits each)."""
     argv = [
         "--hf-checkpoint", os.path.join(workdir, "tokenizer"),
         "--prompt-data", os.path.join(workdir, "train.jsonl"),
@@ -83,7 +84,7 @@ def standard_argv(workdir: str, *, num_rollout: int, save_interval: int | None, 
         "--policy-loss", "epic", "--update-depth", "2",
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
         "--rollout-max-response-len", str(ROLLOUT_MAX_RESPONSE_LEN), "--rollout-temperature", "1.0",
-        "--rollout-num-gpus", "1", "--rollout-num-gpus-per-engine", "1", "--sglang-server-concurrency", "12",
+        "--rollout-num-gpus", str(engines), "--rollout-num-gpus-per-engine", "1", "--sglang-server-concurrency", "12",
         "--max-staleness", str(max_staleness), "--num-rollout", str(num_rollout), "--lr", "1e-3",
         "--save", os.path.join(workdir, "ckpt"),
         "--custom-config-path", os.path.join(workdir, "epic_run.yaml"),   # eval records (eval_hooks)
