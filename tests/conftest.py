@@ -41,6 +41,7 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/launch/test_launch_reeval.py": 300,
     "tests/bench/test_gpu_check.py": 300,                 # [43 s its module's set-up]
     "tests/slime_adapter/test_slime_contract.py": 300,    # [19 s]
+    "tests/slime_adapter/test_router_standin.py": 300,    # [35 s starting two SGLang stand-ins at load 8-10]
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {

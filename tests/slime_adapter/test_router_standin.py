@@ -72,12 +72,14 @@ def two_engines(tmp_path):
         pytest.skip("needs slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) and httpx")
     if _SLIME not in sys.path:
         sys.path.insert(0, _SLIME)
-    from support.slime_e2e_harness import RouterServer, Server
+    from support.slime_e2e_harness import ROLLOUT_MAX_RESPONSE_LEN, RouterServer, Server
 
     engines = []
     for i in range(2):
         (tmp_path / f"engine{i}").mkdir()
-        engines.append(Server(str(tmp_path / f"engine{i}"), long_every=None, extra_args=["--step-seconds", "0.02"]))
+        # requests capped at the rollout's response length cannot stop early: they are still running for the abort
+        engines.append(Server(str(tmp_path / f"engine{i}"), long_every=1, long_min_new_tokens=ROLLOUT_MAX_RESPONSE_LEN,
+                              extra_args=["--step-seconds", "0.1"]))
     router = RouterServer(str(tmp_path), engines)
     yield router, engines
     router.stop()
@@ -119,15 +121,20 @@ def test_groups_share_an_engine_and_slimes_abort_reaches_both(two_engines):
     assert stats["prefix_match"] == 9 and stats["smallest_tree"] == 3, stats
     assert sorted(s["requests"] for s in per_engine) == [4, 8], per_engine
     assert all(s["requests"] % 4 == 0 and s["requests"] > 0 for s in per_engine), per_engine
-    assert sum(s.get("prefix_hits", 0) for s in per_engine) == 9, per_engine
+    # each group's 3 later samples hit its prompt's prefix (another prompt on the engine may add a <bos> hit)
+    assert sum(s.get("prefix_hits", 0) for s in per_engine) >= 9, per_engine
 
     async def abort():
         from slime.backends.sglang_utils.server_control import abort_servers_until_idle
 
         http = _slime_client(2)
-        long = {"sampling_params": {"max_new_tokens": 40, "temperature": 1.0}}
+        from support.slime_e2e_harness import ROLLOUT_MAX_RESPONSE_LEN
+
+        long = {"sampling_params": {"max_new_tokens": ROLLOUT_MAX_RESPONSE_LEN, "temperature": 1.0}}
         running = [asyncio.ensure_future(http.post(f"{router.url}/generate", {"input_ids": p, **long})) for p in prompts]
-        while sum((await http.get(f"{e.url}/v1/loads"))["num_running_reqs"] for e in engines) < len(prompts):
+        deadline = asyncio.get_running_loop().time() + 30
+        while sum([(await http.get(f"{e.url}/v1/loads"))["num_running_reqs"] for e in engines]) < len(prompts):
+            assert asyncio.get_running_loop().time() < deadline, "the requests never ran on the engines"
             await asyncio.sleep(0.02)
         urls = [w["url"] for w in (await http.get(f"{router.url}/workers"))["workers"]]   # slime's abort()
         await abort_servers_until_idle(urls)

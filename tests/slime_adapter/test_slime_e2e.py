@@ -436,3 +436,51 @@ def test_sync_resume_trains_every_prompt_exactly_once(e2e_sync):
     trained, _, _ = _trained_over_kill_and_resume(e2e_sync)
     assert sorted(trained) == list(range(2 * NUM_ROLLOUT))   # the file's order, nothing skipped
     assert _events(e2e_sync["resumed"], "done")[-1]["pending_pids"] == []
+
+
+# ---- two engines behind the router stand-in (tests/support/router_standin.py)
+
+def test_two_engines_behind_the_router_train_every_prompt_once(tmp_path):
+    """The driver's rollouts through the router stand-in (sglang-router's default cache_aware
+    policy) in front of two SGLang stand-ins, both registered as slime's engines register: the
+    rollout side posts only to the router; slime's updater pushes to both engines. Every prompt
+    trained once; both engines serve training and eval requests; every push lands on both (same
+    buckets, same final version); a push met the held request on the first engine and the abort +
+    resubmit went through the router; groups kept to the engine holding their prefix."""
+    workdir = str(tmp_path)
+    h.prepare_workdir(workdir)
+    engines = []
+    for i in range(2):
+        os.makedirs(os.path.join(workdir, f"engine{i}"))
+        # the held request on one engine only: a held group per engine would leave 1 of the 3 groups
+        # in flight to finish the batch of 2 before the push that releases them (a deadlock no cluster has)
+        engines.append(h.Server(os.path.join(workdir, f"engine{i}"), os.path.join(workdir, "init.pt"),
+                                hold_max_new_tokens=h.ROLLOUT_MAX_RESPONSE_LEN if i == 0 else None))
+    router = None
+    try:
+        router = h.RouterServer(workdir, engines)
+        config = {"trace": os.path.join(workdir, "router.jsonl"), "port": router.port,
+                  "dist_file": os.path.join(workdir, "dist"), "engine_urls": [e.url for e in engines],
+                  "argv": h.standard_argv(workdir, num_rollout=4, save_interval=None, engines=2)}
+        rc = h.run_session(config, timeout=200)
+        routed, served = router.stats(), [e.stats() for e in engines]
+    finally:
+        if router is not None:
+            router.stop()
+        for e in engines:
+            e.stop()
+    assert rc == 0, f"logs in {workdir}"
+    events = h.read_trace(config["trace"])
+    _trained_once(events, 8)
+    _check_dp_split(events)
+    pushes = len(_events(events, "update_weights"))
+    assert pushes == 1 + 4
+    assert [s["weight_buckets"] for s in served] == [3 * pushes] * 2, served
+    assert {s["version"] for s in served} == {str(pushes)}, served
+    assert all(s["requests"] > 40 for s in served), served   # training and eval requests on both
+    assert served[0]["held_aborted"] >= 1, served
+    assert routed.get("worker_errors", 0) == 0 and routed["prefix_match"] > routed["smallest_tree"], routed
+    counts = events[-1]["log_counts"]
+    assert counts.get("crashed_group_tasks", 0) == 0 and counts.get("http_retries", 0) == 0, counts
+    last = _events(events, "generate")[-1]["metrics"]
+    assert last["rollout/accounting/abort_resubmits"] >= 1 and last["rollout/staleness/total_dropped_groups"] == 0
