@@ -14,6 +14,13 @@ once over kill and resume; eval records valid for the report after the resume; n
 forward (D training forwards) per rollout; the driver's RSS every rollout. Pushes run slime's own
 UpdateWeightFromDistributed.update_weights (abort mode); one more session runs
 --weight-push-mode in_place (the push-mode hook around it).
+
+Every session's rollouts become training data by slime's own RolloutManager code
+(_convert_samples_to_train_data, _split_train_data_by_dp) for 2 DP ranks, each fetching its own
+object by slime's process_rollout_data: checked per rank, bytes included. One session runs R3
+(routing from the stand-in, staged in the project's store, replayed per rank), one runs two
+engines behind the router stand-in. The harness's args are checked against the real parsers'
+stored option strings (no SGLang needed) and, where SGLang is installed, against slime's parser.
 """
 
 from __future__ import annotations

@@ -2,13 +2,17 @@
 
 What is real: slime 624b824a's rollout side (data source, ``GenerateState``, ``generate_and_rm``,
 its HTTP client with retries, its eval path, ``call_rollout_fn``, its rollout / eval logging with
-the project's eval-record hook), slime's ``loss_function`` with the project's loss, the project's
-rollout function, data source and the driver's training loop (a parameter: ``--loop``, default
+the project's eval-record hook), slime's RolloutManager ``_convert_samples_to_train_data`` and
+``_split_train_data_by_dp`` (``support/slime_store.py``: 2 DP ranks by default, each fetching its
+object by slime's ``process_rollout_data``), slime's ``compute_advantages_and_returns`` and
+``loss_function`` with the project's loss, under R3 the project's routing store and train hook
+(``support/slime_e2e_r3.py``), the project's rollout function, data source and the driver's training loop (a parameter: ``--loop``, default
 ``epic_slime.slime.train.async_training_loop``; any loop with its signature
 ``loop(args, rollout_manager, actor_model, num_rollout_per_epoch, get)`` runs here).
 
 Stand-ins, at the real component's interface: SGLang (``tests/support/sglang_standin.py``, HTTP on
-127.0.0.1, the tiny Qwen3-MoE), the RolloutManager Ray actor (``RolloutManagerStandIn``: one
+127.0.0.1, the tiny Qwen3-MoE; two of them behind the router stand-in, ``RouterServer``), Ray's
+object store (``support/slime_store.py``), the RolloutManager Ray actor (``RolloutManagerStandIn``: one
 call at a time on its own thread, ``.remote`` returns a future, slime's own pieces inside) and
 the Megatron train group (``CpuTrainGroup``: the tiny model, slime's ``loss_function``, AdamW,
 weight pushes as slime's distributed updater makes them: first ask the RolloutManager for the
