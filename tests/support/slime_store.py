@@ -32,6 +32,15 @@ def _placeholder(name: str, **attrs) -> None:
     sys.modules[name] = module
 
 
+def remove_placeholders() -> list[str]:
+    """Take the placeholders out of ``sys.modules`` (``slime.ray.rollout`` keeps what it bound), so
+    that later ``find_spec`` / imports in this process see what is really installed."""
+    names = [n for n, m in list(sys.modules.items()) if getattr(m, "__epic_placeholder__", False)]
+    for name in names:
+        del sys.modules[name]
+    return names
+
+
 def _installed(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
