@@ -259,7 +259,8 @@ def session(config: dict) -> None:
 
 
 def run_session(config: dict, timeout: float = 300) -> int:
-    """Run ``session`` in a child process (a kill ends only that child); returns its exit code."""
+    """Run ``session`` in a child process (a kill ends only that child); returns its exit code. On
+    timeout its whole process group goes (an R3 session's local Ray included)."""
     workdir = os.path.dirname(config["trace"])
     path = os.path.join(workdir, f"session_{os.path.basename(config['trace'])}.json")
     with open(path, "w") as f:
@@ -268,11 +269,11 @@ def run_session(config: dict, timeout: float = 300) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), str(TESTS), slime_path(), env.get("PYTHONPATH", "")] if p)
     with open(config["trace"] + ".log", "w") as log:
         proc = subprocess.Popen([sys.executable, str(TESTS / "support" / "slime_e2e_harness.py"), "session", path],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             return proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
             raise
 
