@@ -2,7 +2,8 @@
 tests/support/sglang_standin.py for the cited code): the three pause modes, /flush_cache refused
 while requests run or wait, the weight version read at answer time, a weight update's own flush,
 continuous batching across sampling settings, the long-response rule only on training requests,
-and the per-extra_key prefix cache. Each test fails on the stand-in before these behaviours
+the per-extra_key prefix cache, and the routed experts R3 asks for (the model's own top-k, rows
+aligned under left padding; a misaligned offset fails it). Each test fails on the stand-in before these behaviours
 (abort on every pause, one sampling key per batch, the long rule on every request, no cache)."""
 
 from __future__ import annotations
