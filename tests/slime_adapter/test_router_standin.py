@@ -32,6 +32,16 @@ def test_a_prompt_stays_on_the_worker_that_has_its_prefix_and_new_prompts_spread
     assert router.choose(q) == ({a, b} - {first}).pop()                 # the smaller tree
     assert router.choose(p + [2, 2]) == first                           # a resubmission (prompt + partial)
     assert router.stats["prefix_match"] == 4 and router.stats["smallest_tree"] == 2
+    assert router.stats["inputs_on_several_workers"] == 0
+
+
+def test_round_robin_splits_a_group_and_the_router_counts_it():
+    """The check the e2e run relies on can fail: round robin sends a group's samples to both."""
+    router = Router(policy="round_robin")
+    router.add("http://127.0.0.1:1"), router.add("http://127.0.0.1:2")
+    for _ in range(4):
+        router.choose([1, 2, 3])
+    assert router.stats["inputs_on_several_workers"] == 1
 
 
 def test_an_imbalanced_load_goes_to_the_least_loaded_worker():
@@ -119,6 +129,7 @@ def test_groups_share_an_engine_and_slimes_abort_reaches_both(two_engines):
     assert sorted(w["url"] for w in workers) == sorted(e.url for e in engines)
     stats, per_engine = router.stats(), [e.stats() for e in engines]
     assert stats["prefix_match"] == 9 and stats["smallest_tree"] == 3, stats
+    assert stats.get("inputs_on_several_workers", 0) == 0, stats
     assert sorted(s["requests"] for s in per_engine) == [4, 8], per_engine
     assert all(s["requests"] % 4 == 0 and s["requests"] > 0 for s in per_engine), per_engine
     # each group's 3 later samples hit its prompt's prefix (another prompt on the engine may add a <bos> hit)

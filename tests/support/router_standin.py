@@ -22,7 +22,8 @@ worker's tree. So the samples of one group (one prompt) share an engine's prefix
 prompts spread over the engines. ``round_robin`` is there too (``--policy``). No eviction, no
 health checks (slime disables them), no retries.
 
-``GET /stats``: per-worker routed requests and the decisions taken (for tests).
+``GET /stats``: per-worker routed requests, the decisions taken, and ``inputs_on_several_workers``
+(identical ``input_ids``, e.g. the samples of one group, sent to more than one worker) for tests.
 
 Run: ``python tests/support/router_standin.py --port-file F`` (binds 127.0.0.1 on a free port).
 """
@@ -77,6 +78,7 @@ class Router:
         self.ids = itertools.count()
         self.turn = itertools.count()
         self.stats = Counter()
+        self.workers_of_input: dict[tuple, set] = {}   # identical input_ids (a group's samples) -> workers
 
     def add(self, url: str, worker_type: str = "regular") -> str:
         if not url.startswith("http://"):
@@ -115,6 +117,10 @@ class Router:
             self.trees[chosen].insert(input_ids)
         self.stats[why] += 1
         self.stats[f"requests_{chosen}"] += 1
+        seen = self.workers_of_input.setdefault(tuple(input_ids), set())
+        if len(seen) == 1 and chosen not in seen:
+            self.stats["inputs_on_several_workers"] += 1
+        seen.add(chosen)
         return chosen
 
 
