@@ -34,13 +34,14 @@ def shared_math_dir():
 # on the command line sets one limit for all (0: none, e.g. under a debugger).
 SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/runtime/test_runtime_e2e.py": 300,             # [20 s idle; the loaded run: 122 s]
-    "tests/slime_adapter/test_slime_e2e.py": 300,         # [25 s]
+    "tests/slime_adapter/test_slime_e2e.py": 300,         # [98 s the two-engine run through the router]
     "tests/study/test_study_runner.py": 600,              # [116 s the tiny study]
     "tests/evaluation/test_evaluation_cli.py": 300,       # [11 s]
     "tests/evaluation/test_reward_isolation.py": 300,     # [9 s]
     "tests/launch/test_launch_reeval.py": 300,
     "tests/bench/test_gpu_check.py": 300,                 # [43 s its module's set-up]
     "tests/slime_adapter/test_slime_contract.py": 300,    # [19 s]
+    "tests/slime_adapter/test_router_standin.py": 300,    # [35 s starting two SGLang stand-ins at load 8-10]
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {

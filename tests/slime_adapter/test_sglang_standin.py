@@ -2,7 +2,8 @@
 tests/support/sglang_standin.py for the cited code): the three pause modes, /flush_cache refused
 while requests run or wait, the weight version read at answer time, a weight update's own flush,
 continuous batching across sampling settings, the long-response rule only on training requests,
-and the per-extra_key prefix cache. Each test fails on the stand-in before these behaviours
+the per-extra_key prefix cache, and the routed experts R3 asks for (the model's own top-k, rows
+aligned under left padding; a misaligned offset fails it). Each test fails on the stand-in before these behaviours
 (abort on every pause, one sampling key per batch, the long rule on every request, no cache)."""
 
 from __future__ import annotations
@@ -158,3 +159,38 @@ def test_prefix_cache_is_kept_apart_by_extra_key_and_counts_old_weight_reuse(sta
     # a flush (legal: idle) empties every key's tree
     assert server.get("/flush_cache").status_code == 200
     assert server.submit(prompt, max_new_tokens=4).result(60)["meta_info"]["cached_tokens"] == 0
+
+
+def _routing_of(answer, layers, topk):
+    import base64
+
+    import numpy as np
+
+    raw = answer["meta_info"].get("routed_experts")
+    return None if raw is None else np.frombuffer(base64.b64decode(raw), dtype=np.int32).reshape(-1, layers, topk)
+
+
+def test_routed_experts_are_the_models_own_top_k_of_every_computed_position(standin, tmp_path):
+    """return_routed_experts: int32 base64 [input + output - 1, layers, topk], the experts the tiny
+    Qwen3-MoE routes each position to (checked by one unpadded forward of the whole sequence),
+    while other requests share the batch (left padding must not shift the rows); a request
+    without the flag gets no routing."""
+    import numpy as np
+    import torch
+
+    old, _, _, _ = perturbed_models(tmp_path)
+    layers, topk = old.config.num_hidden_layers, old.config.num_experts_per_tok
+    server = standin()
+    prompts = [tokens_of(f"{a}+{b}=") for a, b in ((3, 4), (12, 30), (7, 7))]
+    asked = [server.submit(p, return_routed_experts=True) for p in prompts]
+    plain = server.submit(tokens_of("1+1="))
+    for prompt, future in zip(prompts, asked):
+        answer = future.result(60)
+        got = _routing_of(answer, layers, topk)
+        sequence = prompt + answer["output_ids"]
+        assert got.shape == (len(sequence) - 1, layers, topk)
+        with torch.no_grad():
+            logits = old(input_ids=torch.tensor([sequence[:-1]]), use_cache=False, output_router_logits=True).router_logits
+        want = np.stack([lg.topk(topk, dim=-1).indices.numpy() for lg in logits], axis=1)
+        assert np.array_equal(np.sort(got, -1), np.sort(want, -1))
+    assert _routing_of(plain.result(60), layers, topk) is None

@@ -14,6 +14,13 @@ once over kill and resume; eval records valid for the report after the resume; n
 forward (D training forwards) per rollout; the driver's RSS every rollout. Pushes run slime's own
 UpdateWeightFromDistributed.update_weights (abort mode); one more session runs
 --weight-push-mode in_place (the push-mode hook around it).
+
+Every session's rollouts become training data by slime's own RolloutManager code
+(_convert_samples_to_train_data, _split_train_data_by_dp) for 2 DP ranks, each fetching its own
+object by slime's process_rollout_data: checked per rank, bytes included. One session runs R3
+(routing from the stand-in, staged in the project's store, replayed per rank), one runs two
+engines behind the router stand-in. The harness's args are checked against the real parsers'
+stored option strings (no SGLang needed) and, where SGLang is installed, against slime's parser.
 """
 
 from __future__ import annotations
@@ -211,11 +218,116 @@ def test_eval_records_over_kill_and_resume_pass_report(fixture, request, tmp_pat
     assert {(r.step, r.weight_version) for r in records} == {(step, step) for step in range(-1, NUM_ROLLOUT)}
 
 
-def test_harness_args_match_slime_parser(tmp_path, monkeypatch):
-    """The harness's args (slime's defaults from its source + the driver's flag layer) against slime's
-    real parse_args, where SGLang and Megatron-LM's megatron.training are installed (the cluster image)."""
+LAYERS, TOPK, EXPERTS = 2, 2, 4   # the tiny Qwen3-MoE's routing shape
+R3_FLAGS = ["--use-rollout-routing-replay", "--num-layers", str(LAYERS), "--moe-router-topk", str(TOPK),
+            "--num-experts", str(EXPERTS)]
+BATCH = 2 * 4   # samples per rollout
+
+
+def _check_dp_split(trace, r3: bool = False) -> None:
+    """slime's own conversion and per-DP split, fetched by slime's process_rollout_data: each rank
+    reads exactly one object, its own; the partitions are disjoint, equal and cover the batch (no
+    group loses a sample); the tensors a rank read are exactly its own samples' tokens (int64),
+    loss masks (int32), rollout log-probs and mask sum (float32) and, under R3, one int64
+    [1, layers, topk] routing handle each: no other rank's sample and no routing rows."""
+    trained = _events(trace, "train")
+    assert trained
+    for e in trained:
+        dp = e["dp"]
+        assert [d["rank"] for d in dp] == list(range(h.DP_SIZE))
+        objects = [d["objects"] for d in dp]
+        assert all(len(o) == 1 for o in objects) and len({o[0] for o in objects}) == h.DP_SIZE, objects
+        assert sorted(p for d in dp for p in d["partition"]) == list(range(BATCH)) and e["mixed_groups"] == 0
+        handle = 8 * LAYERS * TOPK if r3 else 0
+        for d in dp:
+            assert len(d["partition"]) == BATCH // h.DP_SIZE
+            want = sum(8 * t + 8 * r + 4 + handle for t, r in zip(d["total_lengths"], d["response_lengths"]))
+            assert d["tensor_bytes"] == want, (d["rank"], d["tensor_bytes"], want)
+            assert ("rollout_routed_experts" in d["keys"]) == r3
+
+
+def test_each_dp_rank_fetches_only_its_own_part_of_slimes_split(e2e):
+    for trace in (e2e["first"], e2e["resumed"]):
+        _check_dp_split(trace)
+
+
+def test_r3_routing_reaches_each_rank_through_slimes_split_and_the_store(tmp_path):
+    """R3 on: the stand-in's routed experts, slime's decoding, the project's staging into its
+    RoutingStore (a Ray actor), slime's split carrying handles, and each train rank's replay
+    through the project's hook around slime's prepare_routed_experts_for_routing_replay. Each
+    rank fetched from the store exactly its own samples' rows (uint8: (tokens - 1) x layers x
+    topk bytes each); at the first step (the rollout's weights) the replayed rows are the
+    trainer model's own routing."""
+    missing = [m for m in ("pybase64", "ray") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the R3 run needs {missing} (slime decodes SGLang's routing with pybase64; the store is a Ray actor)")
+    events = _single_session(str(tmp_path), "r3", num_rollout=3, extra=R3_FLAGS)
+    _trained_once(events, 6)
+    _check_dp_split(events, r3=True)
+    for e in _events(events, "train"):
+        for d, served, rows in zip(e["dp"], e["r3"]["routing_bytes"], e["r3"]["replayed_rows"]):
+            own = sum(t - 1 for t in d["total_lengths"])
+            assert served == own * LAYERS * TOPK, (e["rollout_id"], d["rank"], served, own)
+            assert rows >= own   # slime pads each micro-batch's rows; the pad rows are made, not fetched
+    agreement = _events(events, "train")[0]["r3"]["agreement"]
+    assert len(agreement) == BATCH // 2 and min(agreement) >= 0.98, agreement   # 2 steps, micro-batches of 1
+
+
+def _e2e_argv(workdir: str) -> list[str]:
+    """The driver command line of the e2e sessions, as the session completes it."""
+    return h.standard_argv(workdir, num_rollout=2, save_interval=None) + [
+        "--sglang-router-ip", "127.0.0.1", "--sglang-router-port", "1"]
+
+
+def test_harness_parser_has_the_real_parsers_option_strings():
+    """Without SGLang: the harness's parser (slime's flags read from its source, slime's reset_arg
+    run on the Megatron flags it stands in for) against the option strings stored from the real
+    parsers at the pinned versions (epic_slime/slime/option_strings.json). Every option it has is
+    one of theirs and takes a value exactly when theirs does (a BooleanOptionalAction flag read as
+    taking a value would swallow the next flag), and it has every option of slime's own parser."""
+    from epic_slime.slime.option_strings import known_options, load_option_strings, option_kinds_of
+
+    ours = option_kinds_of(h.slime_argument_parser())
+    real = known_options()
+    assert not sorted(o for o in ours if o not in real), "options no real parser has"
+    assert not {o: (k, real[o]) for o, k in ours.items() if real[o] != k}, "kinds differ from the real parsers'"
+    slime_own = load_option_strings()["parsers"]["slime"]
+    assert not sorted(o for o in slime_own if o not in ours), "slime options the harness does not read"
+
+
+def test_harness_command_line_is_spelt_for_the_real_parsers(tmp_path):
+    """Every flag the e2e sessions pass (after the driver's flag layer) is known to the real
+    parsers or the project, unabbreviated, given once, and takes a value exactly when the real
+    parser's option does."""
+    from epic_slime.slime.command_line import driver_argv
+    from epic_slime.slime.flags import project_option_kinds
+    from epic_slime.slime.option_strings import check_flag_spelling, known_options
+
+    argv = driver_argv(_e2e_argv(str(tmp_path)))
+    known = known_options(project_option_kinds())
+    assert check_flag_spelling(argv, known) == []
+    for i, token in enumerate(argv):
+        if not token.startswith("--"):
+            continue
+        followed_by_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        assert followed_by_value == (known[token] in ("value", "append")), (token, known[token])
+
+
+def test_harness_takes_slime_defaults_that_reset_arg_sets():
+    """slime's reset_arg changes Megatron defaults (--lr 1e-6, --micro-batch-size 1) and adds the
+    flags Megatron lacks; a BooleanOptionalAction flag defaults to None (slime derives it later)."""
+    args = h.slime_argument_parser().parse_args([])
+    assert args.lr == 1e-6 and args.micro_batch_size == 1 and args.distributed_timeout_minutes == 10
+    assert args.offload_train is None and args.freeze_indexer is False and args.custom_config_path is None
+    assert h.slime_argument_parser().parse_args(["--no-offload-train"]).offload_train is False
+
+
+def test_harness_args_match_slime_full_parser(tmp_path):
+    """The harness's args against slime's real parse_args, where SGLang and Megatron-LM's
+    megatron.training are installed (the cluster image): the values, not only the spelling."""
     if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("megatron.training") is None:
-        pytest.skip("slime's full parser needs SGLang and Megatron-LM's megatron.training (not installable on CPU CI)")
+        pytest.skip("slime's full parser needs SGLang and Megatron-LM's megatron.training (the cluster image); "
+                    "test_harness_parser_has_the_real_parsers_option_strings checks the spelling without them")
     from epic_slime.slime.train import parse
 
     h.prepare_workdir(str(tmp_path), train_prompts=4, eval_prompts=2)
@@ -337,3 +449,53 @@ def test_sync_resume_trains_every_prompt_exactly_once(e2e_sync):
     trained, _, _ = _trained_over_kill_and_resume(e2e_sync)
     assert sorted(trained) == list(range(2 * NUM_ROLLOUT))   # the file's order, nothing skipped
     assert _events(e2e_sync["resumed"], "done")[-1]["pending_pids"] == []
+
+
+# ---- two engines behind the router stand-in (tests/support/router_standin.py)
+
+def test_two_engines_behind_the_router_train_every_prompt_once(tmp_path):
+    """The driver's rollouts through the router stand-in (sglang-router's default cache_aware
+    policy) in front of two SGLang stand-ins, both registered as slime's engines register: the
+    rollout side posts only to the router; slime's updater pushes to both engines. Every prompt
+    trained once; both engines serve training and eval requests; every push lands on both (same
+    buckets, same final version); a push met the held request on the first engine and the abort +
+    resubmit went through the router; groups kept to the engine holding their prefix."""
+    workdir = str(tmp_path)
+    h.prepare_workdir(workdir)
+    engines = []
+    for i in range(2):
+        os.makedirs(os.path.join(workdir, f"engine{i}"))
+        # the held request on one engine only: a held group per engine would leave 1 of the 3 groups
+        # in flight to finish the batch of 2 before the push that releases them (a deadlock no cluster has)
+        engines.append(h.Server(os.path.join(workdir, f"engine{i}"), os.path.join(workdir, "init.pt"),
+                                hold_max_new_tokens=h.ROLLOUT_MAX_RESPONSE_LEN if i == 0 else None))
+    router = None
+    try:
+        router = h.RouterServer(workdir, engines)
+        config = {"trace": os.path.join(workdir, "router.jsonl"), "port": router.port,
+                  "dist_file": os.path.join(workdir, "dist"), "engine_urls": [e.url for e in engines],
+                  "argv": h.standard_argv(workdir, num_rollout=4, save_interval=None, engines=2)}
+        rc = h.run_session(config, timeout=200)
+        routed, served = router.stats(), [e.stats() for e in engines]
+    finally:
+        if router is not None:
+            router.stop()
+        for e in engines:
+            e.stop()
+    assert rc == 0, f"logs in {workdir}"
+    events = h.read_trace(config["trace"])
+    _trained_once(events, 8)
+    _check_dp_split(events)
+    pushes = len(_events(events, "update_weights"))
+    assert pushes == 1 + 4
+    assert [s["weight_buckets"] for s in served] == [3 * pushes] * 2, served
+    assert {s["version"] for s in served} == {str(pushes)}, served
+    assert all(s["requests"] > 40 for s in served), served   # training and eval requests on both
+    assert served[0]["held_aborted"] >= 1, served
+    assert routed.get("worker_errors", 0) == 0 and routed["prefix_match"] > routed["smallest_tree"], routed
+    # every group's samples (identical input_ids) and every eval prompt's samples on one engine
+    assert routed.get("inputs_on_several_workers", 0) == 0 and routed["smallest_tree"] >= 2, routed
+    counts = events[-1]["log_counts"]
+    assert counts.get("crashed_group_tasks", 0) == 0 and counts.get("http_retries", 0) == 0, counts
+    last = _events(events, "generate")[-1]["metrics"]
+    assert last["rollout/accounting/abort_resubmits"] >= 1 and last["rollout/staleness/total_dropped_groups"] == 0

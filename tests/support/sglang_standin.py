@@ -6,7 +6,8 @@ Endpoints: ``POST /generate`` (``input_ids``, ``sampling_params`` with temperatu
 max_new_tokens / stop_token_ids, ``return_logprob``, ``extra_key``; answers ``text``,
 ``output_ids`` and ``meta_info`` with ``output_token_logprobs`` ``[[logprob, token, None], ...]``,
 ``finish_reason`` ``{"type": "stop" | "length" | "abort"}``, ``weight_version``,
-``cached_tokens``, token counts), ``POST /pause_generation`` and ``/continue_generation`` (the
+``cached_tokens``, token counts; with ``return_routed_experts`` also ``routed_experts``, see
+``sglang_standin_routing.py``), ``POST /pause_generation`` and ``/continue_generation`` (the
 three modes below), ``GET|POST /flush_cache``, ``POST /update_weights_from_disk``
 (``model_path``: a torch state dict), slime's distributed push (``POST
 /init_weights_update_group`` joins a gloo group with the trainer's rank 0 from

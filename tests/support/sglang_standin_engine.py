@@ -12,6 +12,8 @@ from datetime import timedelta
 
 import torch
 
+import sglang_standin_routing as routing  # this folder is sys.path[0] (sglang_standin.py runs as a script)
+
 STOP, LENGTH, ABORT = "stop", "length", "abort"
 PAUSE_MODES = ("abort", "retract", "in_place")
 FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
@@ -53,6 +55,8 @@ class Request:
         self.computed_weights: int | None = None   # the oldest weights any of its KV was computed with
         self.cached_tokens = 0
         self.retractions = 0
+        self.want_routing = bool(payload.get("return_routed_experts"))
+        self.routing: list[torch.Tensor] = []   # sglang_standin_routing: rows per computed position
 
 
 class PrefixCache:
@@ -157,6 +161,7 @@ class Engine:
                 "num_retractions": req.retractions,
                 "output_token_logprobs": [[lp, t, None] for lp, t in zip(req.logprobs, req.tokens)],
                 "weight_version": self.version,   # read now, at answer time
+                **routing.answer_field(req),
             },
         }
 
@@ -245,7 +250,12 @@ class Engine:
             ids[i, P - len(q):] = torch.tensor(q)
             attn[i, P - len(q):] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits[:, -1].float()
+        want_routing = any(r.want_routing for r in batch)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                         output_router_logits=want_routing)
+        if want_routing:
+            routing.record(batch, [len(q) for q in seqs], out.router_logits, self.model.config.num_experts_per_tok)
+        logits = out.logits[:, -1].float()
         for i, r in enumerate(batch):
             if len(r.tokens) < r.min_new_tokens:   # SGLang's min_new_tokens: no stop yet
                 logits[i, [self.tok.eos_id, *r.stop_ids]] = float("-inf")
