@@ -216,3 +216,12 @@ def test_the_report_from_run_files(tmp_path):
     assert "## The stress ladder" in md and "**Verdict: rejected.**" in md and "Finished: 36 of 36" in md
     assert "EPIC is not the most robust here: dppo_tv ranks first" in md
     assert (out / "stress.png").stat().st_size > 10_000
+
+
+def test_stress_flag_conflicts_are_clear_errors(capsys):
+    from epic_slime.cli import main as cli_main
+
+    assert cli_main(["study", "--ladder", "--stress"]) == 2
+    assert "--ladder and --stress exclude each other" in capsys.readouterr().err
+    assert cli_main(["study", "--stress", "--config", str(STRESS_CONFIG)]) == 2
+    assert "exclude each other" in capsys.readouterr().err
