@@ -108,7 +108,8 @@ def execute(cfg: StudyConfig, out: Path, log=print, provenance: tuple[str, str] 
             t = time.time()
             try:
                 run_training(run_cfg, reuse_ray=True)
-            except (FloatingPointError, RuntimeError) as e:   # a diverged run is a result, not a crash
+            except FloatingPointError as e:   # a diverged run is a result, not a crash (Ray re-raises the trainer's
+                # error as an instance of its cause's type, so this catches it from the trainer actor too)
                 if not (run_dir / "eval_metrics.jsonl").exists():
                     raise
                 log(f"[study] {spec.name} failed ({type(e).__name__}: {e}); kept as a failed run")

@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from epic_slime.runtime.config import parse_config
+from epic_slime.runtime.task import Tokenizer
+from epic_slime.runtime.tasks import train_problem
 from epic_slime.study import stress
 from epic_slime.study.analysis import t_quantile_975
 from epic_slime.study.files import RESULT, WARM_START
@@ -28,8 +30,10 @@ def test_shipped_stress_config_parses_into_valid_runs(tmp_path):
     assert lrs == sorted(lrs) and lrs[-1] / lrs[0] >= 16           # a multiplier that grows along the axis
     for spec in plan(cfg):
         run = parse_config(run_argv(cfg, spec, tmp_path / spec.name, tmp_path / "ws"))
-        if spec.setting == "long_lr4":   # 4x the ladder's 51-token responses
-            assert run.task_name == "chain_long" and 2 * 33 + 1 + 1 >= 0 and run.task_max_operands == 34
+        if spec.setting == "long_lr4":   # 4x the ladder's 51-token responses, all of them room to finish
+            p = train_problem(0, 1, run.task)
+            tokens = len(Tokenizer().encode(p.solution)) + 1          # + <eos>
+            assert run.task_name == "chain_long" and tokens >= 4 * 51 - 3 and run.rollout_max_response_len >= tokens
         if spec.setting == "lr4_k16":
             assert run.max_staleness == 16 and run.rollout_buffer_batches == 16 and run.num_rollout > 16
     assert parse_config(run_argv(cfg, plan(cfg)[0].__class__("lr4_d128", "epic", 1), tmp_path / "d", tmp_path / "w")
@@ -212,3 +216,12 @@ def test_the_report_from_run_files(tmp_path):
     assert "## The stress ladder" in md and "**Verdict: rejected.**" in md and "Finished: 36 of 36" in md
     assert "EPIC is not the most robust here: dppo_tv ranks first" in md
     assert (out / "stress.png").stat().st_size > 10_000
+
+
+def test_stress_flag_conflicts_are_clear_errors(capsys):
+    from epic_slime.cli import main as cli_main
+
+    assert cli_main(["study", "--ladder", "--stress"]) == 2
+    assert "--ladder and --stress exclude each other" in capsys.readouterr().err
+    assert cli_main(["study", "--stress", "--config", str(STRESS_CONFIG)]) == 2
+    assert "exclude each other" in capsys.readouterr().err
