@@ -31,6 +31,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from epic_slime.length_deciles import OUTCOMES, DecileRow, decile_metrics, format_deciles, length_deciles  # noqa: F401
+
 STALE_POLICIES = ("drop", "keep")
 # SGLang's weight_version before any update is the string "default": the initial weights.
 INITIAL_VERSION_NAMES = ("default",)
@@ -74,6 +76,16 @@ def sample_version(weight_versions: Sequence[Any] | None, sample_index: Any = No
             "append the engine's weight_version for every generation call"
         )
     return min(parse_weight_version(v) for v in weight_versions)
+
+
+def sample_oldest_version(sample: Any) -> int:
+    """The oldest weight version of a sample's tokens: ``Sample.metadata["oldest_weight_version"]``
+    when the slime stream recorded it (in place, SGLang reports only the final version, so the
+    stream records the version it knew at submission), else the oldest of ``Sample.weight_versions``."""
+    metadata = getattr(sample, "metadata", None) or {}
+    if "oldest_weight_version" in metadata:
+        return parse_weight_version(metadata["oldest_weight_version"])
+    return sample_version(getattr(sample, "weight_versions", None), getattr(sample, "index", None))
 
 
 def group_staleness(versions: Iterable[int], trainer_version: int) -> int:
@@ -267,10 +279,7 @@ async def collect_admitted_groups(
                 )
             await asyncio.sleep(poll_seconds)
             continue
-        versions = [
-            [sample_version(getattr(s, "weight_versions", None), getattr(s, "index", None)) for s in group]
-            for group in groups
-        ]
+        versions = [[sample_oldest_version(s) for s in group] for group in groups]
         chosen, stalenesses = select_groups(groups, versions, trainer_version, gate, target - len(admitted))
         for index in sorted(set(range(len(groups))) - set(chosen)):
             if requeue is not None and requeue(groups[index]):
