@@ -310,28 +310,32 @@ class Selection:
 
 
 def select_batch(buffer: deque, current_version: int, n_groups: int, max_staleness: int,
-                 stale_policy: str) -> Selection:
-    """Take the oldest n_groups trainable groups (FIFO) from `buffer`, dropping stale ones on the way.
+                 stale_policy: str, first_unfinished: int | None = None) -> Selection:
+    """Take the oldest n_groups trainable groups in START order (group_id: the data position, handed
+    out as groups start) from `buffer`, dropping stale ones on the way.
 
-    Mutates `buffer`: dropped groups and the returned batch leave it; when fewer than n_groups
-    trainable groups exist, those stay at the head and batch is None."""
+    ``first_unfinished``: the id of the oldest group still generating (None: none). Only groups
+    started before it may be in the batch, so a batch waits for its oldest groups (the admission
+    budget's FIFO: ``AdmissionBudget``). Mutates `buffer` (left in start order): dropped groups and
+    the returned batch leave it; when fewer than n_groups trainable groups are ready, those stay
+    and batch is None (drops are final)."""
     check_stale_policy(stale_policy)
     kept, dropped, rest = [], [], deque()
-    while buffer:
-        g = buffer.popleft()
+    for g in sorted(buffer, key=lambda g: g.group_id):
         lag = current_version - g.version
         if lag < 0:
             raise RuntimeError(f"group {g.group_id} has version {g.version} newer than the trainer's {current_version}")
-        if len(kept) < n_groups:
+        ready = first_unfinished is None or g.group_id < first_unfinished
+        if len(kept) < n_groups and ready:
             if over_limit(lag, max_staleness) and stale_policy == "drop":
                 dropped.append(g)
             else:
                 kept.append(g)
         else:
             rest.append(g)
+    buffer.clear()
     if len(kept) < n_groups:
-        buffer.extend(kept)
-        buffer.extend(rest)
+        buffer.extend(sorted(kept + list(rest), key=lambda g: g.group_id))
         return Selection(batch=None, dropped=dropped)
     buffer.extend(rest)
     stale_kept = sum(len(g) for g in kept if over_limit(current_version - g.version, max_staleness))
