@@ -9,7 +9,9 @@ trained lag histogrammed, and the bookkeeping invariant is checked every step / 
 
     consumed (generated) = trained + dropped for staleness + in flight (buffered)
 
-Runtime: ``select_batch`` + ``trainable_groups`` + ``Accounting`` (samples). slime: ``StalenessGate`` +
+Admission (both paths): ``AdmissionBudget`` starts a group only while
+live_started < (g + K) * B and batches are taken in start order, so no trained group exceeds K
+(the gate below re-checks and counts). Runtime: ``select_batch`` (start order) + ``trainable_groups`` + ``Accounting`` (samples). slime: ``StalenessGate`` +
 ``collect_admitted_groups`` (groups, versions from ``Sample.weight_versions``) + ``GroupLedger``
 (every consumed prompt: delivered to training in rollout r, dropped, or in flight).
 
