@@ -9,7 +9,9 @@ trained lag histogrammed, and the bookkeeping invariant is checked every step / 
 
     consumed (generated) = trained + dropped for staleness + in flight (buffered)
 
-Runtime: ``select_batch`` + ``trainable_groups`` + ``Accounting`` (samples). slime: ``StalenessGate`` +
+Admission (both paths): ``AdmissionBudget`` starts a group only while
+live_started < (g + K) * B and batches are taken in start order, so no trained group exceeds K
+(the gate below re-checks and counts). Runtime: ``select_batch`` (start order) + ``trainable_groups`` + ``Accounting`` (samples). slime: ``StalenessGate`` +
 ``collect_admitted_groups`` (groups, versions from ``Sample.weight_versions``) + ``GroupLedger``
 (every consumed prompt: delivered to training in rollout r, dropped, or in flight).
 
@@ -29,6 +31,9 @@ from collections import Counter, deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from epic_slime.admission import AdmissionBudget  # noqa: F401  (the shared admission rule)
+from epic_slime.length_deciles import OUTCOMES, DecileRow, decile_metrics, format_deciles, length_deciles  # noqa: F401
 
 STALE_POLICIES = ("drop", "keep")
 # SGLang's weight_version before any update is the string "default": the initial weights.
@@ -73,6 +78,16 @@ def sample_version(weight_versions: Sequence[Any] | None, sample_index: Any = No
             "append the engine's weight_version for every generation call"
         )
     return min(parse_weight_version(v) for v in weight_versions)
+
+
+def sample_oldest_version(sample: Any) -> int:
+    """The oldest weight version of a sample's tokens: ``Sample.metadata["oldest_weight_version"]``
+    when the slime stream recorded it (in place, SGLang reports only the final version, so the
+    stream records the version it knew at submission), else the oldest of ``Sample.weight_versions``."""
+    metadata = getattr(sample, "metadata", None) or {}
+    if "oldest_weight_version" in metadata:
+        return parse_weight_version(metadata["oldest_weight_version"])
+    return sample_version(getattr(sample, "weight_versions", None), getattr(sample, "index", None))
 
 
 def group_staleness(versions: Iterable[int], trainer_version: int) -> int:
@@ -216,10 +231,7 @@ async def collect_admitted_groups(
                 )
             await asyncio.sleep(poll_seconds)
             continue
-        versions = [
-            [sample_version(getattr(s, "weight_versions", None), getattr(s, "index", None)) for s in group]
-            for group in groups
-        ]
+        versions = [[sample_oldest_version(s) for s in group] for group in groups]
         chosen, stalenesses = select_groups(groups, versions, trainer_version, gate, target - len(admitted))
         for index in sorted(set(range(len(groups))) - set(chosen)):
             if requeue is not None and requeue(groups[index]):
@@ -250,28 +262,32 @@ class Selection:
 
 
 def select_batch(buffer: deque, current_version: int, n_groups: int, max_staleness: int,
-                 stale_policy: str) -> Selection:
-    """Take the oldest n_groups trainable groups (FIFO) from `buffer`, dropping stale ones on the way.
+                 stale_policy: str, first_unfinished: int | None = None) -> Selection:
+    """Take the oldest n_groups trainable groups in START order (group_id: the data position, handed
+    out as groups start) from `buffer`, dropping stale ones on the way.
 
-    Mutates `buffer`: dropped groups and the returned batch leave it; when fewer than n_groups
-    trainable groups exist, those stay at the head and batch is None."""
+    ``first_unfinished``: the id of the oldest group still generating (None: none). Only groups
+    started before it may be in the batch, so a batch waits for its oldest groups (the admission
+    budget's FIFO: ``AdmissionBudget``). Mutates `buffer` (left in start order): dropped groups and
+    the returned batch leave it; when fewer than n_groups trainable groups are ready, those stay
+    and batch is None (drops are final)."""
     check_stale_policy(stale_policy)
     kept, dropped, rest = [], [], deque()
-    while buffer:
-        g = buffer.popleft()
+    for g in sorted(buffer, key=lambda g: g.group_id):
         lag = current_version - g.version
         if lag < 0:
             raise RuntimeError(f"group {g.group_id} has version {g.version} newer than the trainer's {current_version}")
-        if len(kept) < n_groups:
+        ready = first_unfinished is None or g.group_id < first_unfinished
+        if len(kept) < n_groups and ready:
             if over_limit(lag, max_staleness) and stale_policy == "drop":
                 dropped.append(g)
             else:
                 kept.append(g)
         else:
             rest.append(g)
+    buffer.clear()
     if len(kept) < n_groups:
-        buffer.extend(kept)
-        buffer.extend(rest)
+        buffer.extend(sorted(kept + list(rest), key=lambda g: g.group_id))
         return Selection(batch=None, dropped=dropped)
     buffer.extend(rest)
     stale_kept = sum(len(g) for g in kept if over_limit(current_version - g.version, max_staleness))

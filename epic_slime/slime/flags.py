@@ -84,9 +84,9 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         "--async-groups-in-flight",
         type=int,
         default=None,
-        help="groups the background generator keeps in flight, and finished groups it lets wait "
-        "before pausing (default: --rollout-batch-size, one batch ahead); larger values keep the "
-        "engines busier and make samples staler",
+        help="optional cap on the groups the background stream holds (generating, or finished and not "
+        "yet taken), on top of the --max-staleness admission budget (live groups < (g + K) x batch); "
+        "for memory. Default: none (the budget alone); one batch when --max-staleness is unset",
     )
     group.add_argument(
         "--policy-loss-topk",
@@ -148,9 +148,9 @@ def add_table2_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         "--oversample-ratio",
         type=float,
         default=0.0,
-        help="the paper's oversampling ratio r in [0, 1): the background generator keeps "
-        "ceil(rollout-batch-size / (1 - r)) groups in flight and each rollout takes the first "
-        "rollout-batch-size that finish (see epic_slime.slime.oversampling); 0 = one batch in flight",
+        help="the paper's oversampling ratio r in [0, 1): caps the groups the background stream holds at "
+        "ceil(rollout-batch-size / (1 - r)) (--async-groups-in-flight), on top of the --max-staleness "
+        "admission budget; batches are taken in start order (see epic_slime.slime.oversampling); 0 = no cap",
     )
     return parser
 

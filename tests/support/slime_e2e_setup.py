@@ -9,6 +9,7 @@ import os
 import torch
 
 ROLLOUT_MAX_RESPONSE_LEN = 24
+HOLD_MAX_SECONDS = 3.0   # a held request of the batch being collected decodes after this long
 EVAL_MAX_RESPONSE_LEN = 10   # differs from the rollout's, so the stand-in's hold never takes an eval request
 # the response-length spread: about one prompt in 3 must answer with at least 20 tokens (most
 # untrained answers stop within a few): those groups are overtaken by the others
