@@ -55,8 +55,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from schedsim.bound import bound_for, throughput_bound  # noqa: E402,F401
+from schedsim.calibration import calibrate, format_calibration  # noqa: E402,F401
+from schedsim.frontier import KS, PUSH_MODES, frontier, split_preset, write_frontier  # noqa: E402,F401
+from schedsim.planner import format_plan, plan, preset_for  # noqa: E402,F401
 from schedsim.presets import PRESETS, Preset, paper_preset, runtime_preset, smoke_preset, verl_preset  # noqa: E402,F401
-from schedsim.report import format_table, length_deciles  # noqa: E402,F401
+from schedsim.report import best_line, format_table, length_deciles  # noqa: E402,F401
 from schedsim.runtime import measure_runtime, runtime_validation  # noqa: E402,F401
 from schedsim.schedules import SCHEDULES, driver_groups_in_flight, run_preset, simulate, split_heading  # noqa: E402,F401
 
@@ -74,13 +77,18 @@ def sensitivity(rollouts: int = 8, speeds=(0.5, 1.0, 2.0), sigmas=(0.3, 0.6, 0.9
     return "\n".join(lines)
 
 
+def report_sync(report: dict) -> float:
+    return {r["schedule"]: r for r in report["paper"]}["sync colocated"]["s_per_rollout"]
+
+
 _SKIP = ("trace", "pushes", "trains", "batches", "per_rollout_hist", "groups")
 
 
 def main(argv=None) -> int:
     logging.getLogger("epic_slime").setLevel(logging.WARNING)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", nargs="?", default="simulate", choices=["simulate", "measure-runtime"])
+    ap.add_argument("command", nargs="?", default="simulate",
+                    choices=["simulate", "frontier", "plan", "calibrate", "measure-runtime"])
     ap.add_argument("--preset", default="all", choices=[*PRESETS, "all"])
     ap.add_argument("--rollouts", type=int, default=12)
     ap.add_argument("--no-sensitivity", action="store_true")
@@ -88,7 +96,32 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", default=str(ROOT / "bench" / "runtime_measurement.json"))
     ap.add_argument("--config", default=str(ROOT / "configs" / "local" / "default.yaml"))
+    ap.add_argument("--model", default="qwen3-30b-a3b")
+    ap.add_argument("--gpus", type=int, default=32)
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--gpu", default="H100")
+    ap.add_argument("--batch", default="64x8", help="PROMPTSxSAMPLES")
+    ap.add_argument("--lengths", default="9000,0.6,16384", help="MEAN,SIGMA,CAP of the response lengths")
+    ap.add_argument("--max-staleness", type=int, default=2)
+    ap.add_argument("--push-mode", default="in_place", choices=PUSH_MODES)
     a = ap.parse_args(argv)
+    if a.command == "calibrate":
+        print(format_calibration(calibrate(paper_preset())))
+        return 0
+    if a.command == "plan":
+        base = PRESETS["paper"]()
+        p = preset_for(a.model, a.gpus, a.gpu, a.batch, a.lengths, base)
+        result = plan(p, a.max_staleness, a.push_mode, a.gpus_per_node, a.rollouts)
+        print(format_plan(result))
+        if a.json:
+            Path(a.json).write_text(json.dumps(result, indent=1))
+        return 0
+    if a.command == "frontier":
+        p = PRESETS["paper" if a.preset == "all" else a.preset]()
+        out = Path(a.out) if a.out != ap.get_default("out") else ROOT / "bench" / "schedsim" / f"frontier_{p.name.split(':')[0]}"
+        sync, rows = frontier(p, a.rollouts, log=lambda line: print(line, flush=True))
+        print(write_frontier(p, sync, rows, out))
+        return 0
     if a.command == "measure-runtime":
         r = measure_runtime(a.steps, Path(a.out), a.config)
         print(json.dumps({k: v for k, v in r.items() if not k.endswith("_samples")}, indent=1))
@@ -116,6 +149,13 @@ def main(argv=None) -> int:
         print(s)
         report["sensitivity"] = s
     if "paper" in report:
+        # the best line: the frontier at the planner's split of the paper preset (K x push mode there)
+        p = PRESETS["paper"]()
+        pick = plan(p, 2, "in_place", rollouts=a.rollouts)["pick"]
+        sync = {"s_per_rollout": report_sync(report)}
+        _, rows = frontier(p, a.rollouts, splits=((pick["train_gpus"], pick["gpus_per_engine"]),), sync=sync)
+        print(best_line(rows))
+        report["best"] = best_line(rows)
         by = {r["schedule"]: r for r in report["paper"]}
         print(f"async K=2 / sync: {by['sync colocated']['s_per_rollout'] / by['async K=2']['s_per_rollout']:.2f}x")
     if a.json:

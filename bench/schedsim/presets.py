@@ -59,8 +59,9 @@ class Preset:
     hbm_efficiency: float = 0.6           # assumed share of HBM bandwidth decode attention reaches
     decode_mfu: float = 0.2               # assumed MFU of the decode matmuls at large batch
     decode_speed: float = 1.0             # multiplies decode throughput (sensitivity table)
-    prefill_tok_s: float = 100_000.0      # assumed per 8-GPU engine (one A100 prefills 25-54K tok/s at 2-4K prompts,
-                                          # tenstorrent#340), scaled with the engine's GPUs
+    prefill_tok_s: float = 0.0            # per 8 GPUs; 0: derived, 8 x peak x prefill_mfu / (2 x active params)
+    prefill_mfu: float = 0.5              # fitted: with it the model meets SGLang's H20 TP1 saturated sweep
+                                          # (sglang#5839) within -2..-12% (python bench/schedule_sim.py calibrate)
     mem_fraction: float = 0.7             # slime's --sglang-mem-fraction-static for 30B-A3B (configs/models/qwen3_30b_a3b.yaml)
     kv_capacity_tokens: float = 0.0       # per engine; 0: derived (kv_capacity below: ~2.0M at TP 8, ~1.7M at TP 4 on H100)
     new_token_ratio: float = 0.2          # admission reserves this share of each running request's remaining
@@ -99,6 +100,8 @@ class Preset:
             raise ValueError(f"Preset.gpu must be one of {sorted(GPUS)}, got {p.gpu!r}")
         p.peak_flops = p.peak_flops or gpu["flops"]
         p.hbm_bytes_s = p.hbm_bytes_s or gpu["hbm_bytes_s"]
+        if p.prefill_tok_s == 0.0:
+            p.prefill_tok_s = 8 * p.peak_flops * p.prefill_mfu / (2 * p.model["active_params"])
         if p.fixed_length is None:
             if p.c_kv == 0.0:
                 p.c_kv = p.model["kv_bytes_per_token"] / (p.gpus_per_engine * p.hbm_bytes_s * p.hbm_efficiency)

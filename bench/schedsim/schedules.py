@@ -82,9 +82,12 @@ def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, p
         loop = loop_fn or (train.sync_training_loop if k == 0 else train.async_training_loop)
         trace = loop(args, manager, actor, None, get)
         t_end = sim.now()
-        sim.ticker.cancel()
+        # the run is over: end the groups still generating (and the engines' clock) on the virtual loop
+        pending = [t for t in asyncio.all_tasks(sim.loop) if not t.done()]
+        for t in pending:
+            t.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            sim.loop.run_until_complete(sim.ticker)
+            sim.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     # steady state: from the end of the warmup-th training to the end of the last one
     ends = [b for _, b in actor.trains]
     steady_s = (ends[-1] - ends[warmup - 1]) / (len(ends) - warmup) if len(ends) > warmup else (t_end - t_start) / rollouts
