@@ -85,6 +85,8 @@ def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, p
         # the run is over: end the groups still generating (and the engines' clock) on the virtual loop
         pending = [t for t in asyncio.all_tasks(sim.loop) if not t.done()]
         for t in pending:
+            if stream is not None:
+                t.remove_done_callback(stream._on_done)   # not a failure of the group: the run ended
             t.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             sim.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))

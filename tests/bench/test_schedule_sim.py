@@ -136,3 +136,24 @@ def test_the_simulator_reproduces_the_embedded_runtimes_async_sync_ratio():
     sync = sim.simulate(free, "sync split", 10)["s_per_rollout"]
     asyn = sim.simulate(free, "async K=2", 10)["s_per_rollout"]
     assert sync / asyn > v["simulated"]
+
+
+def test_in_place_pushes_keep_requests_abort_pushes_resubmit_and_re_prefill():
+    """abort: the pushes meet requests in flight (K = 4 keeps engines busy across them), which return
+    partial responses and re-prefill; in place: none is aborted, nothing is re-prefilled for a push, and
+    the trained groups' true lag (first token's version) stays within K."""
+    p = small(oversample_ratio=0.5)    # leftovers: groups still generating when the push lands
+    rows = {m: sim.simulate(sim.split_preset(p, 16, 8, m), "async K=4", 6) for m in ("abort", "in_place")}
+    assert rows["abort"]["abort_resubmits"] > 0 and rows["abort"]["reprefill_tokens"] > 0
+    assert rows["in_place"]["abort_resubmits"] == 0
+    assert rows["in_place"]["reprefill_tokens"] < rows["abort"]["reprefill_tokens"]
+    for r in rows.values():
+        assert all(g["true_lag"] is None or g["true_lag"] >= 0 for g in r["groups"])
+
+
+def test_no_schedule_beats_its_throughput_bound():
+    p = small()
+    for schedule in ("sync colocated", "sync split", "async K=2", "async K=4"):
+        r = sim.simulate(p, schedule, 5)
+        b = sim.bound_for(p, r)
+        assert r["s_per_rollout"] >= 0.97 * b["bound_s"], (schedule, r["s_per_rollout"], b)
