@@ -88,7 +88,8 @@ def main(argv=None) -> int:
     logging.getLogger("epic_slime").setLevel(logging.WARNING)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", nargs="?", default="simulate",
-                    choices=["simulate", "frontier", "plan", "calibrate", "measure-runtime"])
+                    choices=["simulate", "frontier", "plan", "calibrate", "measure-runtime", "launch-table", "predict",
+                             "pick"])
     ap.add_argument("--preset", default="all", choices=[*PRESETS, "all"])
     ap.add_argument("--rollouts", type=int, default=12)
     ap.add_argument("--no-sensitivity", action="store_true")
@@ -104,7 +105,31 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="9000,0.6,16384", help="MEAN,SIGMA,CAP of the response lengths")
     ap.add_argument("--max-staleness", type=int, default=2)
     ap.add_argument("--push-mode", default="in_place", choices=PUSH_MODES)
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--actor-nodes", type=int, default=1)
+    ap.add_argument("--gpus-per-engine", type=int, default=8)
+    ap.add_argument("--k", default="2", help="predict: the launcher's MAX_STALENESS")
+    ap.add_argument("--oversample-ratio", default="0")
     a = ap.parse_args(argv)
+    if a.command in ("predict", "pick"):
+        from schedsim import launch_table
+
+        if not launch_table.TABLE.exists():
+            print("" if a.command == "pick" else f"# simulator: no price ({launch_table.TABLE.name} is missing: "
+                  "python bench/schedule_sim.py launch-table builds it)")
+            return 0
+        if a.command == "pick":
+            best = launch_table.pick(a.nodes, a.gpus_per_node)
+            print("" if best is None else f"{best['actor_nodes']} {best['gpus_per_engine']}")
+        else:
+            print(launch_table.predict(a.nodes, a.gpus_per_node, a.actor_nodes, a.gpus_per_engine, a.k,
+                                       a.push_mode, a.oversample_ratio))
+        return 0
+    if a.command == "launch-table":
+        from schedsim import launch_table
+
+        launch_table.write(launch_table.build(a.rollouts))
+        return 0
     if a.command == "calibrate":
         print(format_calibration(calibrate(paper_preset())))
         return 0

@@ -32,15 +32,28 @@ def schedule_spec(schedule: str) -> dict:
     return dict(max_staleness=int(m.group(1)), colocated=False)
 
 
-def driver_groups_in_flight(batch: int, ratio: float, max_staleness: int) -> int:
-    """Groups in flight as the driver sets them (``command_line.oversampling_flags``): the oversampled
-    batch at K >= 2, the batch itself at K = 0 and K = 1 (the ratio is not applied there)."""
+def stream_has_budget() -> bool:
+    """Whether the GroupStream admits by the staleness budget (``epic_slime.staleness.AdmissionBudget``;
+    its cap on groups held is optional) or tops up to a fixed capacity (the stream before the budget)."""
+    import inspect
+
+    import epic_slime.slime.rollout as ro
+
+    return "cap" in inspect.signature(ro.GroupStream.__init__).parameters
+
+
+def driver_groups_in_flight(batch: int, ratio: float, max_staleness: int) -> int | None:
+    """``--async-groups-in-flight`` as the driver sets it (``command_line.oversampling_flags``): the
+    oversampled batch at K >= 2 with a ratio; otherwise no flag, which the budget stream takes as no cap
+    (None) and the stream before it as one batch."""
     from epic_slime.slime.command_line import oversampling_flags, read_command_line
 
     parsed = read_command_line(["--rollout-batch-size", str(batch), "--oversample-ratio", str(ratio),
                                 "--max-staleness", str(max_staleness)], check=False).parsed
     out = oversampling_flags(parsed)
-    return int(out[1]) if out else batch
+    if out:
+        return int(out[1])
+    return None if stream_has_budget() else batch
 
 
 def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, push_waits_for_manager: bool = True,
