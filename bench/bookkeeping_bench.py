@@ -77,7 +77,8 @@ def time_bookkeeping(args, Sample) -> dict:
     ledger = GroupLedger()
     # a GroupStream without its event loop: only its bookkeeping methods are called
     stream = ro.GroupStream.__new__(ro.GroupStream)
-    stream.completed, stream.active, stream.failures, stream.empty_call_versions = __import__("collections").deque(), {}, [], 0
+    stream.active, stream.failures, stream.empty_call_versions = {}, [], 0
+    stream.order, stream.finished, stream.to_start = __import__("collections").deque(), {}, []
     stream.top_up = lambda up_to=None: None
     stream.data_source = SimpleNamespace(ledger=ledger, _returned=[])
     totals = {"consume": 0.0, "on_done": 0.0, "collect": 0.0, "ledger": 0.0, "metrics": 0.0}
@@ -102,7 +103,8 @@ def time_bookkeeping(args, Sample) -> dict:
             stream._forget_empty_calls(g, before)
             remember_partial_routing(g)
             finish_group_routing(run_args, g)
-            stream.completed.append(g)
+            stream.order.append(ro.group_key(g))   # started in order, finished
+            stream.finished[ro.group_key(g)] = g
         totals["on_done"] += (dt_done := time.process_time() - t)
         gate = StalenessGate(2, "drop")
         t = time.process_time()
@@ -114,7 +116,7 @@ def time_bookkeeping(args, Sample) -> dict:
         for g in batch:
             ledger.deliver(ro.group_key(g), r)
         ledger.close_rollout(r - 2)
-        ledger.check(worker_in_flight=len(stream.completed))
+        ledger.check(worker_in_flight=stream.held())
         totals["ledger"] += (dt_ledger := time.process_time() - t)
         t = time.process_time()
         metrics = gate.metrics(prefix=STALENESS_PREFIX) | ledger.metrics()

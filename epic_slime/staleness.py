@@ -25,10 +25,13 @@ whole (advantages are normalised inside the group).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections import Counter, deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from epic_slime.length_deciles import OUTCOMES, DecileRow, decile_metrics, format_deciles, length_deciles  # noqa: F401
 
 STALE_POLICIES = ("drop", "keep")
 # SGLang's weight_version before any update is the string "default": the initial weights.
@@ -75,6 +78,16 @@ def sample_version(weight_versions: Sequence[Any] | None, sample_index: Any = No
     return min(parse_weight_version(v) for v in weight_versions)
 
 
+def sample_oldest_version(sample: Any) -> int:
+    """The oldest weight version of a sample's tokens: ``Sample.metadata["oldest_weight_version"]``
+    when the slime stream recorded it (in place, SGLang reports only the final version, so the
+    stream records the version it knew at submission), else the oldest of ``Sample.weight_versions``."""
+    metadata = getattr(sample, "metadata", None) or {}
+    if "oldest_weight_version" in metadata:
+        return parse_weight_version(metadata["oldest_weight_version"])
+    return sample_version(getattr(sample, "weight_versions", None), getattr(sample, "index", None))
+
+
 def group_staleness(versions: Iterable[int], trainer_version: int) -> int:
     """Staleness of a group: trainer version minus the oldest sample version (>= 0)."""
     oldest = min(versions)
@@ -84,6 +97,56 @@ def group_staleness(versions: Iterable[int], trainer_version: int) -> int:
             f"{trainer_version}: the driver's version count and the engines disagree"
         )
     return trainer_version - oldest
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionBudget:
+    """How many groups may be generating or waiting for training at once (AReaL's rule, in groups).
+
+    A new group may START only while ``live_started < (g + K) * B``: g = the engine weight version
+    the driver knows has landed (while a push is in flight, the older one), K = ``max_staleness``,
+    B = ``batch_groups``, live_started = groups started since the run's first rollout and not
+    discarded (a requeued or dropped group no longer counts; its regeneration is a new start).
+    With batches taken in start order (FIFO), the n-th live group started at a g with
+    n < (g + K) B and trains at trainer version floor(n / B) + 1, so its lag is <= K: nothing is
+    dropped or requeued for staleness. K = 0 is the synchronous schedule (B groups, then wait).
+    ``max_staleness=None``: no limit (``limit`` is None, ``room`` is ``UNBOUNDED_ROOM``).
+    """
+
+    batch_groups: int
+    max_staleness: int | None
+
+    UNBOUNDED_ROOM = sys.maxsize
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.batch_groups) or self.batch_groups < 1:
+            raise ValueError(f"AdmissionBudget.batch_groups must be an integer >= 1, got {self.batch_groups!r}")
+        if self.max_staleness is not None and (not _is_int(self.max_staleness) or self.max_staleness < 0):
+            raise ValueError(
+                f"AdmissionBudget.max_staleness must be an integer >= 0 or None, got {self.max_staleness!r}"
+            )
+
+    def limit(self, engine_version: int) -> int | None:
+        """Most live groups allowed while the engines hold version ``engine_version``: (g + K) * B."""
+        if not _is_int(engine_version) or engine_version < 0:
+            raise ValueError(f"engine_version must be an integer >= 0, got {engine_version!r}")
+        if self.max_staleness is None:
+            return None
+        return (engine_version + self.max_staleness) * self.batch_groups
+
+    def room(self, engine_version: int, live_started: int) -> int:
+        """How many more groups may start now (>= 0; ``UNBOUNDED_ROOM`` without a limit)."""
+        if not _is_int(live_started) or live_started < 0:
+            raise ValueError(f"live_started must be an integer >= 0, got {live_started!r}")
+        limit = self.limit(engine_version)
+        if limit is None:
+            return self.UNBOUNDED_ROOM
+        # start while live_started < limit: the last one allowed makes live_started == limit
+        return max(0, limit - live_started)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass
@@ -216,10 +279,7 @@ async def collect_admitted_groups(
                 )
             await asyncio.sleep(poll_seconds)
             continue
-        versions = [
-            [sample_version(getattr(s, "weight_versions", None), getattr(s, "index", None)) for s in group]
-            for group in groups
-        ]
+        versions = [[sample_oldest_version(s) for s in group] for group in groups]
         chosen, stalenesses = select_groups(groups, versions, trainer_version, gate, target - len(admitted))
         for index in sorted(set(range(len(groups))) - set(chosen)):
             if requeue is not None and requeue(groups[index]):

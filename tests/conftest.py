@@ -35,6 +35,7 @@ def shared_math_dir():
 SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/runtime/test_runtime_e2e.py": 300,             # [20 s idle; the loaded run: 122 s]
     "tests/slime_adapter/test_slime_e2e.py": 300,         # [25 s]
+    "tests/slime_adapter/test_slime_e2e_deciles.py": 300,  # one 8-rollout K = 2 session
     "tests/study/test_study_runner.py": 600,              # [116 s the tiny study]
     "tests/evaluation/test_evaluation_cli.py": 300,       # [11 s]
     "tests/evaluation/test_reward_isolation.py": 300,     # [9 s]

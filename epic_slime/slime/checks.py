@@ -2,7 +2,8 @@
 
 slime's parser silently ignores unknown flags, so every project flag is checked here, and the few
 slime flags the project depends on are cross-checked (loss hook, rollout function, batch
-arithmetic, behaviour log-probs, aggregation, schedule, Top-K, oversampling); the command-line
+arithmetic, behaviour log-probs, aggregation, schedule, Top-K, oversampling: the ratio becomes the
+stream's cap on held groups, on top of the admission budget); the command-line
 checks (spelling against the real parsers, flags and values the driver does not support) run
 before any parse. Raises ``ProjectFlagError``; imports no slime.
 """
@@ -141,7 +142,7 @@ def check_schedule_flags(args: Any, staleness: int | None) -> str:
     and Megatron may share GPUs: ``--colocate`` and slime's offload / onload / release flags are
     accepted there and rejected otherwise, since the asynchronous driver generates while it trains
     and never offloads. ``--partial-rollout`` (aborted responses continued under newer weights) and
-    ``--async-groups-in-flight`` (the background worker's depth) make no sense without overlap.
+    ``--async-groups-in-flight`` (the cap on groups the background stream holds) make no sense without overlap.
     """
     colocate = bool(_get(args, "colocate", False))
     memory_flags = [flag for flag, name in MEMORY_FLAGS if _get(args, name, False)]
@@ -149,7 +150,7 @@ def check_schedule_flags(args: Any, staleness: int | None) -> str:
         in_flight = _get(args, "async_groups_in_flight")
         if in_flight is not None:
             raise ProjectFlagError(
-                f"--async-groups-in-flight {in_flight} sets the background generator's depth, but "
+                f"--async-groups-in-flight {in_flight} caps the groups the background stream holds, but "
                 "--max-staleness 0 runs the synchronous schedule, which has no background generator: drop it"
             )
         if _get(args, "partial_rollout", False):
@@ -249,15 +250,8 @@ def check_oversampling(args: Any) -> float:
             groups_in_flight(batch, ratio, explicit=in_flight)  # raises: two settings for one number
     except OversamplingError as exc:
         raise ProjectFlagError(str(exc)) from exc
-    # K = 1: a group trains at staleness 1 only in the rollout it started in. Oversampled leftovers
-    # (the slowest, i.e. longest, responses) reach staleness 2 at the next batch and are regenerated
-    # again and again, then dropped: a length bias, not oversampling.
-    if _get(args, "max_staleness") == 1 and batch is not None and in_flight is not None and in_flight > batch:
-        raise ProjectFlagError(
-            f"--max-staleness 1 with --async-groups-in-flight {in_flight} for a batch of {batch}: the "
-            "leftovers are 2 versions stale at the next batch and would be regenerated or dropped; "
-            "oversample with --max-staleness >= 2 (at K = 1 --oversample-ratio is not applied)"
-        )
+    # No K = 1 check any more: the admission budget (epic_slime.staleness.AdmissionBudget) never lets
+    # a group start that would train past K, so a cap above one batch is only inert at K = 1.
     return float(ratio)
 
 
@@ -266,7 +260,7 @@ def check_oversampling(args: Any) -> float:
 # slime flags that the project's rollout or loss would silently ignore: flag -> why (rejected when given).
 _SYNC_ROLLOUT = (
     "is read by slime's synchronous sglang_rollout.generate_rollout; the project's streaming rollout "
-    f"({ROLLOUT_FUNCTION_PATH}) takes finished groups from slime's AsyncRolloutWorker and never calls it"
+    f"({ROLLOUT_FUNCTION_PATH}) takes finished groups from its own GroupStream and never calls it"
 )
 _SLIME_POLICY_LOSS = (
     "belongs to slime's built-in policy_loss path, which --loss-type custom_loss replaces: the project's loss "

@@ -84,9 +84,9 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         "--async-groups-in-flight",
         type=int,
         default=None,
-        help="groups the background generator keeps in flight, and finished groups it lets wait "
-        "before pausing (default: --rollout-batch-size, one batch ahead); larger values keep the "
-        "engines busier and make samples staler",
+        help="optional cap on the groups the background stream holds (generating, or finished and not "
+        "yet taken), on top of the --max-staleness admission budget (live groups < (g + K) x batch); "
+        "for memory. Default: none (the budget alone); one batch when --max-staleness is unset",
     )
     group.add_argument(
         "--policy-loss-topk",

@@ -6,15 +6,15 @@ N sample requests it starts ``ceil(N / (1 - rate))`` requests (the extra ones re
 the same batch, uniformly with replacement), keeps the first N that finish and cancels the rest:
 the slowest ~10% of generations never hold up a synchronous step.
 
-slime's streaming rollout has no synchronous step to hold up: ``AsyncRolloutWorker`` keeps a fixed
-number of groups in flight and each rollout takes the first ``rollout_batch_size`` groups that
-finish (``epic_slime.slime.rollout``). The same ratio therefore sets how many groups are in flight:
-``ceil(rollout_batch_size / (1 - rate))`` (64 -> 72 at the paper's scale), so a batch is the first
-``rollout_batch_size`` of that many started groups. One difference stays, on purpose: the groups
-that have not finished are not cancelled (that would discard consumed prompts); they finish on
-the next batch, within ``--max-staleness`` (or are dropped and counted past it). The fork counts
-samples (512 -> 569 requests), slime counts groups of ``n_samples_per_prompt`` (64 -> 72 groups =
-576 samples).
+slime's streaming rollout has no synchronous step to hold up: its ``GroupStream``
+(``epic_slime.slime.rollout``) starts groups by the admission budget
+(``epic_slime.staleness.AdmissionBudget``, live_started < (g + K) * B) and takes every batch in
+start order, so no group is left out of a batch for being slow (that would be the length bias the
+budget removes). The ratio therefore only caps how many groups the stream holds (generating, or
+finished and not yet taken): ``ceil(rollout_batch_size / (1 - rate))`` (64 -> 72 at the paper's
+scale), passed as ``--async-groups-in-flight``, on top of the budget. Nothing is cancelled (that
+would discard consumed prompts). The fork counts samples (512 -> 569 requests), slime counts groups
+of ``n_samples_per_prompt`` (64 -> 72 groups = 576 samples).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def oversampled_count(target: int, ratio: float) -> int:
 
 
 def groups_in_flight(rollout_batch_size: int, ratio: float, explicit: int | None = None) -> int:
-    """Groups the background worker keeps in flight: ``--async-groups-in-flight`` when given, else
-    the oversampled batch (the batch itself at ratio 0, the driver's default: one batch ahead)."""
+    """The cap on groups the stream holds: ``--async-groups-in-flight`` when given, else the
+    oversampled batch (the batch itself at ratio 0)."""
     if explicit is not None:
         if ratio:
             raise OversamplingError(

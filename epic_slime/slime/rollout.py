@@ -3,10 +3,12 @@
 streaming generation with a staleness bound, exact prompt accounting and resumable in-flight groups.
 
 Training batches: a background ``GroupStream`` generates consumed groups through slime's own
-``generate_and_rm_group``, across weight updates. Each rollout starts groups up to
-``--async-groups-in-flight`` (default one batch; the oversampled batch with ``--oversample-ratio``),
-once the previous weight push has landed (see ``GroupStream``: one version of slack), and takes
-the first finished ones. This function works out each group's staleness from
+``generate_and_rm_group``, across weight updates. It starts a group whenever the admission budget
+allows (``epic_slime.staleness.AdmissionBudget``: live_started < (g + K) * B, see ``GroupStream``),
+tops up on every completion, whenever a batch is taken and when a push lands, and each rollout
+takes the oldest ``rollout_batch_size`` groups in start order (waiting for them).
+``--async-groups-in-flight`` (the oversampled batch with ``--oversample-ratio``) is an optional cap
+on the groups held, on top of the budget. This function works out each group's staleness from
 ``Sample.weight_versions`` (``epic_slime.staleness``), enforces ``--max-staleness`` with
 ``--stale-policy`` and returns ``rollout_batch_size`` admitted groups with staleness and
 accounting metrics (``rollout/staleness/*``, ``rollout/accounting/*``). A group too stale to train
@@ -25,11 +27,12 @@ SGLang aborted (a weight push pauses generation in SGLang's abort mode) is resub
 plus partial response, which SGLang recomputes on the new weights (its samples carry both weight
 versions; the oldest sets the staleness; a call aborted before its first token adds none).
 
-Staleness on a cluster (the driver's overlap schedule, slime's push order): groups started when
-rollout r + 1 is asked for run on the weights trained on r - 1 and train at staleness 1 in r + 1,
-or, left over, at staleness 2 in r + 2 (aborted by the push in between and continued). So K = 2
-trains every group that finishes within two batches; K = 1 trains groups in the rollout they
-started in, so it takes no oversampling (``checks.check_oversampling``).
+Staleness on a cluster (the driver's overlap schedule, slime's push order): when ``generate(r)`` is
+asked for (trainer version T = r - s + 1) the engines hold version T - 1, and the budget admits
+groups up to (T - 1 + K) batches since the start: the n-th (in start order) trains at version
+floor(n / B) + 1 and started at a g with n < (g + K) B, so no trained group is more than K
+versions stale and none is requeued or dropped for staleness (the gate still checks and counts).
+A group aborted ``MAX_CONSECUTIVE_ABORTS`` times in a row ends the run (``AbortLoopError``).
 
 Resume: ``StreamingDataSource`` records every consumed group until it is trained or dropped
 (``GroupLedger``); ``save(r)`` (rollouts <= r are trained) writes the fresh prompts of all others
@@ -61,10 +64,17 @@ from collections import Counter, deque
 from epic_slime.metric_names import STALENESS_PREFIX
 from epic_slime.slime.flags import DATA_SOURCE_PATH
 from epic_slime.staleness import (
+    AdmissionBudget,
     GroupLedger,
     StalenessGate,
     annotate_group,
     collect_admitted_groups,
+    decile_metrics,
+    format_deciles,
+    length_deciles,
+    over_limit,
+    parse_weight_version,
+    sample_oldest_version,
     sample_version,
     select_groups,
     trainer_version_for_rollout,
@@ -73,6 +83,9 @@ from epic_slime.staleness import (
 logger = logging.getLogger("epic_slime.slime.rollout")
 
 MAX_GROUP_ATTEMPTS = 3
+# A group aborted this many times in a row (each abort resubmits its partial response) fails the
+# run with AbortLoopError: under the admission budget a group meets at most K + 1 pushes.
+MAX_CONSECUTIVE_ABORTS = 16
 # A group too stale to train is regenerated from its prompt at most this many times, then dropped
 # (counted): only a group overtaken again and again (a response far longer than the rest) gets there.
 MAX_STALE_REQUEUES = 3
@@ -211,37 +224,83 @@ def last_consistent_save(load_dir: str, before: int) -> str:
     return f"The last consistent save is rollout {max(found)}: resume from it with --ckpt-step {max(found)}."
 
 
+class AbortLoopError(RuntimeError):
+    """One group was aborted (and resubmitted) ``aborts`` times in a row without finishing: an
+    engine that aborts everything it is given (a pause never continued, a crashing scheduler)
+    would otherwise resubmit it forever."""
+
+    def __init__(self, group: int, aborts: int):
+        self.group, self.aborts = group, aborts
+        super().__init__(
+            f"rollout group {group} was aborted {aborts} times in a row (limit {MAX_CONSECUTIVE_ABORTS}): "
+            "the engines abort every request (a /pause_generation never continued?)"
+        )
+
+
 class GroupStream:
     """Keeps consumed groups generating (or finished, not yet taken) on slime's global event loop.
 
-    When groups start (the one-version-of-slack rule): slime's weight push waits for the
-    RolloutManager, which serves one call at a time, so the push after training rollout r lands
-    right after ``generate(r + 1)`` returned. A group started between that return and the push
-    would run on weights about to be replaced, be aborted seconds later and reach the next batch
-    but one a version staler than it needs to be. So groups start only when a rollout is asked for
-    (after the push landed): ``start_rollout`` tops the stream up to ``capacity``
-    (``--async-groups-in-flight``: the batch, or the oversampled batch), and while the rollout is
-    collected only what the batch still lacks is replaced. Groups left over (oversampling, or
-    overtaken by shorter ones) keep generating and serve the next rollout first.
+    Admission (``epic_slime.staleness.AdmissionBudget``, AReaL's rule in groups): a group STARTS
+    only while live_started < (g + K) * B, g = the engine weight version the stream knows has
+    landed, K = ``--max-staleness``, B = ``--rollout-batch-size``; live_started counts the groups
+    started since the run's first rollout and not discarded (a requeued or dropped group leaves the
+    count; its regeneration is a new start at the end of the order). The stream tops up on every
+    completion, whenever a batch is taken and when a push lands, and batches are taken in START
+    ORDER (``pop`` returns only the oldest live groups, waiting for them if still generating), so
+    no group trains at a lag above K and none is requeued for staleness (the staleness gate still
+    checks every group and counts what it would requeue or drop).
+
+    When a push lands: slime's push waits for the RolloutManager, which serves one call at a time,
+    so the push after training rollout r - 1 lands right after ``generate(r)`` returned, and when
+    ``generate(r)`` is asked for (trainer version T) the engines hold version T - 1 (the first
+    rollout: version 1, pushed before it). ``start_rollout(T)`` sets g to that; between the return
+    and the next call the stream keeps the older g (conservative: it under-counts the landed pushes).
+
+    ``--async-groups-in-flight`` (optional): a cap on the groups held (generating, finished and not
+    taken, or waiting to start) on top of the budget, for memory; without ``--max-staleness`` it
+    defaults to one batch (the budget is unbounded).
+
+    Per sample (``Sample.metadata``): ``oldest_weight_version`` / ``newest_weight_version`` and, in
+    abort mode, ``token_version_spans`` ([[version, tokens], ...], run-length per token: each generate
+    call's tokens carry the version it reported). In place (``--weight-push-mode in_place``) a
+    request decodes across the push and SGLang reports only the final version, so the oldest is the
+    version the stream knew when it first submitted the group (a lower bound) and there are no spans.
+    Staleness counts from the oldest.
 
     Every method except ``__init__`` runs on that loop."""
 
-    def __init__(self, args, data_source: StreamingDataSource, capacity: int, max_requeues: int = MAX_STALE_REQUEUES):
+    def __init__(self, args, data_source: StreamingDataSource, cap: int | None = None,
+                 max_requeues: int = MAX_STALE_REQUEUES, engine_version: int = 1):
         from slime.utils.async_utils import get_async_loop
+
+        from epic_slime.slime.push_mode import IN_PLACE
 
         self.args = args
         self.data_source = data_source
-        self.capacity = capacity
+        self.budget = AdmissionBudget(args.rollout_batch_size, getattr(args, "max_staleness", None))
+        if cap is None and self.budget.max_staleness is None:
+            cap = args.rollout_batch_size
+        self.cap = cap
+        self.in_place = getattr(args, "weight_push_mode", None) == IN_PLACE
         self.max_requeues = max_requeues
+        self.engine_version = engine_version
+        self.live_started = 0
         self.loop = get_async_loop().loop
         self.active: dict = {}           # task -> (group key, attempt, per sample (response length, versions) before)
-        self.completed: deque = deque()
+        self.order: deque = deque()      # keys of the live, untaken groups in start order
+        self.finished: dict = {}         # key -> finished group, not yet taken
+        self.to_start: deque = deque()   # fresh groups of requeued prompts, started first when room opens
         self.requeues: Counter = Counter()   # group key -> times regenerated for staleness
+        self.aborts: Counter = Counter()     # group key -> consecutive aborts of its current attempt
         self.crash_retries = 0
         self.abort_resubmits = 0
         self.stale_requeues = 0
         self.empty_call_versions = 0
-        self.failures: list[str] = []
+        self.failures: list = []
+        self.trainer_version = 1
+        # (longest response, lag, outcome) per group decision: this rollout's, and the run's
+        self.decile_records: list = []
+        self.run_decile_records: list = []
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result()
 
     async def _start(self) -> None:
@@ -249,20 +308,43 @@ class GroupStream:
 
         self.state = GenerateState(self.args)   # created on the loop that will use its semaphore
 
-    def held(self) -> int:
-        return len(self.active) + len(self.completed)
+    @property
+    def completed(self) -> list:
+        """Finished groups not yet taken, in start order."""
+        return [self.finished[k] for k in self.order if k in self.finished]
 
-    def top_up(self, up_to: int | None = None) -> None:
-        up_to = self.capacity if up_to is None else up_to
-        while self.held() < up_to:
-            groups = self.data_source.get_samples(1)
-            if not groups:
-                return
-            self._submit(groups[0], attempt=1)
+    def held(self) -> int:
+        """Consumed groups the stream holds: generating, finished and not taken, or waiting to start."""
+        return len(self.order) + len(self.to_start)
+
+    def room(self) -> int:
+        room = self.budget.room(self.engine_version, self.live_started)
+        if self.cap is not None:
+            room = min(room, max(0, self.cap - self.held()))
+        return room
+
+    def top_up(self) -> None:
+        """Start groups while the budget (and the cap) allows: requeued prompts first."""
+        for _ in range(self.room()):
+            if self.to_start:
+                group = self.to_start.popleft()
+            else:
+                groups = self.data_source.get_samples(1)
+                if not groups:
+                    return
+                group = groups[0]
+            self.live_started += 1
+            self.order.append(group_key(group))
+            self._submit(group, attempt=1)
 
     def _submit(self, group, attempt: int) -> None:
         from slime.rollout.sglang_rollout import generate_and_rm_group
 
+        for sample in group:   # the version known at the first submission of this attempt
+            metadata = _metadata(sample)
+            metadata.setdefault("epic_submitted_version", self.engine_version)
+            if not self.in_place:
+                metadata.setdefault("token_version_spans", [])
         before = [(s.response_length, len(s.weight_versions)) for s in group]
         task = asyncio.ensure_future(
             generate_and_rm_group(self.args, group, sampling_params=self.state.sampling_params.copy(), evaluation=False)
@@ -283,6 +365,22 @@ class GroupStream:
                     del sample.weight_versions[versions:]
                     self.empty_call_versions += extra
 
+    def _record_versions(self, group, before, finished: bool) -> None:
+        """This call's tokens carry the version it reported (abort mode); a finished sample gets its
+        oldest and newest version (in place: the oldest is the version known at submission)."""
+        for sample, (length, versions) in zip(group, before, strict=True):
+            metadata = _metadata(sample)
+            new_tokens = sample.response_length - length
+            if not self.in_place and new_tokens > 0 and len(sample.weight_versions) > versions:
+                metadata["token_version_spans"].append([parse_weight_version(sample.weight_versions[-1]), new_tokens])
+            if finished and sample.weight_versions:
+                reported = [parse_weight_version(v) for v in sample.weight_versions]
+                oldest = min(reported)
+                if self.in_place:
+                    oldest = min(oldest, metadata["epic_submitted_version"])
+                metadata["oldest_weight_version"] = oldest
+                metadata["newest_weight_version"] = max(reported)
+
     def _on_done(self, task) -> None:
         from slime.utils.types import Sample
 
@@ -291,55 +389,103 @@ class GroupStream:
             group = task.result()
         except Exception as exc:  # noqa: BLE001 - any failure: regenerate the prompt, never drop it
             if attempt >= MAX_GROUP_ATTEMPTS:
-                self.failures.append(f"group {key}: {attempt} attempts, last error {exc!r}")
+                self.failures.append(RuntimeError(f"group {key}: {attempt} attempts, last error {exc!r}"))
                 logger.error("rollout group %d failed %d times: %r", key, attempt, exc)
                 return
             self.crash_retries += 1
+            self.aborts.pop(key, None)
             logger.warning("rollout group %d raised %r; regenerating it from its prompt (attempt %d)", key, exc, attempt + 1)
+            # keeps its place in the start order: it restarts at a version >= the one it was admitted at
             self._submit(self.data_source.fresh_group(key), attempt + 1)
             return
         from epic_slime.slime.routing import finish_group_routing, remember_partial_routing
 
         self._forget_empty_calls(group, before)
-        if any(getattr(s, "status", None) == Sample.Status.ABORTED for s in group):
+        aborted = any(getattr(s, "status", None) == Sample.Status.ABORTED for s in group)
+        self._record_versions(group, before, finished=not aborted)
+        if aborted:
+            self.aborts[key] += 1
+            if self.aborts[key] >= MAX_CONSECUTIVE_ABORTS:
+                self.failures.append(AbortLoopError(key, self.aborts[key]))
+                logger.error("rollout group %d aborted %d times in a row", key, self.aborts[key])
+                return
             self.abort_resubmits += 1
             remember_partial_routing(group)   # R3: the rows of the tokens sampled before the push
             self._submit(group, attempt)   # prompt + partial response, continued on the new weights
             return
+        self.aborts.pop(key, None)
         finish_group_routing(self.args, group)
-        self.completed.append(group)
-
-    def start_rollout(self) -> None:
-        """A rollout is being collected (the last push has landed): start groups up to capacity."""
+        self.finished[key] = group
         self.top_up()
 
+    def start_rollout(self, trainer_version: int) -> None:
+        """Rollout ``trainer_version`` is asked for: the push before it landed (see the class
+        docstring), so the engines hold ``trainer_version - 1`` (at least the first push's 1)."""
+        self.engine_version = max(self.engine_version, trainer_version - 1)
+        self.trainer_version = trainer_version
+        self.decile_records = []
+        self.top_up()
+
+    def record(self, group, outcome: str, lag: int | None = None) -> None:
+        """One group decision for the length-decile report."""
+        if lag is None:
+            lag = max(0, self.trainer_version - min(sample_oldest_version(s) for s in group))
+        entry = (float(max(s.response_length for s in group)), int(lag), outcome)
+        self.decile_records.append(entry)
+        self.run_decile_records.append(entry)
+
+    def _discard(self, key) -> None:
+        self.order.remove(key)
+        self.finished.pop(key, None)
+        self.live_started -= 1
+
     def requeue(self, group) -> bool:
-        """A finished group too stale to train: regenerate it from its fresh prompt (at most
-        ``max_requeues`` times per group; False: the caller drops it, counted)."""
+        """A finished group too stale to train: regenerate it from its fresh prompt as a new start (at
+        most ``max_requeues`` times per group; False: the caller drops it, counted)."""
         key = group_key(group)
+        if key in self.order:
+            self._discard(key)
+        else:   # taken by pop: it leaves the live count all the same
+            self.live_started -= 1
         if self.requeues[key] >= self.max_requeues:
+            self.top_up()
             return False
         self.requeues[key] += 1
         self.stale_requeues += 1
-        self._submit(self.data_source.fresh_group(key), attempt=1)
+        self.record(group, "requeued")
+        self.to_start.append(self.data_source.fresh_group(key))
+        self.top_up()
         return True
 
     def pop(self, limit: int) -> list:
-        """Up to ``limit`` finished groups; the caller still needs ``limit`` for its batch."""
+        """Up to ``limit`` of the oldest live groups, in start order, as far as they have finished
+        (an unfinished oldest group holds the batch: the caller waits for it)."""
         if self.failures:
-            raise RuntimeError("rollout groups failed after retries: " + "; ".join(self.failures))
-        out = [self.completed.popleft() for _ in range(min(limit, len(self.completed)))]
-        # replace what this batch still lacks (a group dropped past the requeue cap), never start the next one
-        self.top_up(up_to=limit - len(out))
+            first = self.failures[0]
+            if isinstance(first, AbortLoopError):
+                raise first
+            raise RuntimeError("rollout groups failed after retries: " + "; ".join(map(str, self.failures)))
+        out = []
+        while self.order and len(out) < limit and self.order[0] in self.finished:
+            out.append(self.finished.pop(self.order.popleft()))
+        if out:
+            self.top_up()   # the cap (if any) has room again
         return out
+
+
+def _metadata(sample) -> dict:
+    metadata = getattr(sample, "metadata", None)
+    if metadata is None:
+        metadata = {}
+        sample.metadata = metadata
+    return metadata
 
 
 def _get_stream(args, data_source) -> GroupStream:
     global _stream
     with _lock:
         if _stream is None:
-            capacity = getattr(args, "async_groups_in_flight", None) or args.rollout_batch_size
-            _stream = GroupStream(args, data_source, capacity)
+            _stream = GroupStream(args, data_source, cap=getattr(args, "async_groups_in_flight", None))
         elif _stream.data_source is not data_source:
             raise RuntimeError("epic_slime.slime.rollout: one RolloutManager per process (a second data source appeared)")
         return _stream
@@ -362,17 +508,19 @@ def _check_data_source(data_source) -> None:
 
 async def _collect(args, stream: GroupStream, trainer_version: int, gate: StalenessGate, rollout_id: int):
     ledger = stream.data_source.ledger
-    stream.start_rollout()
+    stream.start_rollout(trainer_version)
     groups = await collect_admitted_groups(
         stream.pop,
         trainer_version=trainer_version,
         gate=gate,
         target=args.rollout_batch_size,
         requeue=stream.requeue if gate.stale_policy == "drop" else None,
-        on_drop=lambda group: ledger.drop(group_key(group)),
+        on_drop=lambda group: (ledger.drop(group_key(group)), stream.record(group, "dropped")),
     )
     for group in groups:
         ledger.deliver(group_key(group), rollout_id)
+        lag = int(group[0].metadata["epic_group_staleness"])
+        stream.record(group, "over_k" if over_limit(lag, gate.max_staleness) else "trained", lag)
     # the driver asks for rollout r while r - 1 trains: rollouts <= r - 2 are trained by now
     ledger.close_rollout(rollout_id - 2)
     ledger.check(worker_in_flight=stream.held() + len(stream.data_source._returned))
@@ -415,11 +563,15 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
     metrics[f"{STALENESS_PREFIX}trainer_version"] = float(trainer_version)
     metrics[f"{STALENESS_PREFIX}queue_left"] = float(held)
     metrics |= accounting
+    metrics |= decile_metrics(length_deciles(stream.decile_records), prefix=f"{STALENESS_PREFIX}deciles/")
+    run_deciles = length_deciles(stream.run_decile_records)
+    metrics |= decile_metrics(run_deciles, prefix=f"{STALENESS_PREFIX}run_deciles/")
+    logger.info("rollout %d: the run's groups by response-length decile\n%s", rollout_id, format_deciles(run_deciles))
     metrics["rollout/accounting/crash_retries"] = float(stream.crash_retries)
     metrics["rollout/accounting/abort_resubmits"] = float(stream.abort_resubmits)
     metrics["rollout/accounting/stale_requeues"] = float(stream.stale_requeues)
     metrics["rollout/accounting/empty_call_versions"] = float(stream.empty_call_versions)
-    logger.info("rollout %d: %s", rollout_id, {k: v for k, v in metrics.items() if "groups_at" not in k})
+    logger.info("rollout %d: %s", rollout_id, {k: v for k, v in metrics.items() if "groups_at" not in k and "deciles/" not in k})
     from epic_slime.slime.routing import stage_for_training
 
     return RolloutFnTrainOutput(samples=stage_for_training(args, groups, rollout_id), metrics=metrics)

@@ -291,6 +291,7 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
 
         def __init__(self, groups, can_requeue=False):
             self.completed = deque(groups)
+            self.decile_records, self.run_decile_records = [], []
             self.can_requeue, self.requeued = can_requeue, []
             self.data_source = object.__new__(rollout.StreamingDataSource)
             self.data_source.ledger, self.data_source._returned = GroupLedger(), deque()
@@ -308,8 +309,14 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
         def held(self):
             return len(self.completed) + len(self.requeued)
 
-        def start_rollout(self):   # the groups are already here
-            pass
+        def start_rollout(self, trainer_version):   # the groups are already here
+            self.decile_records = []
+
+        def record(self, group, outcome, lag=None):   # GroupStream's length-decile records (trained ones here)
+            if lag is None:
+                return
+            self.decile_records.append((float(max(s.response_length for s in group)), lag, outcome))
+            self.run_decile_records.append(self.decile_records[-1])
 
         def requeue(self, g):   # GroupStream regenerates the fresh prompt; here it waits in a list
             if self.can_requeue:
@@ -328,6 +335,8 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
     assert out.metrics["rollout/staleness/mean"] == 0.0 and out.metrics["rollout/staleness/trainer_version"] == 1.0
     assert out.samples[0][0].metadata["epic_group_staleness"] == 0
     assert out.metrics["rollout/accounting/consumed_groups"] == 4 and out.metrics["rollout/accounting/in_flight_groups"] == 4
+    deciles = {k: v for k, v in out.metrics.items() if k.startswith("rollout/staleness/deciles/") and k.endswith("/trained")}
+    assert sum(deciles.values()) == 2.0   # the batch's two groups, reported by response-length decile
     # next rollout: the policy is version 2, the group from version 0 is stale by 2 > K = 1
     stream.add([group(9, 2), group(8, 2)])
     out = rollout.generate_rollout(args, 4, data_source=stream.data_source)
@@ -405,17 +414,21 @@ def test_a_call_aborted_before_its_first_token_adds_no_weight_version():
 
 
 def test_a_stale_group_is_regenerated_from_its_prompt_at_most_max_requeues_times():
-    from collections import Counter
+    """A requeued group leaves the live count (the budget frees its slot) and its fresh prompt waits
+    to start as a new group at the end of the start order; past the cap it is only discarded."""
+    from collections import Counter, deque
     from types import SimpleNamespace
 
     from epic_slime.slime.rollout import GroupStream
 
     stream = object.__new__(GroupStream)
-    submitted = []
     stream.max_requeues, stream.requeues, stream.stale_requeues = 2, Counter(), 0
+    stream.order, stream.finished, stream.to_start, stream.live_started = deque(), {}, deque(), 5
+    stream.top_up = lambda: None
+    stream.record = lambda group, outcome, lag=None: None   # the length-decile report (tests/slime_adapter/test_slime_stream.py)
     stream.data_source = SimpleNamespace(fresh_group=lambda key: [SimpleNamespace(group_index=key, fresh=True)])
-    stream._submit = lambda group, attempt: submitted.append((group[0].group_index, group[0].fresh, attempt))
     stale = [SimpleNamespace(group_index=7, fresh=False)]
     assert [stream.requeue(stale) for _ in range(3)] == [True, True, False]
-    assert submitted == [(7, True, 1), (7, True, 1)] and stream.stale_requeues == 2
+    assert [(g[0].group_index, g[0].fresh) for g in stream.to_start] == [(7, True), (7, True)]
+    assert stream.stale_requeues == 2 and stream.live_started == 2   # each taken group left the count
     assert stream.requeue([SimpleNamespace(group_index=8)]) is True   # counted per group

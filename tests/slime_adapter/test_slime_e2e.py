@@ -147,11 +147,14 @@ def test_accounting_exact_at_every_rollout_and_staleness_bounded(e2e):
     # leftovers of the oversampled batch (and overtaken long groups) train at 2, the rest at 1
     assert staleness[2] >= 1 and staleness[1] >= 1 and set(staleness) <= {0, 1, 2}, staleness
     # weight pushes met requests in flight: the stand-in holds the first new training request of
-    # each weight version until the next push (so this does not rest on CPU speed; the first one,
-    # from rollout 0, is certain), SGLang's abort mode ended it, and the stream resubmitted its group
+    # each weight version until the next push (so this does not rest on CPU speed), SGLang's abort
+    # mode ended it, and the stream resubmitted its group. A held request of the batch being
+    # collected (start order: the batch waits for it, the push waits for the batch) decodes after
+    # HOLD_MAX_SECONDS instead (held_timed_out)
     server = e2e["server"]
     assert server["held_aborted"] >= 1, server
-    assert server["held"] - server["held_aborted"] <= 2, server   # each session's last version: no push follows it
+    # each session's last version: no push follows it
+    assert server["held"] - server["held_aborted"] - server.get("held_timed_out", 0) <= 2, server
     assert server["long_requests"] >= 1 and server["weight_buckets"] >= 3 * NUM_ROLLOUT, server
     last = [_events(t, "generate")[-1]["metrics"] for t in (e2e["first"], e2e["resumed"])]
     assert sum(m["rollout/accounting/abort_resubmits"] for m in last) >= 1, (last, server)

@@ -75,11 +75,11 @@ def test_driver_turns_the_ratio_into_groups_in_flight():
         check_argv(BASE + ["--oversample-ratio", "1.0"])
 
 
-def test_oversampling_at_max_staleness_1_is_refused_naming_both_settings():
-    """At K = 1 the oversampled leftovers (the longest responses) are 2 stale at the next batch."""
+def test_a_cap_above_one_batch_is_accepted_at_max_staleness_1():
+    """Before the admission budget, K = 1 with more than a batch in flight was refused (leftovers
+    reached lag 2); now the budget ((g + 1) * B live) never starts such a group, so the cap is inert."""
     base = BASE + ["--rollout-function-path", "epic_slime.slime.rollout.generate_rollout"]
-    with pytest.raises(ProjectFlagError, match="--max-staleness 1 with --async-groups-in-flight 65 for a batch of 64"):
-        check_argv(base + ["--async-groups-in-flight", "65", "--max-staleness", "1"])
+    check_argv(base + ["--async-groups-in-flight", "65", "--max-staleness", "1"])
     # the paper's ratio (Table 2 rows set it) is not applied at K = 1, as at K = 0
     assert "--async-groups-in-flight" not in translate_argv(base + ["--oversample-ratio", "0.1", "--max-staleness", "1"])
     assert translate_argv(base + ["--oversample-ratio", "0.1", "--max-staleness", "2"])[-2:] == ["--async-groups-in-flight", "72"]
@@ -100,11 +100,11 @@ def test_warmup_in_rollouts_becomes_megatron_iterations():
         translate_argv(BASE + ["--lr-warmup-rollouts", "-1"])
 
 
-def test_group_stream_keeps_the_oversampled_number_of_groups_in_flight(monkeypatch):
-    """The project's GroupStream (what the driver runs) with the groups in flight the driver derives
-    from the ratio: 72 started for a batch of 64, the batch is the first 64 that finish (the slow 8
-    are still running), and nothing more starts until the next rollout is asked for (its weights
-    are not pushed yet): then the stream is topped up to 72 again."""
+def test_the_oversampling_ratio_caps_the_groups_the_stream_holds(monkeypatch):
+    """The project's GroupStream (what the driver runs) with the cap the driver derives from the
+    ratio: 72 groups held at most for a batch of 64 (the K = 2 budget alone would allow 192). Batches
+    are taken in start order (the admission budget's FIFO), so the batch is groups 0-63 and waits
+    for its slow ones (the ratio no longer drops the slowest); taking it frees 64 places at once."""
     sglang_rollout = pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importable (SLIME_PATH)")
     from slime.utils.async_utils import run
     from slime.utils.types import Sample
@@ -142,24 +142,22 @@ def test_group_stream_keeps_the_oversampled_number_of_groups_in_flight(monkeypat
     monkeypatch.setattr(sglang_rollout, "GenerateState", lambda args: SimpleNamespace(sampling_params={}))
     monkeypatch.setattr(rollout, "_stream", None)
     config, parsed, _ = check_argv(BASE + ["--oversample-ratio", "0.1"])
-    args = SimpleNamespace(rollout_batch_size=64, n_samples_per_prompt=1,
+    args = SimpleNamespace(rollout_batch_size=64, n_samples_per_prompt=1, max_staleness=2,
                            async_groups_in_flight=parsed.async_groups_in_flight)
     data_source = DataSource()
     stream = rollout._get_stream(args, data_source)
     try:
         gate = StalenessGate(2, "drop")
-        # bounded: with fewer than 72 groups started, the 8 slow ones would hold the batch up forever
+        assert stream.cap == 72
+        # the slow ones finish later: the batch waits for them
+        stream.loop.call_soon_threadsafe(lambda: stream.loop.call_later(0.3, release.set))
         batch, _, held = run(asyncio.wait_for(rollout._collect(args, stream, trainer_version=1, gate=gate, rollout_id=0), 20))
-        assert len(batch) == 64 and running["max"] == 72
-        # the first 64 to finish, none of the slow ones: those did not hold the batch up
-        assert sorted(g[0].group_index for g in batch) == [i for i in range(72) if i % 9 != 8]
-        assert held == 8 and running["started"] == 72   # nothing started after the batch was complete
-        stream.loop.call_soon_threadsafe(release.set)   # the slow ones finish between the rollouts
-        run(asyncio.sleep(0.05))
-        assert running["started"] == 72 and len(stream.completed) == 8
+        assert [g[0].group_index for g in batch] == list(range(64)) and running["max"] <= 72
+        assert held == 72 and running["started"] == 72 + 64   # 8 left + 64 started when the batch was taken
         batch, _, held = run(asyncio.wait_for(rollout._collect(args, stream, trainer_version=2, gate=gate, rollout_id=1), 20))
-        # topped up to 72 when asked (8 waiting + 64 new), the 8 leftovers served first
-        assert running["started"] == 72 + 64 and running["max"] <= 72 and held == 8
-        assert {i for i in range(72) if i % 9 == 8} <= {g[0].group_index for g in batch}
+        # the engines still hold version 1: the budget ((1 + 2) * 64 = 192 started) binds before the cap
+        assert [g[0].group_index for g in batch] == list(range(64, 128)) and held == 64
+        assert running["started"] == 192 and stream.live_started == 192
+        assert gate.dropped_groups == gate.requeued_groups == 0
     finally:
         stream.loop.call_soon_threadsafe(release.set)

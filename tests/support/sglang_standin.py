@@ -66,7 +66,8 @@ pause one mid-decode. A slow request on demand (``--hold-max-new-tokens N``): af
 start) the first request with ``max_new_tokens == N`` and a prompt never seen before is held, not
 decoded, until the next pause: abort ends it, retract and in_place release it (it then decodes on
 the new weights): a request still running when the weights arrive, as on a busy cluster, whatever
-this CPU's speed. Resubmissions (a prompt seen before) and other requests are never held.
+this CPU's speed. ``--hold-max-seconds S`` releases it after S seconds if no pause came (a batch
+taken in start order may wait for it, and the next push waits for that batch). Resubmissions (a prompt seen before) and other requests are never held.
 
 Run: ``python tests/support/sglang_standin.py --port-file F --weights W`` (binds 127.0.0.1 on a free
 port, writes it to F).
@@ -220,6 +221,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--hold-max-new-tokens", type=int, default=None,
                         help="hold one new training request per weight version until the next pause (see above)")
+    parser.add_argument("--hold-max-seconds", type=float, default=None,
+                        help="release a held request after this long when no pause met it (default: never)")
     parser.add_argument("--long-every", type=int, default=None,
                         help="one training prompt in about N (by crc32) gets --long-min-new-tokens (see above)")
     parser.add_argument("--long-min-new-tokens", type=int, default=0)
@@ -235,7 +238,8 @@ def main(argv=None) -> int:
             parser.error("--long-every needs --long-max-new-tokens (how training requests are told from evaluation ones)")
     engine_kwargs = dict(max_batch=args.max_batch, hold_max_new_tokens=args.hold_max_new_tokens,
                          long_every=args.long_every, long_min_new_tokens=args.long_min_new_tokens,
-                         long_max_new_tokens=args.long_max_new_tokens, step_seconds=args.step_seconds)
+                         long_max_new_tokens=args.long_max_new_tokens, step_seconds=args.step_seconds,
+                         hold_max_seconds=args.hold_max_seconds)
     asyncio.run(_serve(args.port_file, args.weights, engine_kwargs))
     return 0
 

@@ -90,11 +90,14 @@ class PrefixCache:
 class Engine:
     def __init__(self, model, tokenizer, max_batch: int, hold_max_new_tokens: int | None = None,
                  long_every: int | None = None, long_min_new_tokens: int = 0, long_max_new_tokens: int | None = None,
-                 step_seconds: float = 0.0):
+                 step_seconds: float = 0.0, hold_max_seconds: float | None = None):
         self.model, self.tok, self.max_batch = model, tokenizer, max_batch
         self.step_seconds = step_seconds   # a slower engine on demand (tests that must meet a request mid-decode)
         self.hold_max_new_tokens = hold_max_new_tokens
         self.hold_armed = hold_max_new_tokens is not None
+        # a real engine finishes every request: a held one that no pause meets decodes after this long
+        # (a batch taken in start order may wait for it, and the next pause waits for that batch)
+        self.hold_max_seconds = hold_max_seconds
         self.long_every, self.long_min_new_tokens = long_every, long_min_new_tokens
         self.long_max_new_tokens = long_max_new_tokens
         self.equals_id = tokenizer.token_to_id["="]
@@ -138,6 +141,8 @@ class Engine:
             if self.hold_armed and req.max_new_tokens == self.hold_max_new_tokens and prompt not in self.seen_prompts:
                 req.held, self.hold_armed = True, False
                 self.stats["held"] += 1
+                if self.hold_max_seconds is not None:
+                    asyncio.get_running_loop().call_later(self.hold_max_seconds, self._hold_timed_out, req)
             self.seen_prompts.add(prompt)
         self.pending.append(req)
         self.stats["requests"] += 1
@@ -286,6 +291,12 @@ class Engine:
                 r.held = False
             self.stats["held_released"] += len(released)
         self.stats[f"pauses_{mode}"] += 1
+
+    def _hold_timed_out(self, req: Request) -> None:
+        if req.held:
+            req.held = False
+            self.stats["held_timed_out"] += 1
+            self.wakeup.set()
 
     def resume(self) -> None:
         self.paused = None

@@ -438,6 +438,7 @@ class CpuTrainGroup:
 # ---------------------------------------------------------------- trace, server, session
 
 ROLLOUT_MAX_RESPONSE_LEN = 24
+HOLD_MAX_SECONDS = 3.0   # a held request of the batch being collected decodes after this long
 EVAL_MAX_RESPONSE_LEN = 10   # differs from the rollout's, so the stand-in's hold never takes an eval request
 # the response-length spread: about one prompt in 3 must answer with at least 20 tokens (most
 # untrained answers stop within a few): those groups are overtaken by the others
@@ -523,7 +524,8 @@ class Server:
         if weights:
             cmd += ["--weights", weights]
         if hold_max_new_tokens is not None:
-            cmd += ["--hold-max-new-tokens", str(hold_max_new_tokens)]
+            # the batch is taken in start order: if it waits for the held request, no pause comes
+            cmd += ["--hold-max-new-tokens", str(hold_max_new_tokens), "--hold-max-seconds", str(HOLD_MAX_SECONDS)]
         if long_every is not None:   # training requests only (their response cap tells them from eval ones)
             cmd += ["--long-every", str(long_every), "--long-min-new-tokens", str(long_min_new_tokens),
                     "--long-max-new-tokens", str(ROLLOUT_MAX_RESPONSE_LEN)]
@@ -678,6 +680,25 @@ def prepare_workdir(workdir: str, train_prompts: int = 200, eval_prompts: int = 
     run_config_yaml(os.path.join(workdir, "epic_run.yaml"), os.path.join(workdir, "eval_records.jsonl"), run_name="e2e")
 
 
+def decile_report(events: list[dict]) -> dict:
+    """The run's groups by response-length decile (issue 26 item 3), from the last generate event's
+    ``rollout/staleness/run_deciles/*`` metrics (``epic_slime.length_deciles``): rows and a table."""
+    last = [e["metrics"] for e in events if e["event"] == "generate"][-1]
+    prefix = "rollout/staleness/run_deciles/"
+    rows = []
+    for d in range(10):
+        base = f"{prefix}d{d}/"
+        if base + "groups" not in last:
+            continue
+        rows.append({"decile": d, "groups": int(last[base + "groups"]), "mean_staleness": last.get(base + "mean_staleness"),
+                     "min_length": last[base + "min_length"], "max_length": last[base + "max_length"],
+                     **{o: int(last[base + o]) for o in ("trained", "over_k", "dropped", "requeued")}})
+    table = "\n".join(f"d{r['decile']} len {r['min_length']:.0f}-{r['max_length']:.0f}: {r['groups']} groups, "
+                      f"{r['trained']} trained, {r['over_k']} over K, {r['dropped']} dropped, {r['requeued']} requeued, "
+                      f"mean staleness {r['mean_staleness']}" for r in rows)
+    return {"rows": rows, "table": table}
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "session":
@@ -706,6 +727,7 @@ def main(argv=None) -> int:
                               "dropped_groups": last["rollout/staleness/total_dropped_groups"],
                               "requeued_groups": last.get("rollout/staleness/total_requeued_groups"),
                               "abort_resubmits": last["rollout/accounting/abort_resubmits"],
+                              "length_deciles": decile_report(events)["rows"],
                               "done": done[-1] if done else None, "server": server.stats(), "workdir": workdir}, indent=1))
         finally:
             server.stop()

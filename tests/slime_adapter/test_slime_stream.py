@@ -1,0 +1,199 @@
+"""The real GroupStream (epic_slime.slime.rollout) on slime's global event loop, with slime's
+``generate_and_rm_group`` replaced by a fake engine: admission by the budget, batches in start
+order, the optional cap, per-sample versions in both push modes, the abort-loop bound."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+sglang_rollout = pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importable (SLIME_PATH)")
+from slime.utils.async_utils import run  # noqa: E402
+from slime.utils.types import Sample  # noqa: E402
+
+import epic_slime.slime.rollout as rollout  # noqa: E402
+from epic_slime.staleness import GroupLedger, StalenessGate, sample_oldest_version  # noqa: E402
+
+
+class DataSource:   # StreamingDataSource's interface for the stream: numbered prompts, a ledger
+    def __init__(self):
+        self.next, self.ledger, self._returned = 0, GroupLedger(), []
+
+    def get_samples(self, n):
+        groups = [[Sample(index=i, group_index=i, tokens=[1, 2])] for i in range(self.next, self.next + n)]
+        for g in groups:
+            self.ledger.consume(g[0].group_index, [Sample(index=i, group_index=i, tokens=[1, 2]) for i in [g[0].index]])
+        self.next += n
+        return groups
+
+    def fresh_group(self, key):
+        return [Sample(index=key, group_index=key, tokens=[1, 2])]
+
+
+class Engine:
+    """Answers each group after its gate opens; reports ``version`` (a push changes it)."""
+
+    def __init__(self, slow=lambda key: False):
+        self.version, self.started, self.slow = 1, [], slow
+        self.release = asyncio.Event()
+        self.abort_next: set = set()
+
+    async def generate(self, args, group, sampling_params, evaluation=False):
+        key = group[0].group_index
+        self.started.append(key)
+        await asyncio.sleep(0.001)
+        if self.slow(key):
+            await self.release.wait()
+        mode = "abort" if key in self.abort_next else "stop"
+        for sample in group:
+            sample.append_response_tokens(argparse.Namespace(partial_rollout=False), tokens=[7, 8], log_probs=[-0.1, -0.2],
+                                          meta_info={"weight_version": str(self.version), "finish_reason": {"type": mode}})
+        return group
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    monkeypatch.setattr(sglang_rollout, "GenerateState", lambda args: SimpleNamespace(sampling_params={}))
+    made = Engine()
+    monkeypatch.setattr(sglang_rollout, "generate_and_rm_group", made.generate)
+    return made
+
+
+def _args(**kw):
+    values = dict(rollout_batch_size=4, max_staleness=2, n_samples_per_prompt=1, weight_push_mode="abort")
+    return SimpleNamespace(**(values | kw))
+
+
+def _collect(args, stream, trainer_version, rollout_id):
+    gate = StalenessGate(args.max_staleness, "drop")
+    batch, _, held = run(asyncio.wait_for(rollout._collect(args, stream, trainer_version, gate, rollout_id), 20))
+    return [g[0].group_index for g in batch], held, gate
+
+
+def test_stream_starts_by_the_budget_and_takes_batches_in_start_order(engine):
+    engine.slow = lambda key: key == 0   # the oldest group is the slowest: the batch waits for it
+    args, data = _args(), DataSource()
+    stream = rollout.GroupStream(args, data)
+    stream.loop.call_soon_threadsafe(lambda: stream.loop.call_later(0.3, engine.release.set))
+    # rollout 0 (trainer version 1, engines at 1): (1 + 2) * 4 = 12 groups start at once
+    batch, held, gate = _collect(args, stream, 1, 0)
+    assert batch == [0, 1, 2, 3] and len(engine.started) == 12 and held == 8
+    # rollout 1 (trainer version 2): the push of rollout 0 has not landed (engines at 1): no new start
+    batch, held, _ = _collect(args, stream, 2, 1)
+    assert batch == [4, 5, 6, 7] and len(engine.started) == 12 and held == 4
+    # rollout 2: engines at 2, one more batch of room
+    engine.version = 2
+    batch, held, gate = _collect(args, stream, 3, 2)
+    assert batch == [8, 9, 10, 11] and len(engine.started) == 16 and held == 4
+    assert gate.dropped_groups == gate.requeued_groups == 0 and gate.histogram == {2: 4}
+    assert stream.live_started == 16
+
+
+def test_k_one_holds_one_batch_ahead_and_trains_at_lag_at_most_one(engine):
+    args, data = _args(max_staleness=1), DataSource()
+    stream = rollout.GroupStream(args, data)
+    lags = []
+    for rollout_id in range(4):
+        engine.version = max(1, rollout_id)   # the push of rollout r - 2 landed before generate(r)
+        batch, held, gate = _collect(args, stream, rollout_id + 1, rollout_id)
+        assert batch == list(range(4 * rollout_id, 4 * rollout_id + 4))
+        lags += list(gate.histogram.elements())
+        assert held <= 4
+    assert max(lags) == 1 and gate.dropped_groups == 0
+
+
+def test_the_cap_limits_groups_held_on_top_of_the_budget(engine):
+    args, data = _args(async_groups_in_flight=6), DataSource()
+    stream = rollout.GroupStream(args, data, cap=args.async_groups_in_flight)
+    batch, held, _ = _collect(args, stream, 1, 0)
+    # 6 started; taking the batch frees 4 places: 4 more start (budget 12 still allows them)
+    assert batch == [0, 1, 2, 3] and len(engine.started) == 10 and held == 6
+
+
+def test_unbounded_staleness_defaults_the_cap_to_one_batch(engine):
+    args, data = _args(max_staleness=None), DataSource()
+    stream = rollout.GroupStream(args, data)
+    assert stream.cap == 4
+    batch, held, _ = _collect(args, stream, 1, 0)
+    assert batch == [0, 1, 2, 3] and held == 4 and len(engine.started) == 8
+
+
+def test_abort_mode_records_each_calls_version_per_token(engine, monkeypatch):
+    """Group 0 is aborted by a push after 2 tokens at version 1, resubmitted, and finishes with 2
+    more at version 2: its tokens carry [[1, 2], [2, 2]], oldest 1, newest 2, and it stays first."""
+    args, data = _args(), DataSource()
+    stream = rollout.GroupStream(args, data)
+    engine.abort_next = {0}
+    original = engine.generate
+
+    async def generate(args_, group, sampling_params, evaluation=False):
+        out = await original(args_, group, sampling_params, evaluation)
+        if group[0].group_index == 0 and engine.abort_next:
+            engine.abort_next, engine.version = set(), 2   # the push lands after the abort
+        return out
+
+    monkeypatch.setattr(sglang_rollout, "generate_and_rm_group", generate)
+    gate = StalenessGate(args.max_staleness, "drop")
+    # asked as the second rollout (trainer version 2, engines at 1), so answers at version 2 may train
+    batch, _, _ = run(asyncio.wait_for(rollout._collect(args, stream, 2, gate, 1), 20))
+    assert [g[0].group_index for g in batch] == [0, 1, 2, 3]
+    first = batch[0][0]
+    assert first.metadata["token_version_spans"] == [[1, 2], [2, 2]]
+    assert first.metadata["oldest_weight_version"] == 1 and first.metadata["newest_weight_version"] == 2
+    assert first.metadata["epic_policy_version"] == 1   # the gate counted from the oldest
+    assert stream.abort_resubmits == 1
+
+
+def test_in_place_counts_staleness_from_the_version_known_at_submission(engine):
+    """SGLang reports only the final version in place: a group submitted at version 1 that answers
+    after the push to 3 is as old as 1 (not 3), so at trainer version 4 its lag is 3 > K = 2."""
+    args, data = _args(weight_push_mode="in_place"), DataSource()
+    stream = rollout.GroupStream(args, data)
+    engine.version = 3   # the engines answered after pushes the stream had not been told of
+    group = data.get_samples(1)[0]
+    stream.order.append(0)
+    stream.live_started += 1
+    run(_submit_and_wait(stream, group))
+    sample = stream.finished[0][0]
+    assert sample.weight_versions == ["3"]
+    assert sample.metadata["oldest_weight_version"] == 1 and sample.metadata["newest_weight_version"] == 3
+    assert "token_version_spans" not in sample.metadata
+    assert sample_oldest_version(sample) == 1
+
+
+async def _submit_and_wait(stream, group):
+    stream.cap = 1   # nothing else starts
+    stream._submit(group, attempt=1)
+    while stream.active:
+        await asyncio.sleep(0.001)
+
+
+def test_a_group_aborted_again_and_again_fails_with_its_key_and_count(engine):
+    args, data = _args(rollout_batch_size=1, max_staleness=1), DataSource()
+    stream = rollout.GroupStream(args, data, cap=1)
+    engine.abort_next = {0}
+    with pytest.raises(rollout.AbortLoopError, match="group 0 was aborted 16 times in a row") as caught:
+        _collect(args, stream, 1, 0)
+    assert caught.value.group == 0 and caught.value.aborts == rollout.MAX_CONSECUTIVE_ABORTS
+    assert stream.abort_resubmits == rollout.MAX_CONSECUTIVE_ABORTS - 1
+
+
+def test_an_abort_then_a_finish_resets_the_count(engine, monkeypatch):
+    args, data = _args(rollout_batch_size=1, max_staleness=1), DataSource()
+    stream = rollout.GroupStream(args, data, cap=1)
+    calls = {"n": 0}
+    original = engine.generate
+
+    async def generate(args_, group, sampling_params, evaluation=False):
+        calls["n"] += 1
+        engine.abort_next = {group[0].group_index} if calls["n"] % 10 else set()   # 9 aborts, then a finish
+        return await original(args_, group, sampling_params, evaluation)
+
+    monkeypatch.setattr(sglang_rollout, "generate_and_rm_group", generate)
+    for rollout_id in range(2):
+        batch, _, _ = _collect(args, stream, rollout_id + 1, rollout_id)
+        assert batch == [rollout_id]
+    assert stream.abort_resubmits == 18 and not stream.aborts
