@@ -109,7 +109,8 @@ def main(argv=None) -> int:
     ap.add_argument("--actor-nodes", type=int, default=1)
     ap.add_argument("--gpus-per-engine", type=int, default=8)
     ap.add_argument("--k", default="2", help="predict: the launcher's MAX_STALENESS")
-    ap.add_argument("--oversample-ratio", default="0")
+    ap.add_argument("--oversample-ratio", default="0",
+                    help="plan / frontier / best line: 0 (the launcher's default at K >= 2), Table 2's 0.1 caps groups in flight")
     a = ap.parse_args(argv)
     if a.command in ("predict", "pick"):
         from schedsim import launch_table
@@ -134,7 +135,7 @@ def main(argv=None) -> int:
         print(format_calibration(calibrate(paper_preset())))
         return 0
     if a.command == "plan":
-        base = PRESETS["paper"]()
+        base = PRESETS["paper"](oversample_ratio=float(a.oversample_ratio))
         p = preset_for(a.model, a.gpus, a.gpu, a.batch, a.lengths, base)
         result = plan(p, a.max_staleness, a.push_mode, a.gpus_per_node, a.rollouts)
         print(format_plan(result))
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps(result, indent=1))
         return 0
     if a.command == "frontier":
-        p = PRESETS["paper" if a.preset == "all" else a.preset]()
+        p = PRESETS["paper" if a.preset == "all" else a.preset](oversample_ratio=float(a.oversample_ratio))
         out = Path(a.out) if a.out != ap.get_default("out") else ROOT / "bench" / "schedsim" / f"frontier_{p.name.split(':')[0]}"
         sync, rows = frontier(p, a.rollouts, log=lambda line: print(line, flush=True))
         print(write_frontier(p, sync, rows, out))
@@ -175,8 +176,8 @@ def main(argv=None) -> int:
         report["sensitivity"] = s
     if "paper" in report:
         # the best line: the frontier at the planner's split of the paper preset (K x push mode there)
-        p = PRESETS["paper"]()
-        pick = plan(p, 2, "in_place", rollouts=a.rollouts)["pick"]
+        p = PRESETS["paper"](oversample_ratio=float(a.oversample_ratio))
+        pick = plan(p, 2, "abort", rollouts=a.rollouts)["pick"]
         sync = {"s_per_rollout": report_sync(report)}
         _, rows = frontier(p, a.rollouts, splits=((pick["train_gpus"], pick["gpus_per_engine"]),), sync=sync)
         print(best_line(rows))

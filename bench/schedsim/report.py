@@ -7,18 +7,24 @@ from .presets import Preset
 
 
 def length_deciles(groups: list[dict], n: int = 10) -> list[dict]:
-    """Per response-length decile of the groups counted (trained in steady state, requeued or dropped):
-    groups, dropped, requeued (groups regenerated at least once), over K (trained with a true lag > K),
-    mean true lag of the trained ones. Deciles by the group's mean drawn response length."""
-    counted = sorted((g for g in groups if g["steady"] or g["requeued"] or g["dropped"]), key=lambda g: g["length"])
+    """Per response-length decile (``epic_slime.length_deciles``, the function the driver logs with) of
+    the groups counted: trained after the warm-up (``over_k`` when the true lag exceeds K), requeued
+    (one record per regeneration) or dropped; lags are the true ones (first token's version)."""
+    from epic_slime.length_deciles import length_deciles as deciles
+
+    records = []
+    for g in groups:
+        if g["steady"] and g["true_lag"] is not None:
+            records.append((g["length"], int(g["true_lag"]), "over_k" if g["over_k"] else "trained"))
+        records += [(g["length"], 0, "requeued")] * int(g["requeued"])
+        if g["dropped"]:
+            records.append((g["length"], 0, "dropped"))
     out = []
-    for d in range(n):
-        part = counted[d * len(counted) // n:(d + 1) * len(counted) // n]
-        lags = [g["true_lag"] for g in part if g["steady"] and g["true_lag"] is not None]
-        out.append(dict(decile=d + 1, groups=len(part), max_length=part[-1]["length"] if part else 0.0,
-                        dropped=sum(g["dropped"] for g in part), requeued=sum(g["requeued"] > 0 for g in part),
-                        over_k=sum(g["over_k"] for g in part),
-                        mean_lag=sum(lags) / len(lags) if lags else float("nan")))
+    for row in deciles(records, n):
+        lag = row.mean_staleness
+        out.append(dict(decile=row.decile + 1, groups=row.groups, max_length=row.max_length or 0.0,
+                        dropped=row.counts["dropped"], requeued=row.counts["requeued"], over_k=row.counts["over_k"],
+                        mean_lag=float("nan") if lag is None else lag))
     return out
 
 
