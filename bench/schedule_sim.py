@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", nargs="?", default="simulate",
                     choices=["simulate", "frontier", "plan", "calibrate", "measure-runtime", "launch-table", "predict",
-                             "pick"])
+                             "pick", "verl"])
     ap.add_argument("--preset", default="all", choices=[*PRESETS, "all"])
     ap.add_argument("--rollouts", type=int, default=12)
     ap.add_argument("--no-sensitivity", action="store_true")
@@ -130,6 +130,13 @@ def main(argv=None) -> int:
         from schedsim import launch_table
 
         launch_table.write(launch_table.build(a.rollouts))
+        return 0
+    if a.command == "verl":
+        from schedsim.frontier import verl_comparison
+
+        text = verl_comparison(min(a.rollouts, 8), log=lambda line: print(line, flush=True))
+        print(text)
+        (ROOT / "bench" / "schedsim" / "verl_preset.txt").write_text(text + "\n")
         return 0
     if a.command == "calibrate":
         print(format_calibration(calibrate(paper_preset())))

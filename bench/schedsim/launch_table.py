@@ -42,7 +42,9 @@ def build(rollouts: int = 10, nodes=NODES, gpus_per_node: int = 8, log=print) ->
                     for k in KS:
                         if k == "0" and (push != "abort" or over != "0"):
                             continue
-                        r = simulate(q, "sync split" if k == "0" else f"async K={k}", rollouts)
+                        warmup = max(2, int(k) + 2)   # past the budget's start-up (up to K batches ahead)
+                        r = simulate(q, "sync split" if k == "0" else f"async K={k}", max(rollouts, warmup + 8),
+                                     warmup=warmup)
                         row = dict(s_per_rollout=r["s_per_rollout"], speedup=sync / r["s_per_rollout"],
                                    dropped=r["dropped_groups"], requeued=r["requeued_groups"],
                                    staleness_hist={str(a): b for a, b in r["staleness_hist"].items()})

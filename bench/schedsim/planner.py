@@ -56,7 +56,8 @@ def plan(p: Preset, k: int, push_mode: str, gpus_per_node: int = 8, rollouts: in
     rows = []
     for train, gpe in candidates(p, gpus_per_node):
         q = split_preset(p, train, gpe, push_mode)
-        r = simulate(q, f"async K={k}", rollouts)
+        warmup = max(2, k + 2)      # past the budget's start-up (up to K batches ahead)
+        r = simulate(q, f"async K={k}", max(rollouts, warmup + 8), warmup=warmup)
         b = throughput_bound(q, p.total_gpus - train, train, q.push_s_split)
         rows.append(dict(train_gpus=train, rollout_gpus=p.total_gpus - train, gpus_per_engine=gpe,
                          s_per_rollout=r["s_per_rollout"], speedup=sync / r["s_per_rollout"],

@@ -137,14 +137,14 @@ def verl_preset(**kw) -> Preset:
         # 128 GPUs, 96:32", as issue 26 quotes it): the batch and lengths below are assumed, not stated there
         total_gpus=128, train_gpus_split=32, gpus_per_engine=4, gpu="H20",
         max_response_len=8192, mean_response_len=3500.0,   # assumed: 8K cap, DAPO-style math, mean about 3.5K
-        rollout_batch_size=512, n_samples=16,              # assumed: verl's DAPO recipes' 512 prompts x 16
+        rollout_batch_size=128, n_samples=16,              # assumed: 128 prompts x 16 samples per training step
         update_depth=1, oversample_ratio=0.0,              # assumed: one optimizer step per rollout (GRPO default)
         prompt_len=250, ref_forward=False,                 # assumed: DAPO-style, no KL loss
         push_s_split=20.0, push_s_colocated=7.0,           # as the paper preset (same model, NCCL / CUDA IPC)
         optimizer_step_s=1.5,
         source=("verl fully-async docs (verl.readthedocs.io/en/latest/advance/fully_async.html): Qwen3-30B-A3B-Base, "
                 "128 H20, 96:32 vs 128 colocated, 1.72x; H20 specs willitrunai.com/es/gpus/h20-96gb; "
-                "batch 512 x 16, mean 3.5K, D = 1 assumed"),
+                "batch 128 x 16, mean 3.5K, D = 1, train MFU 0.25 assumed"),
     )
     base.update(kw)
     return Preset(name="verl: Qwen3-30B-A3B-Base, 128 H20", **base).derived()
