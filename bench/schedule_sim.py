@@ -45,6 +45,7 @@ The collection poll of ``collect_admitted_groups`` is 0.05 s in slime; here it i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -162,6 +163,14 @@ def main(argv=None) -> int:
     report = {}
     for name in (["paper", "smoke"] if a.preset == "all" else [a.preset]):
         p = PRESETS[name]()
+        if name == "paper":
+            # the launcher's run: the planner's split and engine size, its oversampling (0 at K >= 2)
+            from schedsim import launch_table
+
+            best = launch_table.pick(4, 8) if launch_table.TABLE.exists() else None
+            if best:
+                p = split_preset(p, best["actor_nodes"] * 8, best["gpus_per_engine"], p.push_mode)
+            p = dataclasses.replace(p, oversample_ratio=float(a.oversample_ratio))
         rows = run_preset(p, a.rollouts)
         print(f"== {p.name}: {p.rollout_batch_size} prompts x {p.n_samples}, D = {p.update_depth}, oversampling "
               f"{p.oversample_ratio}, mean response {rows[0]['mean_response']:.0f} tokens (cap {p.max_response_len}), "
@@ -185,6 +194,7 @@ def main(argv=None) -> int:
         # the best line: the frontier at the planner's split of the paper preset (K x push mode there)
         p = PRESETS["paper"](oversample_ratio=float(a.oversample_ratio))
         pick = plan(p, 2, "abort", rollouts=a.rollouts)["pick"]
+        print(f"planner's split: {pick['rollout_gpus']}:{pick['train_gpus']}, {pick['gpus_per_engine']} GPUs per engine")
         sync = {"s_per_rollout": report_sync(report)}
         _, rows = frontier(p, a.rollouts, splits=((pick["train_gpus"], pick["gpus_per_engine"]),), sync=sync)
         print(best_line(rows))
