@@ -123,6 +123,7 @@ dry_run_or_check_flags() {
   echo "# runtime env (RUNTIME_ENV_YAML):"
   runtime_env_yaml redact | sed 's/^/#   /'
   echo "# NCCL_NVLS_ENABLE=${JOB_NVLS}: ${NVLS_REASON}"
+  if declare -F dry_run_price >/dev/null; then dry_run_price; fi   # the launcher's simulated price, if it has one
   echo "# ${RUN_CONFIG} (written at submission):"
   run_config_yaml | sed 's/^/#   /'
   printf '%q ' "${SUBMIT[@]}"; echo

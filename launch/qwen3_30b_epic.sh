@@ -9,7 +9,13 @@
 #   --method M          METHOD           epic | grpo | dapo | gspo | ctpo | ripo | grpo_r2 | grpo_r3, or any other configs/methods/M.yaml
 #   --nodes N           NUM_NODES        nodes in the Ray cluster (default 4)
 #   --gpus-per-node G   GPUS_PER_NODE    GPUs per node, for training and for slime's engine placement (default 8)
-#   --actor-nodes A     ACTOR_NODES      nodes for Megatron training (default NUM_NODES / 2); the rest run SGLang
+#   --actor-nodes A     ACTOR_NODES      nodes for Megatron training; the rest run SGLang (default: the planner's
+#                                        pick for NUM_NODES x GPUS_PER_NODE at K >= 1, NUM_NODES / 2 at K = 0 or
+#                                        when bench/schedsim/launch_predictions.json has no pick)
+#   --gpus-per-engine E GPUS_PER_ENGINE  GPUs per SGLang engine (default: the planner's pick, else 8)
+#   --push-mode M       PUSH_MODE        weight push: abort | in_place (--weight-push-mode; default abort)
+#   --oversample-ratio R OVERSAMPLE_RATIO oversampling at K >= 2 (default 0: the staleness budget alone decides
+#                                        what starts; Table 2's 0.1 caps the groups in flight at 72)
 #   --update-depth D    UPDATE_DEPTH     optimizer steps per rollout batch (default 8)
 #   --max-staleness K   MAX_STALENESS    staleness bound in weight updates (default 2; "none" = unbounded)
 #   --stale-policy P    STALE_POLICY     drop | keep (default drop)
@@ -24,7 +30,8 @@
 #   --wandb-project P   WANDB_PROJECT    W&B project; W&B is on when WANDB_API_KEY is set (never printed)
 #                       ASYNC_SAVE=1     Megatron writes checkpoints in the background (--async-save; docs/cluster.md, "Checkpoints")
 #   --reuse-ray         REUSE_RAY=1      submit to (or, as a worker, stay in) the Ray cluster already running here
-#   --dry-run           DRY_RUN=1        print the full command and validate the project flags; no Ray, no GPUs
+#   --dry-run           DRY_RUN=1        print the full command and validate the project flags; no Ray, no GPUs;
+#                                        also prints the simulator's s/rollout and speedup for these settings
 # Ray: RAY_ROLE=head (default) starts a head on this node, dashboard and job API bound to 127.0.0.1
 # only; RAY_ROLE=worker HEAD_ADDR=<ip> joins this node to the head and exits. A Ray cluster already
 # running on this node (`ray status` succeeds) is refused (exit 2), since it may be another run's,
@@ -43,6 +50,9 @@ METHOD="${METHOD:-epic}"
 NUM_NODES="${NUM_NODES:-4}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 ACTOR_NODES="${ACTOR_NODES:-}"
+GPUS_PER_ENGINE="${GPUS_PER_ENGINE:-}"
+PUSH_MODE="${PUSH_MODE:-abort}"
+OVERSAMPLE_RATIO="${OVERSAMPLE_RATIO:-0}"
 UPDATE_DEPTH="${UPDATE_DEPTH:-8}"
 MAX_STALENESS="${MAX_STALENESS:-2}"
 STALE_POLICY="${STALE_POLICY:-drop}"
@@ -70,6 +80,9 @@ while [[ $# -gt 0 ]]; do
     --nodes) need_value "$@"; NUM_NODES="$2"; shift 2 ;;
     --gpus-per-node) need_value "$@"; GPUS_PER_NODE="$2"; shift 2 ;;
     --actor-nodes) need_value "$@"; ACTOR_NODES="$2"; shift 2 ;;
+    --gpus-per-engine) need_value "$@"; GPUS_PER_ENGINE="$2"; shift 2 ;;
+    --push-mode) need_value "$@"; PUSH_MODE="$2"; shift 2 ;;
+    --oversample-ratio) need_value "$@"; OVERSAMPLE_RATIO="$2"; shift 2 ;;
     --update-depth) need_value "$@"; UPDATE_DEPTH="$2"; shift 2 ;;
     --max-staleness) need_value "$@"; MAX_STALENESS="$2"; shift 2 ;;
     --stale-policy) need_value "$@"; STALE_POLICY="$2"; shift 2 ;;
@@ -94,7 +107,25 @@ for pair in "NUM_NODES:${NUM_NODES}" "GPUS_PER_NODE:${GPUS_PER_NODE}" "UPDATE_DE
   is_uint "${pair#*:}" || die "${pair%%:*} must be a non-negative integer, got '${pair#*:}'"
 done
 [[ "${NUM_NODES}" -ge 2 ]] || die "NUM_NODES must be >= 2 (training and generation use separate nodes), got ${NUM_NODES}"
-ACTOR_NODES="${ACTOR_NODES:-$(( NUM_NODES / 2 ))}"
+[[ "${PUSH_MODE}" == abort || "${PUSH_MODE}" == in_place ]] || die "PUSH_MODE must be abort or in_place, got '${PUSH_MODE}'"
+[[ "${OVERSAMPLE_RATIO}" =~ ^0(\.[0-9]+)?$ ]] || die "OVERSAMPLE_RATIO must be a number in [0, 1), got '${OVERSAMPLE_RATIO}'"
+# The planner's pick (python bench/schedule_sim.py plan; precomputed per node count in
+# bench/schedsim/launch_predictions.json) for the split and the engine size of an asynchronous run.
+PLAN_NOTE="ACTOR_NODES / GPUS_PER_ENGINE as given"
+if [[ -z "${ACTOR_NODES}" || -z "${GPUS_PER_ENGINE}" ]]; then
+  PICK=""
+  if [[ "${MAX_STALENESS}" != 0 ]]; then
+    PICK=$("${PYTHON}" "${REPO_DIR}/bench/schedule_sim.py" pick --nodes "${NUM_NODES}" --gpus-per-node "${GPUS_PER_NODE}" 2>/dev/null || true)
+  fi
+  if [[ -n "${PICK}" ]]; then
+    ACTOR_NODES="${ACTOR_NODES:-${PICK% *}}"; GPUS_PER_ENGINE="${GPUS_PER_ENGINE:-${PICK#* }}"
+    PLAN_NOTE="the planner's pick for ${NUM_NODES} x ${GPUS_PER_NODE} GPUs: ${PICK% *} train node(s), ${PICK#* } GPUs per engine"
+  else
+    ACTOR_NODES="${ACTOR_NODES:-$(( NUM_NODES / 2 ))}"; GPUS_PER_ENGINE="${GPUS_PER_ENGINE:-8}"
+    PLAN_NOTE="no planner pick (K = 0, or none precomputed for ${NUM_NODES} x ${GPUS_PER_NODE}): half the nodes train, 8 GPUs per engine"
+  fi
+fi
+is_uint "${GPUS_PER_ENGINE}" && [[ "${GPUS_PER_ENGINE}" -ge 1 ]] || die "GPUS_PER_ENGINE must be a positive integer, got '${GPUS_PER_ENGINE}'"
 is_uint "${ACTOR_NODES}" || die "ACTOR_NODES must be an integer, got '${ACTOR_NODES}'"
 [[ "${ACTOR_NODES}" -ge 1 && "${ACTOR_NODES}" -lt "${NUM_NODES}" ]] \
   || die "ACTOR_NODES=${ACTOR_NODES} must leave at least one of NUM_NODES=${NUM_NODES} nodes for SGLang"
@@ -123,6 +154,23 @@ fi
 
 shared_driver_args   # EVAL_DATA_ARGS, WANDB_ARGS
 
+# At K >= 2 the planner's oversampling (0 by default) replaces Table 2's 0.1: under the staleness budget
+# the groups in flight are what the budget admits, and a cap of 72 would hold them at one batch and a bit.
+OVERSAMPLE_ARGS=()
+if [[ "${MAX_STALENESS}" != 0 && "${MAX_STALENESS}" != 1 ]]; then
+  OVERSAMPLE_ARGS=(--oversample-ratio "${OVERSAMPLE_RATIO}")
+fi
+
+# DRY_RUN=1: the simulator's price of these settings (bench/schedsim/launch_predictions.json, precomputed).
+dry_run_price() {
+  echo "# split and engine size: ${PLAN_NOTE}"
+  local over="${OVERSAMPLE_RATIO}"
+  [[ "${MAX_STALENESS}" == 0 || "${MAX_STALENESS}" == 1 ]] && over=0
+  "${PYTHON}" "${REPO_DIR}/bench/schedule_sim.py" predict --nodes "${NUM_NODES}" --gpus-per-node "${GPUS_PER_NODE}" \
+    --actor-nodes "${ACTOR_NODES}" --gpus-per-engine "${GPUS_PER_ENGINE}" --k "${MAX_STALENESS}" \
+    --push-mode "${PUSH_MODE}" --oversample-ratio "${over}" 2>&1 | head -1 || true
+}
+
 DRIVER_ARGS=(
   --actor-num-nodes "${ACTOR_NODES}"
   --actor-num-gpus-per-node "${GPUS_PER_NODE}"
@@ -141,6 +189,9 @@ DRIVER_ARGS=(
   "${CONFIG_ARGS[@]}"
   --update-depth "${UPDATE_DEPTH}"
   "${STALENESS_ARGS[@]}"
+  --rollout-num-gpus-per-engine "${GPUS_PER_ENGINE}"
+  --weight-push-mode "${PUSH_MODE}"
+  "${OVERSAMPLE_ARGS[@]}"
   "${WANDB_ARGS[@]}"
   "${EXTRA_ARGS[@]}"
 )

@@ -64,11 +64,16 @@ def test_companion_script_dry_run_is_complete_and_valid(method):
     assert f"aggregation={'token-mean' if method in ('dapo', 'ripo') else 'seq-mean-token-mean'}" in result.stdout
 
 
-def test_async_table1_row_oversamples():
+def test_async_table1_row_oversamples_only_when_asked():
+    """ASYNC=1 runs the asynchronous schedule with the launcher's oversampling (0: the admission budget
+    alone decides what starts, no groups-in-flight cap); OVERSAMPLE_RATIO=0.1 brings Table 2's cap of 72 back."""
     result = dry_run(script="launch/table1/epic.sh", ASYNC="1")
     assert result.returncode == 0, result.stderr
     slime_extra = result.stdout.split("the driver passes slime ")[1].splitlines()[0]
-    assert "--async-groups-in-flight 72" in slime_extra and "schedule=asynchronous" in result.stdout
+    assert "--async-groups-in-flight" not in slime_extra and "schedule=asynchronous" in result.stdout
+    table2 = dry_run(script="launch/table1/epic.sh", ASYNC="1", OVERSAMPLE_RATIO="0.1")
+    assert table2.returncode == 0, table2.stderr
+    assert "--async-groups-in-flight 72" in table2.stdout.split("the driver passes slime ")[1].splitlines()[0]
 
 
 def test_overrides_by_environment_and_flags():
@@ -215,3 +220,48 @@ def test_without_the_project_environment_one_line_says_what_to_activate(tmp_path
     missing = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", f"PYTHON={tmp_path / 'none'}", "bash", script,
                               "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and len(missing.stderr.splitlines()) == 1 and "is not a command" in missing.stderr
+
+
+PREDICTIONS = REPO / "bench" / "schedsim" / "launch_predictions.json"
+
+
+def _last_value(argv: list[str], name: str) -> str:
+    return argv[len(argv) - 1 - argv[::-1].index(name) + 1]
+
+
+@pytest.mark.skipif(not PREDICTIONS.exists(), reason="python bench/schedule_sim.py launch-table builds it")
+def test_the_paper_launcher_uses_the_planners_pick_and_prints_its_price():
+    """At K = 2 on 4 x 8 GPUs the split and engine size are the planner's pick (the precomputed table's),
+    the dry run prints the simulator's s/rollout and speedup for exactly those settings, and flags and
+    environment override the pick (and the printed price follows them)."""
+    table = json.loads(PREDICTIONS.read_text())
+    pick = table["picks"]["4x8"]
+    result = dry_run()
+    assert result.returncode == 0, result.stderr
+    driver = submit_command(result)
+    assert flag_value(driver, "--actor-num-nodes") == str(pick["actor_nodes"])
+    assert flag_value(driver, "--rollout-num-gpus") == str((4 - pick["actor_nodes"]) * 8)
+    assert _last_value(driver, "--rollout-num-gpus-per-engine") == str(pick["gpus_per_engine"])
+    assert _last_value(driver, "--weight-push-mode") == "abort" and _last_value(driver, "--oversample-ratio") == "0"
+    price = [line for line in result.stdout.splitlines() if line.startswith("# simulator")]
+    assert len(price) == 1, result.stdout
+    assert f"{pick['s_per_rollout']:.1f} s/rollout, {pick['speedup']:.2f}x sync colocated" in price[0]
+    assert "the planner's pick for 4 x 8 GPUs" in result.stdout
+
+    other = dry_run("--actor-nodes", "2", "--gpus-per-engine", "4", "--push-mode", "in_place", MAX_STALENESS="4")
+    assert other.returncode == 0, other.stderr
+    driver = submit_command(other)
+    assert flag_value(driver, "--actor-num-nodes") == "2" and _last_value(driver, "--rollout-num-gpus-per-engine") == "4"
+    assert _last_value(driver, "--weight-push-mode") == "in_place"
+    row = table["prices"]["4x8|train 2|engine 4|K 4|in_place|oversample 0"]
+    assert f"{row['s_per_rollout']:.1f} s/rollout" in other.stdout
+
+
+def test_the_synchronous_paper_run_keeps_half_the_nodes_and_bad_push_modes_fail():
+    result = dry_run(MAX_STALENESS="0")
+    assert result.returncode == 0, result.stderr
+    driver = submit_command(result)
+    assert flag_value(driver, "--actor-num-nodes") == "2" and "--oversample-ratio 0 " not in " ".join(driver) + " "
+    assert "no planner pick" in result.stdout
+    bad = dry_run("--push-mode", "retract")
+    assert bad.returncode == 2 and "PUSH_MODE must be abort or in_place" in bad.stderr

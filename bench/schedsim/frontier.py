@@ -1,0 +1,94 @@
+"""The frontier: K x push mode x split (GPUs rollout : train, GPUs per engine), each row against the
+synchronous colocated schedule on all GPUs, with its bound, staleness and per-decile counts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from .presets import Preset
+from .report import best_line, format_deciles, format_frontier, summary
+from .schedules import simulate
+
+KS = (1, 2, 3, 4, 8)
+PUSH_MODES = ("abort", "in_place")
+# (train GPUs, GPUs per engine); the rollout GPUs are the rest
+SPLITS = ((16, 8), (8, 8), (16, 4), (8, 4), (12, 4))
+MIN_TRAIN_GPUS = 8     # slime trains Qwen3-30B-A3B on one 8-GPU node at the least (CPU Adam, TP4 EP8:
+                       # slime's docs/examples Qwen3-30B-A3B with 8xH100)
+
+
+def split_preset(p: Preset, train_gpus: int, gpus_per_engine: int, push_mode: str) -> Preset:
+    """The preset on another split / engine size / push mode, its engine constants derived again."""
+    return dataclasses.replace(p, train_gpus_split=train_gpus, gpus_per_engine=gpus_per_engine, push_mode=push_mode,
+                               c_tok=0.0, c_kv=0.0, kv_capacity_tokens=0.0).derived()
+
+
+def sync_baseline(p: Preset, rollouts: int) -> dict:
+    return simulate(p, "sync colocated", rollouts)
+
+
+def frontier(p: Preset, rollouts: int = 12, ks=KS, pushes=PUSH_MODES, splits=SPLITS, sync: dict | None = None,
+             log=None) -> tuple[dict, list[dict]]:
+    sync = sync or sync_baseline(p, rollouts)
+    rows = []
+    for train, gpe in splits:
+        if p.total_gpus - train < gpe:
+            continue
+        for push in pushes:
+            q = split_preset(p, train, gpe, push)
+            for k in ks:
+                # steady state: past the warm-up in which the budget starts up to K batches ahead
+                warmup = max(2, k + 2)
+                r = simulate(q, f"async K={k}", max(rollouts, warmup + 10), warmup=warmup)
+                rows.append(summary(q, r, sync["s_per_rollout"]))
+                if log:
+                    log(format_frontier(rows[-1:]).splitlines()[-1])
+    return sync, rows
+
+
+def write_frontier(p: Preset, sync: dict, rows: list[dict], out: Path) -> str:
+    """The frontier as text (table, best line, per-decile counts of the best row and of K = 2) and JSON."""
+    best = best_line(rows)
+    ok = [r for r in rows if r["dropped"] == 0 and r["requeued_share"] <= 0.01 and r["over_k"] == 0] or rows
+    top = max(ok, key=lambda r: r["ratio"])
+    k2 = max((r for r in rows if r["schedule"] == "async K=2"), key=lambda r: r["ratio"])
+    text = [f"== frontier, {p.name}: sync colocated {sync['s_per_rollout']:.1f} s/rollout on {p.total_gpus} GPUs ==",
+            f"   source: {p.source}",
+            format_frontier(rows), best,
+            f"-- per response-length decile, best row ({top['schedule']}, {top['push']}, {top['split']}x{top['gpe']}) --",
+            format_deciles(top["deciles"]),
+            f"-- per response-length decile, best K=2 row ({k2['push']}, {k2['split']}x{k2['gpe']}) --",
+            format_deciles(k2["deciles"])]
+    body = "\n".join(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".txt").write_text(body + "\n")
+    out.with_suffix(".json").write_text(json.dumps(dict(preset=p.name, sync_colocated_s=sync["s_per_rollout"],
+                                                        rows=rows, best=best), indent=1, default=str))
+    return body
+
+
+def verl_comparison(rollouts: int = 8, ks=(2, 4), log=None) -> str:
+    """This project's schedule on the verl preset (96 : 32 against 128 colocated) beside verl's 1.72x."""
+    from .bound import throughput_bound
+    from .presets import VERL_PUBLISHED_SPEEDUP, verl_preset
+
+    p = verl_preset()
+    sync = simulate(p, "sync colocated", rollouts)["s_per_rollout"]
+    b = throughput_bound(p, p.total_gpus - p.train_gpus_split, p.train_gpus_split, p.push_s_split)
+    lines = [f"== verl preset: {p.name}; sync colocated {sync:.1f} s/rollout on {p.total_gpus} GPUs ==",
+             f"   source: {p.source}",
+             f"   bound at 96:32: {b['bound_s']:.1f} s/rollout (generation {b['gen_s']:.1f} s, train {b['train_s']:.1f} s, "
+             f"push {b['push_s']:.0f} s): at most {sync / b['bound_s']:.2f}x"]
+    for k in ks:
+        for push in ("abort", "in_place"):
+            q = split_preset(p, p.train_gpus_split, p.gpus_per_engine, push)
+            warmup = max(2, k + 2)
+            r = simulate(q, f"async K={k}", max(rollouts, warmup + 6), warmup=warmup)
+            lines.append(f"   async K={k} {push:8s} 96:32: {r['s_per_rollout']:.1f} s/rollout, "
+                         f"{sync / r['s_per_rollout']:.2f}x (verl fully-async: {VERL_PUBLISHED_SPEEDUP:.2f}x), "
+                         f"dropped {r['dropped_groups']}, requeued {r['requeued_groups']}")
+            if log:
+                log(lines[-1])
+    return "\n".join(lines)
