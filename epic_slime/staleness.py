@@ -9,7 +9,9 @@ trained lag histogrammed, and the bookkeeping invariant is checked every step / 
 
     consumed (generated) = trained + dropped for staleness + in flight (buffered)
 
-Runtime: ``select_batch`` + ``trainable_groups`` + ``Accounting`` (samples). slime: ``StalenessGate`` +
+Admission (both paths): ``AdmissionBudget`` starts a group only while
+live_started < (g + K) * B and batches are taken in start order, so no trained group exceeds K
+(the gate below re-checks and counts). Runtime: ``select_batch`` (start order) + ``trainable_groups`` + ``Accounting`` (samples). slime: ``StalenessGate`` +
 ``collect_admitted_groups`` (groups, versions from ``Sample.weight_versions``) + ``GroupLedger``
 (every consumed prompt: delivered to training in rollout r, dropped, or in flight).
 
@@ -25,12 +27,12 @@ whole (advantages are normalised inside the group).
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections import Counter, deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from epic_slime.admission import AdmissionBudget  # noqa: F401  (the shared admission rule)
 from epic_slime.length_deciles import OUTCOMES, DecileRow, decile_metrics, format_deciles, length_deciles  # noqa: F401
 
 STALE_POLICIES = ("drop", "keep")
@@ -97,56 +99,6 @@ def group_staleness(versions: Iterable[int], trainer_version: int) -> int:
             f"{trainer_version}: the driver's version count and the engines disagree"
         )
     return trainer_version - oldest
-
-
-@dataclasses.dataclass(frozen=True)
-class AdmissionBudget:
-    """How many groups may be generating or waiting for training at once (AReaL's rule, in groups).
-
-    A new group may START only while ``live_started < (g + K) * B``: g = the engine weight version
-    the driver knows has landed (while a push is in flight, the older one), K = ``max_staleness``,
-    B = ``batch_groups``, live_started = groups started since the run's first rollout and not
-    discarded (a requeued or dropped group no longer counts; its regeneration is a new start).
-    With batches taken in start order (FIFO), the n-th live group started at a g with
-    n < (g + K) B and trains at trainer version floor(n / B) + 1, so its lag is <= K: nothing is
-    dropped or requeued for staleness. K = 0 is the synchronous schedule (B groups, then wait).
-    ``max_staleness=None``: no limit (``limit`` is None, ``room`` is ``UNBOUNDED_ROOM``).
-    """
-
-    batch_groups: int
-    max_staleness: int | None
-
-    UNBOUNDED_ROOM = sys.maxsize
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.batch_groups) or self.batch_groups < 1:
-            raise ValueError(f"AdmissionBudget.batch_groups must be an integer >= 1, got {self.batch_groups!r}")
-        if self.max_staleness is not None and (not _is_int(self.max_staleness) or self.max_staleness < 0):
-            raise ValueError(
-                f"AdmissionBudget.max_staleness must be an integer >= 0 or None, got {self.max_staleness!r}"
-            )
-
-    def limit(self, engine_version: int) -> int | None:
-        """Most live groups allowed while the engines hold version ``engine_version``: (g + K) * B."""
-        if not _is_int(engine_version) or engine_version < 0:
-            raise ValueError(f"engine_version must be an integer >= 0, got {engine_version!r}")
-        if self.max_staleness is None:
-            return None
-        return (engine_version + self.max_staleness) * self.batch_groups
-
-    def room(self, engine_version: int, live_started: int) -> int:
-        """How many more groups may start now (>= 0; ``UNBOUNDED_ROOM`` without a limit)."""
-        if not _is_int(live_started) or live_started < 0:
-            raise ValueError(f"live_started must be an integer >= 0, got {live_started!r}")
-        limit = self.limit(engine_version)
-        if limit is None:
-            return self.UNBOUNDED_ROOM
-        # start while live_started < limit: the last one allowed makes live_started == limit
-        return max(0, limit - live_started)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass
@@ -310,28 +262,32 @@ class Selection:
 
 
 def select_batch(buffer: deque, current_version: int, n_groups: int, max_staleness: int,
-                 stale_policy: str) -> Selection:
-    """Take the oldest n_groups trainable groups (FIFO) from `buffer`, dropping stale ones on the way.
+                 stale_policy: str, first_unfinished: int | None = None) -> Selection:
+    """Take the oldest n_groups trainable groups in START order (group_id: the data position, handed
+    out as groups start) from `buffer`, dropping stale ones on the way.
 
-    Mutates `buffer`: dropped groups and the returned batch leave it; when fewer than n_groups
-    trainable groups exist, those stay at the head and batch is None."""
+    ``first_unfinished``: the id of the oldest group still generating (None: none). Only groups
+    started before it may be in the batch, so a batch waits for its oldest groups (the admission
+    budget's FIFO: ``AdmissionBudget``). Mutates `buffer` (left in start order): dropped groups and
+    the returned batch leave it; when fewer than n_groups trainable groups are ready, those stay
+    and batch is None (drops are final)."""
     check_stale_policy(stale_policy)
     kept, dropped, rest = [], [], deque()
-    while buffer:
-        g = buffer.popleft()
+    for g in sorted(buffer, key=lambda g: g.group_id):
         lag = current_version - g.version
         if lag < 0:
             raise RuntimeError(f"group {g.group_id} has version {g.version} newer than the trainer's {current_version}")
-        if len(kept) < n_groups:
+        ready = first_unfinished is None or g.group_id < first_unfinished
+        if len(kept) < n_groups and ready:
             if over_limit(lag, max_staleness) and stale_policy == "drop":
                 dropped.append(g)
             else:
                 kept.append(g)
         else:
             rest.append(g)
+    buffer.clear()
     if len(kept) < n_groups:
-        buffer.extend(kept)
-        buffer.extend(rest)
+        buffer.extend(sorted(kept + list(rest), key=lambda g: g.group_id))
         return Selection(batch=None, dropped=dropped)
     buffer.extend(rest)
     stale_kept = sum(len(g) for g in kept if over_limit(current_version - g.version, max_staleness))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from epic_slime import metric_names as names
 from epic_slime.provenance import resident_memory_mib
-from epic_slime.staleness import Accounting, Group, select_batch, trainable_groups
+from epic_slime.staleness import Accounting, AdmissionBudget, Group, select_batch, trainable_groups
 from . import checkpoint
 from .config import RuntimeConfig
 from .progress import Progress, say
@@ -74,6 +74,10 @@ class Run:
         self.step = 0            # finished rollout steps
         self.version = 0         # trainer weight version (= step)
         self.next_group_id = 0   # data position
+        # groups started since the run began and not discarded (dropped, lost with a worker): the
+        # admission budget's live_started (derived again on resume: trained + buffered)
+        self.live_started = 0
+        self.budget = AdmissionBudget(cfg.rollout_batch_size, cfg.max_staleness)
         self.trained_group_ids: list[int] = []
         self.dropped_group_ids: list[int] = []
         self.killed_once = False
@@ -126,9 +130,9 @@ class Run:
                                                        self.cfg.rollout_dtype, self.cfg.seed)
 
     # ---------------- generation ----------------
-    def _next_requests(self) -> list:
+    def _next_requests(self, count: int | None = None) -> list:
         reqs = []
-        for _ in range(self.prompts_per_request):
+        for _ in range(self.prompts_per_request if count is None else count):
             reqs.append((self.next_group_id, train_problem(self.next_group_id, self.cfg.seed, self.task)))
             self.next_group_id += 1
         return reqs
@@ -139,17 +143,35 @@ class Run:
     def _buffered_samples(self) -> int:
         return sum(len(g) for g in self.buffer)
 
-    def _has_room(self) -> bool:
-        cap = self.cfg.rollout_buffer_batches * self.cfg.samples_per_step
-        request = self.prompts_per_request * self.cfg.n_samples_per_prompt
-        return self._buffered_samples() + self._pending_samples() + request <= cap
-
-    def _submit(self, i: int) -> None:
+    def _submit_version(self, i: int) -> tuple[bool, int]:
+        """Whether worker i gets the newest weights with its next request, and the version it generates with."""
         send = self.worker_versions[i] + self.cfg.update_weights_interval <= self.version \
             or self.worker_versions[i] < 0
+        return send, (self.version if send else self.worker_versions[i])
+
+    def _room(self, i: int) -> int:
+        """The admission budget (``AdmissionBudget``: group n in start order trains at step floor(n / B)
+        at version floor(n / B), so it may start at version g only while n < (g + K + 1) B: slime's
+        rule with this runtime's versions, one lower) and, on top, the memory cap
+        (``rollout_buffer_batches``)."""
+        cap = self.cfg.rollout_buffer_batches * self.cfg.samples_per_step
+        request = self.prompts_per_request * self.cfg.n_samples_per_prompt
+        if self._buffered_samples() + self._pending_samples() + request > cap:
+            return 0
+        _, version = self._submit_version(i)
+        return min(self.prompts_per_request, self.budget.room(version + 1, self.live_started))
+
+    def _first_unfinished(self) -> int | None:
+        """The oldest group still generating: a batch in start order waits for it."""
+        ids = [gid for _, reqs, _ in self.pending_gen.values() for gid, _ in reqs]
+        return min(ids) if ids else None
+
+    def _submit(self, i: int, count: int | None = None) -> None:
+        """A request of ``count`` prompts (default ``prompts_per_request``) to worker i."""
+        send, version = self._submit_version(i)
         weights = self.weights_ref if send else None
-        version = self.version if send else self.worker_versions[i]
-        reqs = self._next_requests()
+        reqs = self._next_requests(count)
+        self.live_started += len(reqs)
         fut = self.workers[i].generate.remote(reqs, weights, version, self._sampling())
         self.pending_gen[fut] = (i, reqs, version)
         if send:
@@ -161,9 +183,9 @@ class Run:
 
     def _fill_workers(self) -> None:
         for i in self._idle_workers():
-            if not self._has_room():
-                break
-            self._submit(i)
+            room = self._room(i)   # the last request before the budget's limit may be smaller
+            if room > 0:
+                self._submit(i, room)
 
     def _collect_generation(self, fut) -> None:
         import ray
@@ -179,6 +201,7 @@ class Run:
             self.acc.generated += len(g)
 
     def _restart_worker(self, i: int, lost_samples: int, error) -> None:
+        self.live_started -= lost_samples // self.cfg.n_samples_per_prompt   # lost groups leave the budget
         self.acc.lost += lost_samples
         self.acc.worker_restarts += 1
         if self.acc.worker_restarts > MAX_WORKER_RESTARTS:
@@ -211,7 +234,8 @@ class Run:
     # ---------------- training ----------------
     def _take_batch(self):
         sel = select_batch(self.buffer, self.version, self.cfg.rollout_batch_size, self.cfg.max_staleness,
-                           self.cfg.stale_policy)
+                           self.cfg.stale_policy, first_unfinished=self._first_unfinished())
+        self.live_started -= len(sel.dropped)
         for g in sel.dropped:
             self.acc.dropped += len(g)
             self.dropped_group_ids.append(g.group_id)
@@ -343,6 +367,8 @@ class Run:
         self.trained_group_ids = list(state["trained_group_ids"])
         self.dropped_group_ids = list(state["dropped_group_ids"])
         self.killed_once = state["killed_once"]
+        # a checkpoint is quiescent (nothing generating or training): live = trained + buffered
+        self.live_started = len(self.trained_group_ids) + len(self.buffer)
 
     # ---------------- metrics ----------------
     def _write_metrics(self, m: dict) -> None:

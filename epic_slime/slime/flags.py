@@ -148,9 +148,9 @@ def add_table2_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         "--oversample-ratio",
         type=float,
         default=0.0,
-        help="the paper's oversampling ratio r in [0, 1): the background generator keeps "
-        "ceil(rollout-batch-size / (1 - r)) groups in flight and each rollout takes the first "
-        "rollout-batch-size that finish (see epic_slime.slime.oversampling); 0 = one batch in flight",
+        help="the paper's oversampling ratio r in [0, 1): caps the groups the background stream holds at "
+        "ceil(rollout-batch-size / (1 - r)) (--async-groups-in-flight), on top of the --max-staleness "
+        "admission budget; batches are taken in start order (see epic_slime.slime.oversampling); 0 = no cap",
     )
     return parser
 

@@ -298,7 +298,8 @@ class GroupStream:
         self.empty_call_versions = 0
         self.failures: list = []
         self.trainer_version = 1
-        # (longest response, lag, outcome) per group decision: this rollout's, and the run's
+        # (mean response length, lag, outcome) per group decision: this rollout's, and the run's in
+        # steady state (from trainer version K + 2 on: before it the budget is still filling up)
         self.decile_records: list = []
         self.run_decile_records: list = []
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result()
@@ -430,9 +431,11 @@ class GroupStream:
         """One group decision for the length-decile report."""
         if lag is None:
             lag = max(0, self.trainer_version - min(sample_oldest_version(s) for s in group))
-        entry = (float(max(s.response_length for s in group)), int(lag), outcome)
+        entry = (sum(s.response_length for s in group) / len(group), int(lag), outcome)
         self.decile_records.append(entry)
-        self.run_decile_records.append(entry)
+        steady_from = (self.budget.max_staleness or 0) + 2
+        if self.trainer_version >= steady_from:
+            self.run_decile_records.append(entry)
 
     def _discard(self, key) -> None:
         self.order.remove(key)

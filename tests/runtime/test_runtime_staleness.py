@@ -169,3 +169,35 @@ def test_checkpoint_and_restore_bring_back_every_driver_field(tmp_path, monkeypa
     wrong._check_resume()
     with pytest.raises(RuntimeError, match="trainer version 2 != driver version 3"):
         wrong._restore(path)
+
+
+def test_batches_are_taken_in_start_order_and_wait_for_the_oldest_group():
+    """Start order = group_id; a group still generating (first_unfinished) holds the batch."""
+    buf = deque(Group(group_id=i, version=0, samples=[{}]) for i in (3, 0, 4, 1))   # finished out of order
+    sel = select_batch(buf, current_version=1, n_groups=2, max_staleness=2, stale_policy="drop", first_unfinished=2)
+    assert [g.group_id for g in sel.batch] == [0, 1] and [g.group_id for g in buf] == [3, 4]
+    # group 2 still generating: 3 and 4 cannot form a batch without it
+    sel = select_batch(buf, current_version=1, n_groups=2, max_staleness=2, stale_policy="drop", first_unfinished=2)
+    assert sel.batch is None and [g.group_id for g in buf] == [3, 4]
+
+
+def test_runtime_admission_follows_the_budget_in_its_own_versions(tmp_path):
+    """The runtime's versions are slime's minus one: at version g, live groups < (g + K + 1) B; the
+    last request before the limit is cut to the room left; lost and dropped groups free their room."""
+    run = _run(tmp_path, "--max-staleness", "1")
+    b, ppr = run.cfg.rollout_batch_size, run.prompts_per_request
+    run.worker_versions = [0, 0]
+    run.live_started = 2 * b - 1
+    assert run._room(0) == 1                       # (0 + 1 + 1) * B = 2B: one group left
+    run.live_started = 2 * b
+    assert run._room(0) == 0
+    run.version, run.worker_versions = 1, [-1, -1]  # the worker gets version 1 with its next request
+    assert run._room(0) == min(ppr, b)
+    assert b == 4 and ppr == 2
+    run.live_started = 4 * b - 1                    # at version 1 the limit is 3B: over it, no room
+    assert run._room(0) == 0
+    run.version, run.live_started = 3, 10
+    run.buffer = _groups([0, 0, 3], n=run.cfg.n_samples_per_prompt)   # two groups 3 versions old (> K)
+    run.pending_gen = {}
+    sel = run._take_batch()
+    assert sel.batch is None and len(sel.dropped) == 2 and run.live_started == 8

@@ -142,3 +142,23 @@ def test_one_looser_rule_would_train_a_lag_of_k_plus_one():
     worst = max(max(_simulate(random.Random(seed), 3, 1, rollouts=8, budget_type=LooserBudget)[0])
                 for seed in range(10))
     assert worst == 2
+
+
+def test_the_gate_counts_from_the_recorded_oldest_version_not_the_reported_newest():
+    """In place SGLang reports only the final version ("3"); the stream recorded the version known at
+    submission (1) as the oldest: at trainer version 4 with K = 2 the group is 3 stale, rejected."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from epic_slime.staleness import StalenessGate, collect_admitted_groups, sample_oldest_version
+
+    spanning = [SimpleNamespace(index=0, weight_versions=["3"], metadata={"oldest_weight_version": 1})]
+    fresh = [SimpleNamespace(index=1, weight_versions=["3"], metadata={})]
+    assert sample_oldest_version(spanning[0]) == 1 and sample_oldest_version(fresh[0]) == 3
+    queue = [spanning, fresh]
+    dropped = []
+    gate = StalenessGate(2, "drop")
+    batch = asyncio.run(collect_admitted_groups(lambda n: [queue.pop(0) for _ in range(min(n, len(queue)))],
+                                                trainer_version=4, gate=gate, target=1, on_drop=dropped.append))
+    assert batch == [fresh] and dropped == [spanning] and gate.dropped_groups == 1
+    assert fresh[0].metadata["epic_policy_version"] == 3
