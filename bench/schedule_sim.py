@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", default="64x8", help="PROMPTSxSAMPLES")
     ap.add_argument("--lengths", default="9000,0.6,16384", help="MEAN,SIGMA,CAP of the response lengths")
     ap.add_argument("--max-staleness", type=int, default=2)
-    ap.add_argument("--push-mode", default="in_place", choices=PUSH_MODES)
+    ap.add_argument("--push-mode", default="abort", choices=PUSH_MODES)   # the launcher's default
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--actor-nodes", type=int, default=1)
     ap.add_argument("--gpus-per-engine", type=int, default=8)

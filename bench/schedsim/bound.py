@@ -49,11 +49,18 @@ def throughput_bound(p: Preset, rollout_gpus: int, train_gpus: int, push_s: floa
                 engine_tok_s=per_engine, engines=engines, tokens_per_rollout=samples * mean)
 
 
-def bound_for(p: Preset, row: dict) -> dict:
-    """The bound of the split a simulated row ran on (colocated: generation and training take turns)."""
+def bound_for(p: Preset, row: dict, warmup: int = 2) -> dict:
+    """The bound of the split a simulated row ran on (colocated: generation and training take turns),
+    scaled to the tokens its steady-state batches actually held (a 10-rollout window's batches differ
+    from the expected length distribution by a few percent)."""
     rollout, train = (int(x) for x in row["split"].split(":"))
-    if row["schedule"] == "sync colocated":
-        b = throughput_bound(p, rollout, train, p.push_s_colocated)
-        b["bound_s"] = b["gen_s"] + b["train_s"] + p.push_s_colocated + 3 * p.offload_s
-        return b
-    return throughput_bound(p, rollout, train, p.push_s_split)
+    colocated = row["schedule"] == "sync colocated"
+    b = throughput_bound(p, rollout, train, p.push_s_colocated if colocated else p.push_s_split)
+    steady = [v["tokens"] for r, v in row.get("batches", {}).items() if r >= warmup]
+    scale = (sum(steady) / len(steady)) / b["tokens_per_rollout"] if steady else 1.0
+    gen_s, train_s = b["gen_s"] * scale, b["train_s"] * scale
+    if colocated:
+        bound_s = gen_s + train_s + p.push_s_colocated + 3 * p.offload_s
+    else:
+        bound_s = max(gen_s, train_s) + b["push_s"]
+    return dict(b, bound_s=bound_s, gen_s=gen_s, train_s=train_s, token_scale=scale)

@@ -42,7 +42,7 @@ def frontier(p: Preset, rollouts: int = 12, ks=KS, pushes=PUSH_MODES, splits=SPL
                 # steady state: past the warm-up in which the budget starts up to K batches ahead
                 warmup = max(2, k + 2)
                 r = simulate(q, f"async K={k}", max(rollouts, warmup + 10), warmup=warmup)
-                rows.append(summary(q, r, sync["s_per_rollout"]))
+                rows.append(summary(q, r, sync["s_per_rollout"], warmup))
                 if log:
                     log(format_frontier(rows[-1:]).splitlines()[-1])
     return sync, rows

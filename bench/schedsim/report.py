@@ -36,9 +36,9 @@ def format_deciles(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def summary(p: Preset, row: dict, sync_s: float) -> dict:
+def summary(p: Preset, row: dict, sync_s: float, warmup: int = 2) -> dict:
     """A row's numbers for the frontier: speed, share of its bound, counts, lag spread over deciles."""
-    b = bound_for(p, row)
+    b = bound_for(p, row, warmup)
     dec = length_deciles(row["groups"])
     trained = sum(g["steady"] for g in row["groups"])
     lags = [d["mean_lag"] for d in dec if d["mean_lag"] == d["mean_lag"]]
