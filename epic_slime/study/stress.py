@@ -83,16 +83,20 @@ def breaks(cell: dict) -> bool:
 
 
 def breaking_points(cells: dict, axes: dict[str, list[str]], methods: list[str]) -> dict:
-    """{method: {axis: {"level": setting or None, "index": i or None, "finished_levels": n}}}: the
-    mildest level of each axis at which the method breaks (None: not on the finished levels)."""
+    """{method: {axis: {"level": setting or None, "index": i or None, "finished_levels": n, "provisional"}}}:
+    the mildest finished level of each axis at which the method breaks (None: on no finished level);
+    provisional when a milder level (or, with no break, any level) has not finished."""
     out = {}
     for m in methods:
         out[m] = {}
         for axis, levels in axes.items():
             done = [s for s in levels if m in cells.get(s, {})]
             hit = next((i for i, s in enumerate(levels) if m in cells.get(s, {}) and cells[s][m]["breaks"]), None)
+            # provisional: a milder level has not finished, so the method might break earlier
+            milder = levels if hit is None else levels[:hit]
             out[m][axis] = {"level": None if hit is None else levels[hit], "index": hit,
-                            "finished_levels": len(done), "levels": len(levels)}
+                            "finished_levels": len(done), "levels": len(levels),
+                            "provisional": any(m not in cells.get(s, {}) for s in milder)}
     return out
 
 
@@ -184,14 +188,18 @@ def stress_summary(cfg, results: list[dict], metrics: dict[tuple, list[dict]], w
 
 
 def robustness_ranking(summary: dict, methods: list[str]) -> list[tuple[str, int, float]]:
-    """(method, breaking points found, mean last test score over its cells), most robust first: fewest
-    axes broken, then the later its breaks, then the higher its mean score."""
+    """(method, breaking points found, mean last test score over the cells every method finished with
+    the same seeds), most robust first: fewest axes broken, then the later its breaks, then the higher
+    its mean score."""
     rows = []
+    # the mean over the cells every method has (a cell half finished would favour the methods in it)
+    common = [c for c in summary["cells"].values() if all(m in c for m in methods)
+              and len({c[m]["n_seeds"] for m in methods}) == 1]
     for m in methods:
         pts = summary["breaking_points"][m].values()
         broken = sum(p["index"] is not None for p in pts)
         lateness = sum(p["index"] for p in pts if p["index"] is not None)
-        scores = [c[m]["test_last_mean"] for c in summary["cells"].values() if m in c]
+        scores = [c[m]["test_last_mean"] for c in common]
         if scores:
             rows.append((m, broken, -lateness, statistics.fmean(scores)))
     rows.sort(key=lambda x: (x[1], x[2], -x[3]))

@@ -140,6 +140,11 @@ def test_cells_breaks_and_breaking_points(tmp_path):
     assert bp["grpo"]["lr"]["level"] == "s2" and bp["gspo"]["lr"]["level"] == "s2" and bp["epic"]["lr"]["level"] == "s3"
     assert bp["grpo"]["depth"]["level"] == "s2" and bp["epic"]["depth"]["level"] == "s3"
     assert bp["dppo_tv"]["lr"]["level"] is None and bp["dppo_tv"]["lr"]["finished_levels"] == 3
+    assert not bp["grpo"]["lr"]["provisional"] and not bp["dppo_tv"]["lr"]["provisional"]
+    # with the middle level unfinished, a break at the harshest level is provisional
+    partial = stress.breaking_points({"s1": c["s1"], "s3": c["s3"]}, {"lr": ["s1", "s2", "s3"]}, ["epic", "dppo_tv"])
+    assert partial["epic"]["lr"]["level"] == "s3" and partial["epic"]["lr"]["provisional"]
+    assert partial["dppo_tv"]["lr"]["level"] is None and partial["dppo_tv"]["lr"]["provisional"]
     near = [(r["method"], r["axis"], r["setting"], r["offset"]) for r in st["near_breaks"]]
     assert ("grpo", "lr", "s1", -1) in near and ("grpo", "lr", "s2", 0) in near and ("grpo", "lr", "s3", 1) in near
     assert not any(r[0] == "dppo_tv" for r in near)
@@ -214,7 +219,7 @@ def test_the_report_from_run_files(tmp_path):
     assert summary["hypothesis"]["verdict"] == "rejected"
     md = (out / "study.md").read_text()
     assert "## The stress ladder" in md and "**Verdict: rejected.**" in md and "Finished: 36 of 36" in md
-    assert "EPIC is not the most robust here: dppo_tv ranks first" in md
+    assert "EPIC is not ranked first: dppo_tv is" in md
     assert (out / "stress.png").stat().st_size > 10_000
 
 
