@@ -246,8 +246,8 @@ def _prefix_at_positions(batch: LossBatch) -> dict[str, torch.Tensor]:
     Fixed shapes: a searchsorted of the [B, 2] ranks in the running valid-token count."""
     m = batch.mask
     n = batch.response_length                                   # float64 [B]
-    q = torch.tensor([p / 100 for p in PREFIX_POSITIONS], dtype=torch.float64, device=m.device)
-    rank = torch.ceil(torch.outer(n, q)).clamp_(min=1.0)       # [B, 2], 1-based
+    # scalar products, not a torch.tensor of the quantiles: that would be a host-to-device copy per call
+    rank = torch.ceil(torch.stack([n * (p / 100) for p in PREFIX_POSITIONS], dim=-1)).clamp_(min=1.0)  # [B, 2], 1-based
     running = torch.cumsum(m, dim=-1)                           # unclamped: 0 before the first valid token
     at = torch.searchsorted(running.contiguous(), rank.to(running.dtype), right=False)
     at = at.clamp_(max=max(m.shape[-1] - 1, 0))
