@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from schedsim.bound import bound_for, throughput_bound  # noqa: E402,F401
 from schedsim.calibration import calibrate, format_calibration  # noqa: E402,F401
-from schedsim.frontier import KS, PUSH_MODES, frontier, split_preset, write_frontier  # noqa: E402,F401
+from schedsim.frontier import KS, PUSH_MODES, frontier, split_preset, sync_by_engine, write_frontier  # noqa: E402,F401
 from schedsim.planner import format_plan, plan, preset_for  # noqa: E402,F401
 from schedsim.presets import PRESETS, Preset, paper_preset, runtime_preset, smoke_preset, verl_preset  # noqa: E402,F401
 from schedsim.report import best_line, format_table, length_deciles  # noqa: E402,F401
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
         p = PRESETS["paper" if a.preset == "all" else a.preset](oversample_ratio=float(a.oversample_ratio), **tp)
         out = Path(a.out) if a.out != ap.get_default("out") else ROOT / "bench" / "schedsim" / f"frontier_{p.name.split(':')[0]}"
         sync, rows = frontier(p, a.rollouts, log=lambda line: print(line, flush=True))
-        print(write_frontier(p, sync, rows, out))
+        print(write_frontier(p, sync, rows, out, sync_by_engine(p, a.rollouts, sync)))
         return 0
     if a.command == "measure-runtime":
         r = measure_runtime(a.steps, Path(a.out), a.config)
