@@ -22,7 +22,7 @@ MODELS = {"qwen3-30b-a3b": QWEN3_30B, "qwen2.5-0.5b": QWEN25_05B}
 # through the full engine model to SGLang's one TP4 point on H20 (sgl-project/sglang#5839, 1000-in / 2000-out,
 # 5606.77 output tok/s; TP1 2634.68). Not the raw ratio (2.13x for 4x GPUs: alpha 0.545): TP1 on a 96 GB H20
 # holds about 119 requests (KV-starved), TP4 all 1000, so the fit runs the model at each point's own batch.
-# Fitting the modelled TP4/TP1 ratio instead of the TP4 point (TP1 is modelled 12% low) gives 0.46.
+# Fitting the modelled TP4/TP1 ratio instead of the TP4 point (TP1 is modelled 12% low) gives 0.43.
 # One pair of points on one GPU type is thin evidence: the sensitivity comparison runs with tp_alpha = 1.
 TP_ALPHA_FITTED = 0.53
 
