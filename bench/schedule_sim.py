@@ -4,7 +4,7 @@
         [--no-sensitivity] [--json out.json]
     python bench/schedule_sim.py frontier [--preset paper] [--out bench/schedsim/frontier_paper]   # the K x push x split table
     python bench/schedule_sim.py plan --model qwen3-30b-a3b --gpus 32 --gpu H100 --batch 64x8 --lengths 9000,0.6,16384
-    python bench/schedule_sim.py calibrate      # the engine model against published decode measurements
+    python bench/schedule_sim.py calibrate [--tp-alpha 1]   # the engine model against published decode measurements
     python bench/schedule_sim.py measure-runtime [--steps 30] [--out bench/runtime_measurement.json]
 
 The simulator is the package bench/schedsim/ (presets with their sources, engine model, stand-ins,
@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from schedsim.bound import bound_for, throughput_bound  # noqa: E402,F401
 from schedsim.calibration import calibrate, format_calibration  # noqa: E402,F401
-from schedsim.frontier import KS, PUSH_MODES, frontier, split_preset, write_frontier  # noqa: E402,F401
+from schedsim.frontier import KS, PUSH_MODES, frontier, split_preset, sync_by_engine, write_frontier  # noqa: E402,F401
 from schedsim.planner import format_plan, plan, preset_for  # noqa: E402,F401
 from schedsim.presets import PRESETS, Preset, paper_preset, runtime_preset, smoke_preset, verl_preset  # noqa: E402,F401
 from schedsim.report import best_line, format_table, length_deciles  # noqa: E402,F401
@@ -112,7 +112,11 @@ def main(argv=None) -> int:
     ap.add_argument("--k", default="2", help="predict: the launcher's MAX_STALENESS")
     ap.add_argument("--oversample-ratio", default="0",
                     help="plan / frontier / best line: 0 (the launcher's default at K >= 2), Table 2's 0.1 caps groups in flight")
+    ap.add_argument("--tp-alpha", type=float, default=None,
+                    help="calibrate / plan / frontier: engine speed-up gpus ** alpha (default: the fitted "
+                         "TP_ALPHA_FITTED; 1: the old linear scaling, for the sensitivity comparison)")
     a = ap.parse_args(argv)
+    tp = {} if a.tp_alpha is None else {"tp_alpha": a.tp_alpha}
     if a.command in ("predict", "pick"):
         from schedsim import launch_table
 
@@ -140,10 +144,10 @@ def main(argv=None) -> int:
         (ROOT / "bench" / "schedsim" / "verl_preset.txt").write_text(text + "\n")
         return 0
     if a.command == "calibrate":
-        print(format_calibration(calibrate(paper_preset())))
+        print(format_calibration(calibrate(paper_preset(**tp))))
         return 0
     if a.command == "plan":
-        base = PRESETS["paper"](oversample_ratio=float(a.oversample_ratio))
+        base = PRESETS["paper"](oversample_ratio=float(a.oversample_ratio), **tp)
         p = preset_for(a.model, a.gpus, a.gpu, a.batch, a.lengths, base)
         result = plan(p, a.max_staleness, a.push_mode, a.gpus_per_node, a.rollouts)
         print(format_plan(result))
@@ -151,10 +155,10 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps(result, indent=1))
         return 0
     if a.command == "frontier":
-        p = PRESETS["paper" if a.preset == "all" else a.preset](oversample_ratio=float(a.oversample_ratio))
+        p = PRESETS["paper" if a.preset == "all" else a.preset](oversample_ratio=float(a.oversample_ratio), **tp)
         out = Path(a.out) if a.out != ap.get_default("out") else ROOT / "bench" / "schedsim" / f"frontier_{p.name.split(':')[0]}"
         sync, rows = frontier(p, a.rollouts, log=lambda line: print(line, flush=True))
-        print(write_frontier(p, sync, rows, out))
+        print(write_frontier(p, sync, rows, out, sync_by_engine(p, a.rollouts, sync)))
         return 0
     if a.command == "measure-runtime":
         r = measure_runtime(a.steps, Path(a.out), a.config)

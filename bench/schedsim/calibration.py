@@ -13,7 +13,12 @@ Two regimes, the two the schedules live in:
 Model: a decode step at batch b and mean context c costs t_base + c_tok b + c_kv b c; saturated, the
 engine also prefills every input at the prefill rate, so output tok/s = O / (I / P + O / D), with D the
 decode rate at b = min(requests, capacity / (I + O / 2)). SGLang's static memory share for a
-standalone server is assumed 0.88 (its default on large GPUs; slime sets 0.7 in the presets)."""
+standalone server is assumed 0.88 (its default on large GPUs; slime sets 0.7 in the presets).
+
+Tensor parallelism: an engine of g GPUs runs c_tok, c_kv and prefill g ** tp_alpha times as fast as one
+GPU. ``fit_tp_alpha`` fits tp_alpha to the TP4 point through this model (each point at the batch its KV
+cache holds: about 119 at TP1, all 1000 at TP4), with the TP1 constants as calibrated above; the preset's
+TP_ALPHA_FITTED is its result, rounded. One TP1/TP4 pair on one GPU type is thin evidence."""
 
 from __future__ import annotations
 
@@ -50,6 +55,27 @@ def modelled_tok_s(base: Preset, gpu: str, tp: int, concurrency: int | None, isl
         return decode, batch       # batch 1: TPOT-based decode rate (prefill is TTFT, not in it)
     prefill = p.engine_prefill_tok_s()
     return osl / (isl / prefill + osl / decode), batch
+
+
+TP_FIT_POINT = ("sglang#5839", "H20", 4, None, 1000, 2000, 5606.77)
+
+
+def fit_tp_alpha(base: Preset, point: tuple = TP_FIT_POINT, tol: float = 1e-6) -> float:
+    """The tp_alpha at which the model meets ``point``'s measured tok/s (bisection: the model's tok/s
+    rises with tp_alpha). Raises when no alpha in [0, 1] reaches it."""
+    _, gpu, tp, conc, isl, osl, measured = point
+
+    def model(alpha: float) -> float:
+        return modelled_tok_s(dataclasses.replace(base, tp_alpha=alpha), gpu, tp, conc, isl, osl)[0]
+
+    lo, hi = 0.0, 1.0
+    if not model(lo) <= measured <= model(hi):
+        raise ValueError(f"fit_tp_alpha: measured {measured} tok/s is outside the model's range "
+                         f"{model(lo):.1f}..{model(hi):.1f} at tp_alpha 0..1")
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if model(mid) < measured else (lo, mid)
+    return (lo + hi) / 2
 
 
 def calibrate(base: Preset) -> list[dict]:

@@ -65,7 +65,14 @@ def plan(p: Preset, k: int, push_mode: str, gpus_per_node: int = 8, rollouts: in
     if not rows:
         raise ValueError(f"no split of {p.total_gpus} GPUs leaves {MIN_TRAIN_GPUS}+ train GPUs and a rollout node")
     best = min(rows, key=lambda r: r["s_per_rollout"])
-    return dict(k=k, push_mode=push_mode, sync_colocated_s=sync, rows=rows, pick=best)
+    # the baseline at its own fastest engine size: with sublinear TP scaling (tp_alpha < 1) smaller
+    # engines are faster for sync colocated too, and part of the pick's speedup is only that
+    sync_engines = {gpe: (sync if gpe == p.gpus_per_engine else
+                          simulate(split_preset(p, p.train_gpus_split, gpe, push_mode), "sync colocated", rollouts)
+                          ["s_per_rollout"]) for gpe in ENGINE_SIZES
+                    if kv_capacity(p.model, GPUS[p.gpu]["hbm_bytes"], gpe, p.mem_fraction) > 0}
+    return dict(k=k, push_mode=push_mode, sync_colocated_s=sync, sync_colocated_by_engine=sync_engines, rows=rows,
+                pick=best)
 
 
 def preset_for(model: str, gpus: int, gpu: str, batch: str, lengths: str, base: Preset) -> Preset:
@@ -90,4 +97,9 @@ def format_plan(result: dict) -> str:
     b = result["pick"]
     out.append(f"pick: train_gpus={b['train_gpus']} rollout_gpus={b['rollout_gpus']} gpus_per_engine={b['gpus_per_engine']} "
                f"push={result['push_mode']} K={result['k']}: {b['s_per_rollout']:.1f} s/rollout, {b['speedup']:.2f}x sync colocated")
+    engines = result.get("sync_colocated_by_engine") or {}
+    if engines:
+        gpe, fastest = min(engines.items(), key=lambda kv: kv[1])
+        out.append("sync colocated by GPUs per engine: " + ", ".join(f"{g}: {t:.1f} s" for g, t in engines.items())
+                   + f"; against the fastest ({gpe}): {fastest / b['s_per_rollout']:.2f}x")
     return "\n".join(out)

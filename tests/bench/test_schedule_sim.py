@@ -72,7 +72,8 @@ def test_pushes_wait_for_the_rollout_manager():
     """slime's update_weights asks the RolloutManager for the engines first, so the push after training r
     lands once generate(r + 1) returned; without that wait it lands during generate(r + 1) and aborts
     the batch in flight (its groups resubmitted as prompt + partial)."""
-    p = small(oversample_ratio=0.0)
+    # linear TP scaling: engines fast enough that the early push's aborts show in the rollout's time
+    p = small(oversample_ratio=0.0, tp_alpha=1.0)
     waits = sim.simulate(p, "async K=2", 5)
     no_wait = sim.simulate(p, "async K=2", 5, push_waits_for_manager=False)
     ends = {r: b["end"] for r, b in waits["batches"].items()}
