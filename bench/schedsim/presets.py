@@ -152,7 +152,7 @@ VERL_TRAIN_MFU_SPLIT = 0.25              # assumed, as the paper preset: Megatro
 # the 32-GPU training (256.68 s at the MFU above), the MFU at 128 GPUs to the colocated training (135.86 s),
 # the decode speed to the colocated generation (348.05 s; verl's script decodes with enforce_eager True)
 VERL_FITTED = dict(mean_response_len=1015.1, train_mfu=VERL_TRAIN_MFU_SPLIT,
-                   train_mfu_at={32: VERL_TRAIN_MFU_SPLIT, 128: 0.1181}, decode_speed=0.2868)
+                   train_mfu_at={32: VERL_TRAIN_MFU_SPLIT, 128: 0.1181}, decode_speed=0.2598)
 VERL_OFFLOAD_S = 3.0                     # as the paper preset (assumed)
 
 
