@@ -5,6 +5,8 @@
     python bench/schedule_sim.py frontier [--preset paper] [--out bench/schedsim/frontier_paper]   # the K x push x split table
     python bench/schedule_sim.py plan --model qwen3-30b-a3b --gpus 32 --gpu H100 --batch 64x8 --lengths 9000,0.6,16384
     python bench/schedule_sim.py calibrate [--tp-alpha 1]   # the engine model against published decode measurements
+    python bench/schedule_sim.py verl           # verl's 30B setting: phases vs verl's, this schedule vs its 1.72x
+    python bench/schedule_sim.py verl-fit       # refit the verl preset's unstated inputs to verl's phases
     python bench/schedule_sim.py measure-runtime [--steps 30] [--out bench/runtime_measurement.json]
 
 The simulator is the package bench/schedsim/ (presets with their sources, engine model, stand-ins,
@@ -90,7 +92,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", nargs="?", default="simulate",
                     choices=["simulate", "frontier", "plan", "calibrate", "measure-runtime", "launch-table", "predict",
-                             "pick", "verl"])
+                             "pick", "verl", "verl-fit"])
     ap.add_argument("--preset", default="all", choices=[*PRESETS, "all"])
     ap.add_argument("--rollouts", type=int, default=12)
     ap.add_argument("--no-sensitivity", action="store_true")
@@ -136,8 +138,13 @@ def main(argv=None) -> int:
 
         launch_table.write(launch_table.build(a.rollouts))
         return 0
+    if a.command == "verl-fit":
+        from schedsim.verl import fit
+
+        print(fit(log=print))
+        return 0
     if a.command == "verl":
-        from schedsim.frontier import verl_comparison
+        from schedsim.verl import verl_comparison
 
         text = verl_comparison(min(a.rollouts, 8), log=lambda line: print(line, flush=True))
         print(text)

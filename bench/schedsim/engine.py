@@ -238,7 +238,8 @@ def train_seconds(p: Preset, train_gpus: int, response_lengths) -> float:
         # causal mask; Chowdhery et al. 2022, App. B); the reference forward adds a third of that
         per_token = 6 * m["active_params"] + 6 * m["layers"] * m["attn_dim"] * t
         flops += t * per_token * ((8 / 6) if p.ref_forward else 1.0)
-    return flops / (train_gpus * p.peak_flops * p.train_mfu) + p.update_depth * p.optimizer_step_s
+    mfu = (p.train_mfu_at or {}).get(train_gpus, p.train_mfu)
+    return flops / (train_gpus * p.peak_flops * mfu) + p.update_depth * p.optimizer_step_s
 
 
 def solve_mu(mean: float, sigma: float, cap: float) -> float:

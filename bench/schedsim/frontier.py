@@ -86,28 +86,3 @@ def write_frontier(p: Preset, sync: dict, rows: list[dict], out: Path, sync_engi
                                                         sync_colocated_by_engine=sync_engines, tp_alpha=p.tp_alpha,
                                                         rows=rows, best=best), indent=1, default=str))
     return body
-
-
-def verl_comparison(rollouts: int = 8, ks=(2, 4), log=None) -> str:
-    """This project's schedule on the verl preset (96 : 32 against 128 colocated) beside verl's 1.72x."""
-    from .bound import throughput_bound
-    from .presets import VERL_PUBLISHED_SPEEDUP, verl_preset
-
-    p = verl_preset()
-    sync = simulate(p, "sync colocated", rollouts)["s_per_rollout"]
-    b = throughput_bound(p, p.total_gpus - p.train_gpus_split, p.train_gpus_split, p.push_s_split)
-    lines = [f"== verl preset: {p.name}; sync colocated {sync:.1f} s/rollout on {p.total_gpus} GPUs ==",
-             f"   source: {p.source}",
-             f"   bound at 96:32: {b['bound_s']:.1f} s/rollout (generation {b['gen_s']:.1f} s, train {b['train_s']:.1f} s, "
-             f"push {b['push_s']:.0f} s): at most {sync / b['bound_s']:.2f}x"]
-    for k in ks:
-        for push in ("abort", "in_place"):
-            q = split_preset(p, p.train_gpus_split, p.gpus_per_engine, push)
-            warmup = max(2, k + 2)
-            r = simulate(q, f"async K={k}", max(rollouts, warmup + 6), warmup=warmup)
-            lines.append(f"   async K={k} {push:8s} 96:32: {r['s_per_rollout']:.1f} s/rollout, "
-                         f"{sync / r['s_per_rollout']:.2f}x (verl fully-async: {VERL_PUBLISHED_SPEEDUP:.2f}x), "
-                         f"dropped {r['dropped_groups']}, requeued {r['requeued_groups']}")
-            if log:
-                log(lines[-1])
-    return "\n".join(lines)

@@ -198,9 +198,61 @@ def test_tp_alpha_scales_the_engine_constants_as_gpus_to_the_alpha():
 
 
 def test_the_verl_preset_is_its_stated_setting():
+    """verl's README / launch script: 512 x 16 per step, mini-batch 128 -> D = 4, 8K cap, 128 H20,
+    96 : 32, rollout TP 4 at memory 0.7, a KL loss (ref forward), the 16:16 sync time 15.76 s."""
+    from schedsim import presets
+
     p = verl_preset()
     assert (p.total_gpus, p.total_gpus - p.train_gpus_split, p.train_gpus_split) == (128, 96, 32)
+    assert (p.rollout_batch_size, p.n_samples, p.update_depth) == (512, 16, 4)
     assert p.max_response_len == 8192 and p.gpu == "H20" and p.peak_flops == GPUS["H20"]["flops"]
-    assert "1.72x" in p.source and "assumed" in p.source
+    assert (p.gpus_per_engine, p.mem_fraction, p.ref_forward, p.push_s_split) == (4, 0.7, True, 15.76)
+    assert "30B Model Mode Experiment" in p.source and "assumed" in p.source and "fitted" in p.source
+    assert round(presets.VERL_PUBLISHED_STEP_SPEEDUP, 2) == 1.76 and presets.VERL_PUBLISHED_SPEEDUP == 1.72
     assert dataclasses.replace(p).kv_capacity_tokens == p.kv_capacity_tokens > 0
     assert not math.isnan(p.c_tok)
+    # the colocated step less its listed phases is the weight update and the three offload calls
+    assert p.push_s_colocated + 3 * p.offload_s == pytest.approx(497.89 - 348.05 - 28.73 - 20.86 - 86.27)
+
+
+def _float64_train_s(p, gpus: int, mfu: float) -> float:
+    """Training seconds of the expected 512 x 16 batch from the math, not the simulator's function: per
+    token of a sequence of t tokens, 6 N + 6 L d t flops forward + backward, a third more for the
+    reference forward, over GPUs x peak x MFU."""
+    lengths = bound.length_sample(p)
+    n, layers, d = p.model["active_params"], p.model["layers"], p.model["attn_dim"]
+    flops = math.fsum((p.prompt_len + x) * (6.0 * n + 6.0 * layers * d * (p.prompt_len + x)) * 8.0 / 6.0
+                      for x in lengths)
+    return flops * p.rollout_batch_size * p.n_samples / len(lengths) / (gpus * p.peak_flops * mfu)
+
+
+def test_the_verl_fit_reproduces_verls_train_phases():
+    """The fitted mean response (at the assumed MFU on 32 GPUs) and MFU on 128 GPUs give verl's
+    ref + update_actor at 96:32 (256.68 s) and old_log_prob + ref + update_actor colocated (135.86 s),
+    computed here in float64 from the flops; the fit recomputed from scratch lands on the same values."""
+    from schedsim import verl
+
+    p = verl_preset()
+    assert p.optimizer_step_s == 0.0 and p.train_mfu_at[32] == 0.25
+    assert _float64_train_s(p, 32, p.train_mfu_at[32]) == pytest.approx(50.05 + 206.63, rel=0.01)
+    assert _float64_train_s(p, 128, p.train_mfu_at[128]) == pytest.approx(28.73 + 20.86 + 86.27, rel=0.01)
+    unfitted = verl_preset(mean_response_len=3500.0)
+    assert verl.fit_mean_response(unfitted) == pytest.approx(p.mean_response_len, rel=0.01)
+    assert verl.fit_colocated_mfu(p) == pytest.approx(p.train_mfu_at[128], rel=0.01)
+    # a mean of 3.5K (the preset before verl's facts) would need an MFU no trainer reaches on 32 H20s
+    assert _float64_train_s(unfitted, 32, 1.0) / 256.68 > 0.8
+
+
+@pytest.mark.timeout(240)
+def test_the_verl_fit_reproduces_verls_colocated_generation():
+    """The fitted decode speed gives verl's colocated generation phase (348.05 s) on 128 GPUs, and the
+    sync step lands near verl's 497.89 s; the mean alone at decode speed 1 falls well short."""
+    pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importable (SLIME_PATH)")
+    from schedsim import verl
+
+    p = verl_preset()
+    phases = verl.sync_phases(p, verl.FIT_ROLLOUTS)
+    assert phases["gen"] == pytest.approx(348.05, rel=0.03)
+    assert phases["train"] == pytest.approx(135.86, rel=0.03)
+    assert phases["step"] == pytest.approx(497.89, rel=0.03)
+    assert verl.sync_phases(dataclasses.replace(p, decode_speed=1.0), 2)["gen"] < 0.6 * 348.05
