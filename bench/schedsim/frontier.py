@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from .presets import Preset
-from .report import best_line, format_deciles, format_frontier, summary
+from .report import best_line, best_row, format_deciles, format_frontier, summary
 from .schedules import simulate
 
 KS = (1, 2, 3, 4, 8)
@@ -67,8 +67,7 @@ def write_frontier(p: Preset, sync: dict, rows: list[dict], out: Path, sync_engi
     """The frontier as text (table, best line, per-decile counts of the best row and of K = 2) and JSON;
     ``sync_engines`` (sync_by_engine) adds a line with the baseline at each engine size."""
     best = best_line(rows)
-    ok = [r for r in rows if r["dropped"] == 0 and r["requeued_share"] <= 0.01 and r["over_k"] == 0] or rows
-    top = max(ok, key=lambda r: r["ratio"])
+    top = best_row(rows)
     k2 = max((r for r in rows if r["schedule"] == "async K=2"), key=lambda r: r["ratio"])
     text = [f"== frontier, {p.name}: sync colocated {sync['s_per_rollout']:.1f} s/rollout on {p.total_gpus} GPUs ==",
             f"   source: {p.source}; tp_alpha {p.tp_alpha} (engine speed-up gpus ** tp_alpha)",
