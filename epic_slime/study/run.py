@@ -97,8 +97,9 @@ def execute(cfg: StudyConfig, out: Path, log=print, provenance: tuple[str, str] 
             record_provenance(out, *provenance, runs_executed=len(todo))
         init_local_ray(num_cpus=4)
     try:
-        if read_warm_start(out) is None:      # in-process (no Ray): also after every run has finished
-            measure_warm_start(cfg, out, log)
+        previous = read_warm_start(out)       # in-process (no Ray): also after every run has finished
+        if previous is None or missing_warm_start_seeds(cfg, previous):
+            measure_warm_start(cfg, out, log, previous=previous)
         for i, spec in enumerate(todo):
             run_dir = run_dir_of(out, spec)
             if run_dir.exists():
@@ -151,9 +152,21 @@ def chance_level(train_problems, test_problems) -> dict:
             "train_problems": n_train, "problems": len(test)}
 
 
-def measure_warm_start(cfg: StudyConfig, out: Path, log=print) -> dict:
+def missing_warm_start_seeds(cfg: StudyConfig, record: dict) -> list[int]:
+    """Seeds of the config that warm_start.json has no score for (a study run in stages, or resumed
+    with more seeds, than the invocation that measured it)."""
+    known = {int(s) for s in record.get("test_by_seed", {})}
+    return [s for s in cfg.seeds if s not in known]
+
+
+def measure_warm_start(cfg: StudyConfig, out: Path, log=print, previous: dict | None = None) -> dict:
     """The warm start on the test split (per seed, with the runs' evaluation streams: version 0 of a run),
-    its entropy profile on the validation prompts, and the task's chance level; written to warm_start.json."""
+    its entropy profile on the validation prompts, and the task's chance level; written to warm_start.json.
+
+    previous: the record an earlier invocation wrote, which lacks some of cfg's seeds. It is measured
+    again for the union of both seed lists (evaluation only: the weights are cached), and keeps the
+    scores of other warm starts (another task's) and each setting's entry that covers every seed, so
+    that a study run in stages of different seeds ends with one record of all of them."""
     from dataclasses import replace
 
     from epic_slime.runtime.config import parse_config
@@ -162,6 +175,8 @@ def measure_warm_start(cfg: StudyConfig, out: Path, log=print) -> dict:
 
     from .entropy import warm_start_entropy_profile
 
+    if previous is not None:
+        cfg = replace(cfg, seeds=sorted({int(s) for s in previous.get("test_by_seed", {})} | set(cfg.seeds)))
     t = time.time()
     by_seed, per_prompt, state, run_cfg = {}, {}, None, None
     for seed in cfg.seeds:
@@ -181,7 +196,10 @@ def measure_warm_start(cfg: StudyConfig, out: Path, log=print) -> dict:
               "entropy_profile": warm_start_entropy_profile(run_cfg, state, validation),
               "measure_s": time.time() - t}
     first = cfg.settings[0]["name"]
-    record["warm_start_scores"] = {_identity_of(cfg, out, first, seed)[1]: by_seed[seed] for seed in cfg.seeds}
+    record["warm_start_scores"] = {**(previous or {}).get("warm_start_scores", {}),
+                                   **{_identity_of(cfg, out, first, seed)[1]: by_seed[seed] for seed in cfg.seeds}}
+    record["by_setting"] = {name: entry for name, entry in (previous or {}).get("by_setting", {}).items()
+                            if _covers(entry, cfg.seeds)}
     # settings on the same warm start as the first; the others are measured after their first run
     warm_starts_by_setting(cfg, out, record, [s["name"] for s in cfg.settings], train=False)
     record["measure_s"] = time.time() - t
@@ -218,11 +236,12 @@ def warm_starts_by_setting(cfg: StudyConfig, out: Path, record: dict, only: list
     from epic_slime.runtime.task_chain import split_problems
     from epic_slime.runtime.tasks import train_problem
 
+    cfg = replace(cfg, seeds=_record_seeds(cfg, record))   # every seed of the record, not only this invocation's
     scores = record.setdefault("warm_start_scores", {})
     by_setting = record.setdefault("by_setting", {})
     states = {}
     for name in only:
-        if name in by_setting:
+        if _covers(by_setting.get(name), cfg.seeds):
             continue
         keys = [_identity_of(cfg, out, name, seed) for seed in cfg.seeds]
         if not train and any(key not in scores for _, key in keys):
@@ -241,11 +260,20 @@ def warm_starts_by_setting(cfg: StudyConfig, out: Path, record: dict, only: list
                             "chance": chance_level(train_set, test)["chance"]}
 
 
+def _record_seeds(cfg: StudyConfig, record: dict) -> list[int]:
+    return sorted({int(s) for s in record.get("test_by_seed", {})} | set(cfg.seeds))
+
+
+def _covers(entry: dict | None, seeds: list[int]) -> bool:
+    """A by_setting entry that holds a score for every one of these seeds."""
+    return entry is not None and {int(s) for s in entry["test_by_seed"]} >= set(seeds)
+
+
 def measure_other_warm_start(cfg: StudyConfig, out: Path, setting: str, log=print) -> None:
     """After a run of a setting whose warm start was not measured yet (the run trained and cached it):
     measure it and record it for every setting that shares it (warm_start.json)."""
     record = read_warm_start(out)
-    if setting in record.get("by_setting", {}):
+    if _covers(record.get("by_setting", {}).get(setting), _record_seeds(cfg, record)):
         return
     t = time.time()
     warm_starts_by_setting(cfg, out, record, [setting], train=True)

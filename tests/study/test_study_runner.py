@@ -167,3 +167,46 @@ def test_quick_ladder_end_to_end(tmp_path, capsys):
     assert set(st["breaking_point"]) == set(cfg.methods) and st["hypothesis"]["verdict"] in (
         "untested", "rejected", "supported", "not rejected")
     assert "## The stress ladder" in (out / "study.md").read_text() and (out / "stress.png").stat().st_size > 10_000
+
+
+def _stage(folder: Path, **over):
+    folder.mkdir()
+    return load_study_config(_write(folder, **over))
+
+
+def test_a_study_run_in_stages_of_different_seeds_ends_with_one_warm_start_record_of_all(tmp_path):
+    """warm_start.json measured by a stage of seed 1 gains seed 2 when a stage of seed 2 runs (before: the
+    record was measured once, so the stress report's warm start per seed lacked the later stages' seeds),
+    and keeps another task's warm-start scores. Equal to measuring both seeds at once (same streams)."""
+    from epic_slime.study.files import read_warm_start
+    from epic_slime.study.run import measure_other_warm_start, measure_warm_start, missing_warm_start_seeds
+
+    settings = [{"name": "d2", "update_depth": 2, "rollout_mode": "sync", "max_staleness": 0},
+                {"name": "other", "update_depth": 2, "rollout_mode": "sync", "max_staleness": 0,
+                 "warm_start_steps": 6}]    # another warm start (the stress ladder's long task has its own)
+    out = tmp_path / "staged"
+    out.mkdir()
+    stage1 = _stage(tmp_path / "a", settings=settings)
+    measure_warm_start(stage1, out, log=lambda *_: None)
+    measure_other_warm_start(stage1, out, "other", log=lambda *_: None)
+    first = read_warm_start(out)
+    assert set(first["test_by_seed"]) == {"1"} and set(first["by_setting"]) == {"d2", "other"}
+
+    stage2 = _stage(tmp_path / "b", seeds=[2], settings=settings)
+    assert missing_warm_start_seeds(stage2, first) == [2]
+    measure_warm_start(stage2, out, log=lambda *_: None, previous=first)
+    measure_other_warm_start(stage2, out, "other", log=lambda *_: None)
+    staged = read_warm_start(out)
+    assert set(staged["test_by_seed"]) == {"1", "2"} and missing_warm_start_seeds(stage2, staged) == []
+    for name in ("d2", "other"):
+        assert set(staged["by_setting"][name]["test_by_seed"]) == {"1", "2"}, name
+    assert staged["by_setting"]["other"]["test_by_seed"]["1"] == first["by_setting"]["other"]["test_by_seed"]["1"]
+
+    both = _stage(tmp_path / "c", seeds=[1, 2], settings=settings)
+    once = tmp_path / "once"
+    once.mkdir()
+    measure_warm_start(both, once, log=lambda *_: None)
+    measure_other_warm_start(both, once, "other", log=lambda *_: None)
+    reference = read_warm_start(once)
+    assert staged["test_by_seed"] == reference["test_by_seed"]
+    assert staged["by_setting"] == reference["by_setting"]
