@@ -156,7 +156,8 @@ def ladder_figure(summary: dict, axes: dict[str, list[dict]], methods: list[str]
 def stress_heatmap(summary: dict, methods: list[str], warm: float, chance: float, k: int, path: Path) -> Path:
     """Method x stress, one panel per axis (levels mildest first), coloured by the last checkpoint's
     test mean@k; each cell's score written in it, a broken cell hatched, and each method's breaking
-    point (the mildest broken level of the axis) boxed in red. Empty: not finished."""
+    point (the mildest broken level of the axis) boxed in red; a level whose warm start is at chance
+    (untestable) labelled so under its name. Empty: not finished."""
     import numpy as np
 
     plt = _plt()
@@ -182,7 +183,9 @@ def stress_heatmap(summary: dict, methods: list[str], warm: float, chance: float
             if point is not None:
                 ax.add_patch(plt.Rectangle((point - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=2))
         image = ax.imshow(grid, cmap="viridis", vmin=chance, vmax=1.0, aspect="auto")
-        ax.set_xticks(range(len(levels)), levels, rotation=35, fontsize=7, ha="right")
+        at_chance = [any(not c.get("testable", True) for c in summary["cells"].get(s, {}).values()) for s in levels]
+        ax.set_xticks(range(len(levels)), [f"{s}\n(at chance)" if a else s for s, a in zip(levels, at_chance)],
+                      rotation=35, fontsize=7, ha="right")
         ax.set_yticks(range(len(methods)), methods if ax is panels[0][0] else [""] * len(methods), fontsize=8)
         ax.set_title(f"{axis} (milder -> harsher)", fontsize=9)
     cbar = fig.colorbar(image, ax=list(panels[0]), fraction=0.025, pad=0.01)

@@ -17,7 +17,9 @@ computes, with the rules fixed before the runs (`BREAK_MARGIN`, `BREAK_COLLAPSE_
 
 Breaking rule: a cell breaks when at least `BREAK_COLLAPSE_FRAC` of its seeds collapse (`ladder.collapsed`,
 or the run diverged), or when its mean test score at the last checkpoint is below the mean test score of
-its warm start (same seeds, same task) by more than `BREAK_MARGIN`.
+its warm start (same seeds, same task) by more than `BREAK_MARGIN`. A cell whose warm start is within
+`BREAK_MARGIN` of its task's chance level is **untestable**: there is no room to fall below it by the
+margin, so it breaks nowhere and does not count as a finished level (a result at chance is no result).
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ def run_collapsed(result: dict) -> bool:
 
 
 def stress_cell(results: list[dict], metrics: dict[int, list[dict]], warm_by_seed: dict[int, float],
-                epic: list[dict]) -> dict:
-    """One (method, setting) cell from its runs (one per seed); metrics: seed -> metrics.jsonl rows."""
+                epic: list[dict], chance: float | None = None) -> dict:
+    """One (method, setting) cell from its runs (one per seed); metrics: seed -> metrics.jsonl rows;
+    chance: the task's chance level (None: unknown, the cell counts as testable)."""
     last = {r["seed"]: r["test_at_final"] for r in results}
     out = {"n_seeds": len(results), "seeds": sorted(last)}
     out["test_last_mean"], out["test_last_sd"] = mean_sd(list(last.values()))
@@ -72,31 +75,42 @@ def stress_cell(results: list[dict], metrics: dict[int, list[dict]], warm_by_see
     for name, key in MECHANISM.items():
         per_run = [v for v in (_late_mean(metrics[r["seed"]], key) for r in results) if v is not None]
         out[name] = statistics.fmean(per_run) if per_run else None
+    out["chance"] = chance
+    out["testable"] = testable(out["warm_start_mean"], chance)
     out["breaks"] = breaks(out)
     return out
 
 
+def testable(warm_start_mean: float | None, chance: float | None) -> bool:
+    """Whether a cell can break by the margin rule: its warm start lies more than BREAK_MARGIN above chance."""
+    return warm_start_mean is None or chance is None or warm_start_mean - chance > BREAK_MARGIN
+
+
 def breaks(cell: dict) -> bool:
-    """The breaking rule (fixed before the runs; see the module docstring)."""
+    """The breaking rule (fixed before the runs; see the module docstring); an untestable cell never breaks."""
+    if not cell.get("testable", True):
+        return False
     below = cell["warm_start_mean"] is not None and cell["test_last_mean"] < cell["warm_start_mean"] - BREAK_MARGIN
     return cell["collapse_frac"] >= BREAK_COLLAPSE_FRAC or below
 
 
 def breaking_points(cells: dict, axes: dict[str, list[str]], methods: list[str]) -> dict:
-    """{method: {axis: {"level": setting or None, "index": i or None, "finished_levels": n, "provisional"}}}:
-    the mildest finished level of each axis at which the method breaks (None: on no finished level);
-    provisional when a milder level (or, with no break, any level) has not finished."""
+    """{method: {axis: {"level": setting or None, "index": i or None, "finished_levels": n, "provisional",
+    "untestable": [setting, ...]}}}: the mildest finished level of each axis at which the method breaks
+    (None: on no finished level); provisional when a milder level (or, with no break, any level) has not
+    finished or is untestable (its warm start at chance)."""
     out = {}
     for m in methods:
         out[m] = {}
         for axis, levels in axes.items():
-            done = [s for s in levels if m in cells.get(s, {})]
+            untestable = [s for s in levels if m in cells.get(s, {}) and not cells[s][m].get("testable", True)]
+            done = [s for s in levels if m in cells.get(s, {}) and s not in untestable]
             hit = next((i for i, s in enumerate(levels) if m in cells.get(s, {}) and cells[s][m]["breaks"]), None)
             # provisional: a milder level has not finished, so the method might break earlier
             milder = levels if hit is None else levels[:hit]
             out[m][axis] = {"level": None if hit is None else levels[hit], "index": hit,
-                            "finished_levels": len(done), "levels": len(levels),
-                            "provisional": any(m not in cells.get(s, {}) for s in milder)}
+                            "finished_levels": len(done), "levels": len(levels), "untestable": untestable,
+                            "provisional": any(m not in cells.get(s, {}) or s in untestable for s in milder)}
     return out
 
 
@@ -166,6 +180,8 @@ def stress_summary(cfg, results: list[dict], metrics: dict[tuple, list[dict]], w
     pick = (lambda name: by_setting.get(name)) if by_setting is not None else (lambda name: warm_record)
     warm = {s["name"]: {int(k): v for k, v in (pick(s["name"]) or {"test_by_seed": {}})["test_by_seed"].items()}
             for s in cfg.settings}
+    chance = {s["name"]: (pick(s["name"]) or {}).get("chance", (warm_record.get("chance_test") or {}).get("chance"))
+              for s in cfg.settings}
     runs = {(r["setting"], r["method"], r["seed"]): r for r in results}
     cells = {}
     for s in cfg.settings:
@@ -177,13 +193,14 @@ def stress_summary(cfg, results: list[dict], metrics: dict[tuple, list[dict]], w
             mine = [r for r in res if r["method"] == m]
             if mine:
                 cells[name][m] = stress_cell(mine, {r["seed"]: metrics[(name, m, r["seed"])] for r in mine},
-                                             warm[name], epic)
+                                             warm[name], epic, chance[name])
     axes = cfg.stress["axes"]
     points = breaking_points(cells, axes, cfg.methods)
     return {"cells": cells, "axes": axes, "breaking_points": points,
             "near_breaks": comparisons_near_breaks(cells, axes, points),
             "hypothesis": hypothesis_test(cells, runs, warm),
             "warm_start_by_setting": {s: statistics.fmean(w.values()) if w else None for s, w in warm.items()},
+            "chance_by_setting": chance,
             "rule": {"break_margin": BREAK_MARGIN, "break_collapse_frac": BREAK_COLLAPSE_FRAC}}
 
 

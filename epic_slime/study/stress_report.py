@@ -56,7 +56,10 @@ def stress_section(cfg, out: Path, results: list[dict], metrics: dict, warm: dic
              f"below the warm start's by more than 0.05 at each of the last 2 evaluations, or the run diverged), or "
              f"when its mean test mean@{k} at the last checkpoint is below its own warm start's (same task, same "
              f"seeds) by more than {stress.BREAK_MARGIN}. A method's **breaking point** on an axis is the mildest "
-             "level at which it breaks.",
+             "level at which it breaks. A cell whose warm start lies within "
+             f"{stress.BREAK_MARGIN} of its task's chance level is **untestable** (it has no room to fall by the "
+             "margin) and breaks nowhere; its level does not count as finished. (This last clause was added after "
+             "the runs, when the long task's warm start stayed at chance; it changes no other cell.)",
              "- Hypothesis (the paper's): *EPIC stays above the warm start at stresses where GRPO and GSPO "
              "collapse*. Tested on every cell where GRPO or GSPO breaks: the pooled paired difference EPIC - warm "
              "start (one pair per cell and seed), 95% t interval. Rejected when the interval lies below 0 or EPIC "
@@ -103,7 +106,9 @@ def _pivot(cells, cfg, methods, warm_by_setting) -> list[str]:
             coll = f" (c {d['collapse_frac']:.2f})" if d["collapse_frac"] > 0 else ""
             row.append(f"{'**B** ' if d['breaks'] else ''}{d['test_last_mean']:.3f}{sd}{star}{coll}")
         lines.append(f"| {m} | " + " | ".join(row) + " |")
-    lines.append("| *warm start* | " + " | ".join(_f(warm_by_setting[n]) for n in names) + " |")
+    at_chance = {n for n in names if any(not c.get("testable", True) for c in cells.get(n, {}).values())}
+    lines.append("| *warm start* | " + " | ".join(_f(warm_by_setting[n]) + (" (at chance: untestable)" if n in at_chance
+                                                                         else "") for n in names) + " |")
     return lines
 
 
@@ -116,7 +121,8 @@ def _points_table(points, axes, methods) -> list[str]:
             if p["level"] is not None:
                 row.append(f"{p['level']}" + (" (provisional: a milder level has not finished)" if p["provisional"] else ""))
             else:
-                row.append(f"none ({p['finished_levels']} of {p['levels']} levels finished)")
+                gap = f"; {', '.join(p['untestable'])} untestable, at chance" if p.get("untestable") else ""
+                row.append(f"none ({p['finished_levels']} of {p['levels']} levels finished{gap})")
         lines.append(f"| {m} | " + " | ".join(row) + " |")
     return lines
 

@@ -173,6 +173,30 @@ def test_the_hypothesis_test_pools_epic_minus_warm_start_where_grpo_or_gspo_brea
     assert h3["verdict"] == "untested" and "broke nowhere" in h3["reason"]
 
 
+def test_a_cell_whose_warm_start_is_at_chance_is_untestable_and_breaks_nowhere(tmp_path):
+    cfg, results, metrics = _stress_study(tmp_path)
+    # s3's task: its warm start 0.12 against chance 0.10, within the margin; the other settings' at 0.40
+    warm = {"test_by_seed": {str(k): v for k, v in WARM.items()}, "chance_test": {"chance": 0.10},
+            "by_setting": {"s1": {"test_by_seed": {str(k): v for k, v in WARM.items()}, "chance": 0.10},
+                           "s2": {"test_by_seed": {str(k): v for k, v in WARM.items()}, "chance": 0.10},
+                           "s3": {"test_by_seed": {"1": 0.12, "2": 0.11, "3": 0.13}, "chance": 0.10}}}
+    st = stress.stress_summary(cfg, results, metrics, warm)
+    c = st["cells"]
+    # grpo at s3 (0.05 against a warm start of 0.12, every seed collapsing) would break by either rule
+    assert c["s3"]["grpo"]["collapse_frac"] == 1.0 and not c["s3"]["grpo"]["testable"]
+    assert not any(c["s3"][m]["breaks"] for m in cfg.methods)
+    assert c["s2"]["grpo"]["testable"] and c["s2"]["grpo"]["breaks"]
+    bp = st["breaking_points"]
+    # epic broke only at s3: now nowhere, and provisional (its harshest level says nothing)
+    assert bp["epic"]["lr"]["level"] is None and bp["epic"]["lr"]["untestable"] == ["s3"]
+    assert bp["epic"]["lr"]["finished_levels"] == 2 and bp["epic"]["lr"]["provisional"]
+    assert bp["grpo"]["lr"]["level"] == "s2" and not bp["grpo"]["lr"]["provisional"]
+    assert st["hypothesis"]["cells"] == ["s2"]
+    # the same cells with s3's warm start well above chance: epic breaks at s3 as before
+    warm["by_setting"]["s3"]["chance"] = 0.02
+    assert stress.stress_summary(cfg, results, metrics, warm)["breaking_points"]["epic"]["lr"]["level"] == "s3"
+
+
 def _rewrite_without_s3(tmp_path):
     data = yaml.safe_load((tmp_path / "stress.yaml").read_text())
     data["settings"] = data["settings"][:2]
