@@ -166,6 +166,7 @@ def stress_heatmap(summary: dict, methods: list[str], warm: float, chance: float
     fig, panels = plt.subplots(1, len(axes), figsize=(1.1 * sum(widths) + 2.5, 0.42 * len(methods) + 1.8),
                                gridspec_kw={"width_ratios": widths}, squeeze=False)
     image = None
+    at_chance = set(summary["untestable_settings"])
     for ax, (axis, levels) in zip(panels[0], axes.items()):
         grid = np.full((len(methods), len(levels)), np.nan)
         for i, m in enumerate(methods):
@@ -183,8 +184,7 @@ def stress_heatmap(summary: dict, methods: list[str], warm: float, chance: float
             if point is not None:
                 ax.add_patch(plt.Rectangle((point - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=2))
         image = ax.imshow(grid, cmap="viridis", vmin=chance, vmax=1.0, aspect="auto")
-        at_chance = [any(not c.get("testable", True) for c in summary["cells"].get(s, {}).values()) for s in levels]
-        ax.set_xticks(range(len(levels)), [f"{s}\n(at chance)" if a else s for s, a in zip(levels, at_chance)],
+        ax.set_xticks(range(len(levels)), [f"{s}\n(at chance)" if s in at_chance else s for s in levels],
                       rotation=35, fontsize=7, ha="right")
         ax.set_yticks(range(len(methods)), methods if ax is panels[0][0] else [""] * len(methods), fontsize=8)
         ax.set_title(f"{axis} (milder -> harsher)", fontsize=9)

@@ -201,6 +201,8 @@ def stress_summary(cfg, results: list[dict], metrics: dict[tuple, list[dict]], w
             "hypothesis": hypothesis_test(cells, runs, warm),
             "warm_start_by_setting": {s: statistics.fmean(w.values()) if w else None for s, w in warm.items()},
             "chance_by_setting": chance,
+            # a setting is untestable when its warm start is at chance (every method's cell shares it)
+            "untestable_settings": [s for s, c in cells.items() if any(not x["testable"] for x in c.values())],
             "rule": {"break_margin": BREAK_MARGIN, "break_collapse_frac": BREAK_COLLAPSE_FRAC}}
 
 

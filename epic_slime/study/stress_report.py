@@ -28,7 +28,7 @@ def stress_section(cfg, out: Path, results: list[dict], metrics: dict, warm: dic
     cells, axes, points = st["cells"], st["axes"], st["breaking_points"]
     first = cfg.settings[0]["name"]
     warm_first = st["warm_start_by_setting"][first]
-    chance = (warm.get("by_setting") or {}).get(first, {}).get("chance", warm["chance_test"]["chance"])
+    chance = st["chance_by_setting"][first]
     figures.stress_heatmap(st, methods, warm_first, chance, k, out / "stress.png")
     n_planned = len(plan(cfg))
     complete = [s for s, c in cells.items() if len(c) == len(methods)
@@ -68,7 +68,7 @@ def stress_section(cfg, out: Path, results: list[dict], metrics: dict, warm: dic
     lines += _headroom_lines(cells, axes, methods)
     lines += [f"Test mean@{k} at the last checkpoint, mean ± sd over seeds; **B**: the cell breaks; "
               "(c x): collapse rate; `*`: the paired 95% interval to EPIC excludes 0. Warm start per setting in the "
-              "last row.", "", *_pivot(cells, cfg, methods, st["warm_start_by_setting"]), "",
+              "last row.", "", *_pivot(cells, cfg, methods, st["warm_start_by_setting"], set(st["untestable_settings"])), "",
               "![stress ladder](stress.png)", "", "### Breaking points", "", *_points_table(points, axes, methods), "",
               "Paired difference to EPIC (last checkpoint, 95% t interval) next to each breaking point "
               "(offset -1: the level before it, 0: at it, +1: after it):", "", *_near_lines(st["near_breaks"]), "",
@@ -91,7 +91,7 @@ def _headroom_lines(cells, axes, methods) -> list[str]:
     return out + [""] if out else []
 
 
-def _pivot(cells, cfg, methods, warm_by_setting) -> list[str]:
+def _pivot(cells, cfg, methods, warm_by_setting, at_chance: set[str]) -> list[str]:
     names = [s["name"] for s in cfg.settings]
     lines = ["| method | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for m in methods:
@@ -106,7 +106,6 @@ def _pivot(cells, cfg, methods, warm_by_setting) -> list[str]:
             coll = f" (c {d['collapse_frac']:.2f})" if d["collapse_frac"] > 0 else ""
             row.append(f"{'**B** ' if d['breaks'] else ''}{d['test_last_mean']:.3f}{sd}{star}{coll}")
         lines.append(f"| {m} | " + " | ".join(row) + " |")
-    at_chance = {n for n in names if any(not c.get("testable", True) for c in cells.get(n, {}).values())}
     lines.append("| *warm start* | " + " | ".join(_f(warm_by_setting[n]) + (" (at chance: untestable)" if n in at_chance
                                                                          else "") for n in names) + " |")
     return lines

@@ -186,6 +186,7 @@ def test_a_cell_whose_warm_start_is_at_chance_is_untestable_and_breaks_nowhere(t
     assert c["s3"]["grpo"]["collapse_frac"] == 1.0 and not c["s3"]["grpo"]["testable"]
     assert not any(c["s3"][m]["breaks"] for m in cfg.methods)
     assert c["s2"]["grpo"]["testable"] and c["s2"]["grpo"]["breaks"]
+    assert st["untestable_settings"] == ["s3"] and st["chance_by_setting"]["s3"] == 0.10
     bp = st["breaking_points"]
     # epic broke only at s3: now nowhere, and provisional (its harshest level says nothing)
     assert bp["epic"]["lr"]["level"] is None and bp["epic"]["lr"]["untestable"] == ["s3"]
