@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections import deque
-from types import SimpleNamespace
 from typing import Any
 
 from .engine import Sim
@@ -61,7 +59,7 @@ class SimRolloutManager:
             self.data_source.ledger.close_rollout(rollout_id - 1)
         else:
             gate = StalenessGate(args.max_staleness, args.stale_policy)
-            groups, _, _ = await ro._collect(args, self.stream, trainer_version, gate, rollout_id)
+            groups, _, _ = await ro._collect(args, self.stream, trainer_version, gate, rollout_id, poll_seconds=sim.p.poll_s)
         self.gates[rollout_id] = gate
         self.batches[rollout_id] = dict(start=t0, end=sim.now(),
                                         tokens=sum(s.response_length for g in groups for s in g))
@@ -235,46 +233,17 @@ class SimDataSource:
 
 
 @contextlib.contextmanager
-def patched(sim: Sim, poll_s: float):
-    """slime's generate_and_rm_group -> the engine stand-in; the collection poll -> poll_s."""
-    import slime.rollout.sglang_rollout as sglang_rollout
-
-    import epic_slime.slime.rollout as ro
-    from epic_slime.staleness import collect_admitted_groups
-
-    saved = (sglang_rollout.generate_and_rm_group, ro.collect_admitted_groups)
-    sglang_rollout.generate_and_rm_group = _generate_group
-    ro.collect_admitted_groups = functools.partial(collect_admitted_groups, poll_seconds=poll_s)
+def active(sim: Sim):
+    """Makes ``sim`` the engine that ``_generate_group`` (slime's generate_and_rm_group, simulated) sends to."""
     _ACTIVE_SIM.append(sim)
     try:
         yield
     finally:
-        sglang_rollout.generate_and_rm_group, ro.collect_admitted_groups = saved
         _ACTIVE_SIM.pop()
 
 
 def real_group_stream(sim: Sim, args, data_source, capacity: int):
-    """The real GroupStream, built by its own __init__ on the virtual loop."""
-    import slime.rollout.sglang_rollout as sglang_rollout
-    import slime.utils.async_utils as async_utils
+    """The real GroupStream, on the simulated loop with the simulated engine (both injected)."""
+    from epic_slime.slime.group_stream import GroupStream
 
-    import epic_slime.slime.rollout as ro
-
-    class _Now:
-        def __init__(self, value):
-            self.value = value
-
-        def result(self):
-            return self.value
-
-    shim = SimpleNamespace(**{k: getattr(asyncio, k) for k in dir(asyncio) if not k.startswith("__")})
-    shim.run_coroutine_threadsafe = lambda coro, loop: _Now(loop.run_until_complete(coro))
-    saved = (async_utils.get_async_loop, sglang_rollout.GenerateState, ro.asyncio)
-    async_utils.get_async_loop = lambda: SimpleNamespace(loop=sim.loop)
-    sglang_rollout.GenerateState = lambda a: SimpleNamespace(sampling_params={})
-    ro.asyncio = shim
-    try:
-        return ro.GroupStream(args, data_source, capacity)
-    finally:
-        async_utils.get_async_loop, sglang_rollout.GenerateState, ro.asyncio = saved
-
+    return GroupStream(args, data_source, capacity, loop=sim.loop, sampling_params={}, generate_group=_generate_group)

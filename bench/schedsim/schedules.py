@@ -78,7 +78,7 @@ def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, p
     )
     data_source = actors.SimDataSource(sim, p.n_samples)
     push_s = p.push_s_colocated if colocated else p.push_s_split
-    with actors.patched(sim, p.poll_s):
+    with actors.active(sim):
         stream = actors.real_group_stream(sim, args, data_source, args.async_groups_in_flight) if k != 0 else None
         manager = actors.SimRolloutManager(sim, args, stream, data_source)
         actor = actors.SimTrainGroup(sim, manager, push_s, push_waits_for_manager)

@@ -17,7 +17,7 @@ BEHAVIOR_LOGPROBS = ("rollout", "recompute")
 LOSS_FUNCTION_PATH = "epic_slime.slime.loss.policy_loss"
 ROLLOUT_FUNCTION_PATH = "epic_slime.slime.rollout.generate_rollout"
 # the data source the project's rollout function needs (its prompt ledger: accounting and resume)
-DATA_SOURCE_PATH = "epic_slime.slime.rollout.StreamingDataSource"
+DATA_SOURCE_PATH = "epic_slime.slime.data_source.StreamingDataSource"
 TOKEN_MEAN = "token-mean"
 GENERATE_FUNCTION_PATH = "epic_slime.slime.generate.generate"
 # --weight-push-mode (epic_slime.slime.push_mode) and its train hook (--custom-megatron-init-path)

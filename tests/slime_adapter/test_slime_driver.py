@@ -194,6 +194,6 @@ def test_the_command_line_is_parsed_once_for_every_rewrite(monkeypatch):
     # update depth, aggregation, oversampling, warmup; rollout log-probs, data source, R3 hook
     assert line.slime_flags == ["--num-steps-per-rollout", "4", "--calculate-per-token-loss",
                                 "--async-groups-in-flight", "72", "--lr-warmup-iters", "40"]
-    assert line.driver_flags == ["--use-rollout-logprobs", "--data-source-path", "epic_slime.slime.rollout.StreamingDataSource",
+    assert line.driver_flags == ["--use-rollout-logprobs", "--data-source-path", "epic_slime.slime.data_source.StreamingDataSource",
                                  "--custom-megatron-init-path", "epic_slime.slime.routing.install_train_hook"]
     assert parsed == [argv]  # the checks included (spelling, then the values of slime flags)

@@ -1,4 +1,4 @@
-"""The real GroupStream (epic_slime.slime.rollout) on slime's global event loop, with slime's
+"""The real GroupStream (epic_slime.slime.group_stream) on slime's global event loop, with slime's
 ``generate_and_rm_group`` replaced by a fake engine: admission by the budget, batches in start
 order, the optional cap, per-sample versions in both push modes, the abort-loop bound."""
 
@@ -14,6 +14,7 @@ sglang_rollout = pytest.importorskip("slime.rollout.sglang_rollout", reason="sli
 from slime.utils.async_utils import run  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
+import epic_slime.slime.group_stream as group_stream  # noqa: E402
 import epic_slime.slime.rollout as rollout  # noqa: E402
 from epic_slime.staleness import GroupLedger, StalenessGate, sample_oldest_version  # noqa: E402
 
@@ -76,7 +77,7 @@ def _collect(args, stream, trainer_version, rollout_id):
 def test_stream_starts_by_the_budget_and_takes_batches_in_start_order(engine):
     engine.slow = lambda key: key == 0   # the oldest group is the slowest: the batch waits for it
     args, data = _args(), DataSource()
-    stream = rollout.GroupStream(args, data)
+    stream = group_stream.GroupStream(args, data)
     stream.loop.call_soon_threadsafe(lambda: stream.loop.call_later(0.3, engine.release.set))
     # rollout 0 (trainer version 1, engines at 1): (1 + 2) * 4 = 12 groups start at once
     batch, held, gate = _collect(args, stream, 1, 0)
@@ -94,7 +95,7 @@ def test_stream_starts_by_the_budget_and_takes_batches_in_start_order(engine):
 
 def test_k_one_holds_one_batch_ahead_and_trains_at_lag_at_most_one(engine):
     args, data = _args(max_staleness=1), DataSource()
-    stream = rollout.GroupStream(args, data)
+    stream = group_stream.GroupStream(args, data)
     lags = []
     for rollout_id in range(4):
         engine.version = max(1, rollout_id)   # the push of rollout r - 2 landed before generate(r)
@@ -107,7 +108,7 @@ def test_k_one_holds_one_batch_ahead_and_trains_at_lag_at_most_one(engine):
 
 def test_the_cap_limits_groups_held_on_top_of_the_budget(engine):
     args, data = _args(async_groups_in_flight=6), DataSource()
-    stream = rollout.GroupStream(args, data, cap=args.async_groups_in_flight)
+    stream = group_stream.GroupStream(args, data, cap=args.async_groups_in_flight)
     batch, held, _ = _collect(args, stream, 1, 0)
     # 6 started; taking the batch frees 4 places: 4 more start (budget 12 still allows them)
     assert batch == [0, 1, 2, 3] and len(engine.started) == 10 and held == 6
@@ -115,7 +116,7 @@ def test_the_cap_limits_groups_held_on_top_of_the_budget(engine):
 
 def test_unbounded_staleness_defaults_the_cap_to_one_batch(engine):
     args, data = _args(max_staleness=None), DataSource()
-    stream = rollout.GroupStream(args, data)
+    stream = group_stream.GroupStream(args, data)
     assert stream.cap == 4
     batch, held, _ = _collect(args, stream, 1, 0)
     assert batch == [0, 1, 2, 3] and held == 4 and len(engine.started) == 8
@@ -125,7 +126,7 @@ def test_abort_mode_records_each_calls_version_per_token(engine, monkeypatch):
     """Group 0 is aborted by a push after 2 tokens at version 1, resubmitted, and finishes with 2
     more at version 2: its tokens carry [[1, 2], [2, 2]], oldest 1, newest 2, and it stays first."""
     args, data = _args(), DataSource()
-    stream = rollout.GroupStream(args, data)
+    stream = group_stream.GroupStream(args, data)
     engine.abort_next = {0}
     original = engine.generate
 
@@ -151,7 +152,7 @@ def test_in_place_counts_staleness_from_the_version_known_at_submission(engine):
     """SGLang reports only the final version in place: a group submitted at version 1 that answers
     after the push to 3 is as old as 1 (not 3), so at trainer version 4 its lag is 3 > K = 2."""
     args, data = _args(weight_push_mode="in_place"), DataSource()
-    stream = rollout.GroupStream(args, data)
+    stream = group_stream.GroupStream(args, data)
     engine.version = 3   # the engines answered after pushes the stream had not been told of
     group = data.get_samples(1)[0]
     stream.order.append(0)
@@ -173,17 +174,17 @@ async def _submit_and_wait(stream, group):
 
 def test_a_group_aborted_again_and_again_fails_with_its_key_and_count(engine):
     args, data = _args(rollout_batch_size=1, max_staleness=1), DataSource()
-    stream = rollout.GroupStream(args, data, cap=1)
+    stream = group_stream.GroupStream(args, data, cap=1)
     engine.abort_next = {0}
-    with pytest.raises(rollout.AbortLoopError, match="group 0 was aborted 16 times in a row") as caught:
+    with pytest.raises(group_stream.AbortLoopError, match="group 0 was aborted 16 times in a row") as caught:
         _collect(args, stream, 1, 0)
-    assert caught.value.group == 0 and caught.value.aborts == rollout.MAX_CONSECUTIVE_ABORTS
-    assert stream.abort_resubmits == rollout.MAX_CONSECUTIVE_ABORTS - 1
+    assert caught.value.group == 0 and caught.value.aborts == group_stream.MAX_CONSECUTIVE_ABORTS
+    assert stream.abort_resubmits == group_stream.MAX_CONSECUTIVE_ABORTS - 1
 
 
 def test_an_abort_then_a_finish_resets_the_count(engine, monkeypatch):
     args, data = _args(rollout_batch_size=1, max_staleness=1), DataSource()
-    stream = rollout.GroupStream(args, data, cap=1)
+    stream = group_stream.GroupStream(args, data, cap=1)
     calls = {"n": 0}
     original = engine.generate
 
