@@ -43,6 +43,8 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/bench/test_gpu_check.py": 300,                 # [43 s its module's set-up]
     "tests/slime_adapter/test_slime_contract.py": 300,    # [19 s]
     "tests/slime_adapter/test_router_standin.py": 300,    # [35 s starting two SGLang stand-ins at load 8-10]
+    # the first test to use `real_engines` may wait for the real server's start (~2.5 min at load 6)
+    "tests/slime_adapter/test_real_sglang.py": 600,
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {
@@ -78,6 +80,7 @@ def time_limit_s(item, default_s: float) -> float:
 
 
 def pytest_collection_modifyitems(config, items):
+    _launch_real_engines_if_needed(items)
     _ANNOUNCE.clear()
     _ANNOUNCE.update(announcements(items, float(config.getini("timeout") or 0)))
     if config.getoption("timeout", None) is not None:      # --timeout N given: one limit for all
@@ -126,3 +129,67 @@ _REPORTER: dict = {}
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     _REPORTER["tr"] = config.pluginmanager.get_plugin("terminalreporter")
+
+
+# ---- the real SGLang server and sglang-router (tests/support/real_sglang.py) ----
+#
+# One server behind one router for the whole session, launched right after collection when a collected
+# test asks for `real_engines` (its imports take 1.5-2 min, overlapping the tests before it); stopped at
+# the end. Its logs stay in the folder printed at the end when a test failed.
+
+_REAL: dict = {}
+
+
+def _launch_real_engines_if_needed(items) -> None:
+    import tempfile
+
+    from support import real_sglang
+
+    if _REAL or not any("real_engines" in getattr(item, "fixturenames", ()) for item in items):
+        return
+    reason = real_sglang.unavailable_reason()
+    if reason is not None:
+        _REAL["reason"] = reason
+        return
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="epic-slime-real-sglang-"))
+    _REAL["workdir"] = workdir
+    try:
+        _REAL["engines"] = real_sglang.RealEngines(workdir)
+    except Exception as exc:  # noqa: BLE001 - reported by the fixture, where a test asks for it
+        _REAL["reason"] = f"could not launch the real SGLang server: {exc!r} (logs in {workdir})"
+
+
+@pytest.fixture(scope="session")
+def real_engines():
+    """The real server and router (started once), or a skip with the reason; under
+    EPIC_SLIME_REQUIRE_REAL_SGLANG=1 (CI) a failure instead of a skip."""
+    from support import real_sglang
+
+    engines = _REAL.get("engines")
+    if engines is None:
+        reason = _REAL.get("reason") or real_sglang.unavailable_reason() or "real engines not launched"
+        if real_sglang.required():
+            pytest.fail(f"{real_sglang.REQUIRE_ENV}=1 and {reason}", pytrace=False)
+        pytest.skip(reason)
+    try:
+        return engines.ready()
+    except RuntimeError as exc:
+        pytest.fail(f"the real SGLang server did not come up: {exc}", pytrace=False)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import shutil
+
+    engines = _REAL.pop("engines", None)
+    if engines is not None:
+        engines.stop()
+    workdir = _REAL.pop("workdir", None)
+    _REAL.clear()
+    if workdir is None:
+        return
+    if session.testsfailed:
+        tr = _REPORTER.get("tr")
+        if tr is not None:
+            tr.write_line(f"real SGLang server and router logs kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
