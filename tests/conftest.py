@@ -43,6 +43,8 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/bench/test_gpu_check.py": 300,                 # [43 s its module's set-up]
     "tests/slime_adapter/test_slime_contract.py": 300,    # [19 s]
     "tests/slime_adapter/test_router_standin.py": 300,    # [35 s starting two SGLang stand-ins at load 8-10]
+    "tests/integrations/test_trl.py": 300,                # [25 s the 8-step GRPOTrainer run at load 17-22]
+    "tests/integrations/test_verl.py": 300,               # [21 s a fresh process importing verl at load 17-22]
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {

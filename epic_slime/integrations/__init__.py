@@ -21,10 +21,21 @@ from epic_slime.losses import LOSS_MODES, PolicyLossInputError
 PARAMS_ENV = "EPIC_SLIME_LOSS_PARAMS"
 
 
+# Modes verl already registers under the same name: verl's own stay in place, the project's go under
+# a prefixed name (registering over them would change a verl user's run just by installing this package).
+VERL_OWN_MODES = ("cispo", "dppo_kl", "dppo_tv", "gspo")
+VERL_PREFIX = "epic_slime_"
+
+
 def exported_modes() -> list[str]:
     """The modes an adapter offers: every registered mode except those needing the behaviour policy's
     top-K log-probs, which neither framework's loss call carries."""
     return sorted(mode for mode, spec in LOSS_MODES.items() if not spec.needs_topk)
+
+
+def verl_loss_name(mode: str) -> str:
+    """The name `mode` has in verl's registry (`actor_rollout_ref.actor.policy_loss.loss_mode=<this>`)."""
+    return VERL_PREFIX + mode if mode in VERL_OWN_MODES else mode
 
 
 def params_from_env(environ=None) -> dict:

@@ -25,7 +25,7 @@ import logging
 import torch
 from verl.trainer.ppo import core_algos
 
-from epic_slime.integrations import exported_modes, params_from_env
+from epic_slime.integrations import exported_modes, params_from_env, verl_loss_name
 from epic_slime.losses import PolicyLossInputError, compute_policy_loss, resolve_params
 from epic_slime.losses.kl import kl_penalty
 
@@ -38,21 +38,12 @@ VERL_AGGREGATIONS = {
     "seq-mean-token-mean": "seq-mean-token-mean",
     "seq-mean-token-sum": "seq-mean-token-sum",
 }
-# Modes verl already registers under the same name: verl's own stay in place, the project's go under
-# a prefixed name (registering over them would change a verl user's run just by installing this package).
-VERL_OWN_MODES = ("cispo", "dppo_kl", "dppo_tv", "gspo")
-PREFIX = "epic_slime_"
 # The core's diagnostics that verl's own losses report under a name of verl's.
 VERL_METRIC_NAMES = {"clipfrac": "actor/pg_clipfrac", "clipfrac_lower": "actor/pg_clipfrac_lower"}
 POLICY_METRIC_PREFIX = "actor/policy/"
 
 REGISTERED: dict[str, str] = {}   # verl name -> project mode, what register() put in verl's registry
 SKIPPED: list[str] = []           # names left alone because something else had registered them
-
-
-def verl_name(mode: str) -> str:
-    """The name `mode` is registered under in verl (`loss_mode=<this>`)."""
-    return PREFIX + mode if mode in VERL_OWN_MODES else mode
 
 
 def project_aggregation(loss_agg_mode: str) -> str:
@@ -105,7 +96,7 @@ def make_policy_loss(mode: str, **params):
 def register() -> dict[str, str]:
     """Register every exported mode in verl's registry (again on a second call); returns verl name -> mode."""
     for mode in exported_modes():
-        name = verl_name(mode)
+        name = verl_loss_name(mode)
         present = core_algos.POLICY_LOSS_REGISTRY.get(name)
         if present is not None and getattr(present, "epic_slime_mode", None) is None:
             if name not in SKIPPED:

@@ -21,7 +21,7 @@ pytest.importorskip("verl", reason="verl is not installed (CI installs it: .ci/r
 
 from verl.trainer.ppo import core_algos  # noqa: E402
 
-from epic_slime.integrations import PARAMS_ENV, exported_modes  # noqa: E402
+from epic_slime.integrations import PARAMS_ENV, VERL_OWN_MODES, exported_modes, verl_loss_name  # noqa: E402
 from epic_slime.integrations import verl as adapter  # noqa: E402
 from epic_slime.losses import AGGREGATIONS, LOSS_MODES, PolicyLossInputError, compute_policy_loss  # noqa: E402
 
@@ -45,11 +45,11 @@ def random_batch(seed: int, batch: int = 5, length: int = 9, dtype=torch.float64
 def test_verl_registry_returns_the_adapter_for_every_exported_mode():
     assert adapter.SKIPPED == []
     for mode in exported_modes():
-        fn = core_algos.get_policy_loss_fn(adapter.verl_name(mode))
+        fn = core_algos.get_policy_loss_fn(verl_loss_name(mode))
         assert fn.epic_slime_mode == mode
     assert core_algos.get_policy_loss_fn("epic").epic_slime_mode == "epic"
     # verl's own modes of the same name stay verl's; ours sit beside them under a prefix
-    for mode in adapter.VERL_OWN_MODES:
+    for mode in VERL_OWN_MODES:
         assert not hasattr(core_algos.get_policy_loss_fn(mode), "epic_slime_mode"), mode
         assert core_algos.get_policy_loss_fn("epic_slime_" + mode).epic_slime_mode == mode
     # the Top-K modes need inputs verl's loss call does not carry
@@ -60,7 +60,7 @@ def test_verl_registry_returns_the_adapter_for_every_exported_mode():
 @pytest.mark.parametrize("mode", exported_modes())
 def test_loss_and_gradient_equal_the_core(mode, aggregation):
     old, new, advantages, mask = random_batch(seed=10 * exported_modes().index(mode) + AGGREGATIONS.index(aggregation))
-    loss, metrics = core_algos.get_policy_loss_fn(adapter.verl_name(mode))(
+    loss, metrics = core_algos.get_policy_loss_fn(verl_loss_name(mode))(
         old_log_prob=old, log_prob=new, advantages=advantages, response_mask=mask, loss_agg_mode=aggregation)
     (grad,) = torch.autograd.grad(loss, new)
 
