@@ -210,3 +210,38 @@ def test_worker_import_through_the_entry_point_pyproject_declares(tmp_path):
     (dist / "entry_points.txt").write_text(
         "[verl.plugins]\n" + "".join(f"{name} = {target}\n" for name, target in points.items()))
     assert run_fresh_process("import verl", {"VERL_USE_EXTERNAL_PLUGINS": "auto"}, [str(tmp_path)]) == "FOUND epic"
+
+
+def test_through_verls_worker_side_ppo_loss():
+    """verl's own actor loss (verl/workers/utils/losses.py `ppo_loss`, what its engine workers call):
+    it unpads the model's flat log-probs, sets global_batch_info from the batch, picks the loss by
+    `policy_loss.loss_mode` from verl's registry and reports its metrics. Loss and gradient are the core's."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+    from verl.workers.utils.losses import ppo_loss
+
+    prompt_len, lengths = 2, torch.tensor([4, 2, 3])
+    old, new, advantages, _ = random_batch(seed=11, batch=3, length=4)
+    new = torch.where(torch.isnan(new), old, new).detach().requires_grad_()
+    mask = torch.arange(4)[None] < lengths[:, None]
+    # the model's output as verl's engines return it: one flat row of every token's log-prob, the log-prob
+    # of response token k at position prompt_len - 1 + k of its sequence
+    flat = torch.cat([piece for i in range(3) for piece in (torch.zeros(prompt_len - 1, dtype=old.dtype),
+                                                            new[i, :lengths[i]], torch.zeros(1, dtype=old.dtype))])
+    data = TensorDict({"prompts": torch.ones(3, prompt_len, dtype=torch.long),
+                       "responses": torch.ones(3, 4, dtype=torch.long),
+                       "attention_mask": torch.cat([torch.ones(3, prompt_len, dtype=torch.long), mask.long()], 1),
+                       "response_mask": mask.long(), "old_log_probs": old, "advantages": advantages}, batch_size=[3])
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=3)
+    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
+                         policy_loss=PolicyLossConfig(loss_mode="epic"), loss_agg_mode="seq-mean-token-mean")
+    loss, metrics = ppo_loss(config, {"log_probs": flat}, data)
+    (grad,) = torch.autograd.grad(loss, new)
+
+    leaf = new.detach().clone().requires_grad_()
+    core = compute_policy_loss("epic", leaf, old, advantages, mask)
+    (grad_core,) = torch.autograd.grad(core.loss, leaf)
+    torch.testing.assert_close(loss, core.loss, rtol=1e-7, atol=1e-12)
+    torch.testing.assert_close(grad, grad_core, rtol=1e-7, atol=1e-12)
+    assert {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/policy/ratio_mean"} <= set(metrics)
