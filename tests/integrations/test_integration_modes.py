@@ -64,3 +64,16 @@ def test_parameters_from_the_environment_are_a_json_object():
         params_from_env({PARAMS_ENV: "[1]"})
     with pytest.raises(PolicyLossInputError, match=rf"{PARAMS_ENV}='{{delta' is not JSON"):
         params_from_env({PARAMS_ENV: "{delta"})
+
+
+def test_only_the_adapters_import_a_framework():
+    package = Path(__file__).resolve().parents[2] / "epic_slime"
+    frameworks = {"verl", "trl"}
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(name.split(".")[0] in frameworks for name in names):
+                importers.add(path.relative_to(package).as_posix())
+    assert importers == {"integrations/verl.py", "integrations/trl.py"}
