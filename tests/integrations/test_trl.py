@@ -136,3 +136,23 @@ def test_unsupported_trl_settings_are_refused_with_the_reason(tiny_model_dir, tm
     with pytest.raises(PolicyLossInputError, match="delta_high=0"):
         EpicGRPOTrainer(model=str(tiny_model_dir), reward_funcs=ones_reward, args=grpo_args(tmp_path),
                         train_dataset=prompts(), loss_params={"delta_high": 0})
+
+
+def test_vllms_importance_sampling_correction_is_refused_with_its_reason():
+    """vLLM does not run here: the rule is checked on the attributes GRPOTrainer sets from its config."""
+    from types import SimpleNamespace
+
+    from epic_slime.integrations.trl import UNSUPPORTED
+
+    def refusals(**changes):
+        settings = dict(use_vllm=False, vllm_importance_sampling_correction=True, beta=0.0, top_entropy_quantile=1.0,
+                        _entropy_bonus_enabled=False, off_policy_mask_threshold=None, importance_sampling_level="token")
+        trainer = SimpleNamespace(**{**settings, **changes})
+        return [reason.format(**vars(trainer)) for is_set, reason in UNSUPPORTED if is_set(trainer)]
+
+    assert refusals() == []   # the correction is on by default but only applies with vLLM
+    (reason,) = refusals(use_vllm=True)
+    assert reason.startswith("vllm_importance_sampling_correction=True: the loss already uses vLLM's sampling")
+    assert refusals(use_vllm=True, vllm_importance_sampling_correction=False) == []
+    assert refusals(importance_sampling_level="sequence") == [
+        "importance_sampling_level='sequence': each loss mode defines its own ratio; use 'token'"]
