@@ -45,6 +45,8 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/slime_adapter/test_router_standin.py": 300,    # [35 s starting two SGLang stand-ins at load 8-10]
     # the first test to use `real_engines` may wait for the real server's start (~2.5 min at load 6)
     "tests/slime_adapter/test_real_sglang.py": 600,
+    "tests/integrations/test_trl.py": 300,                # [25 s the 8-step GRPOTrainer run at load 17-22]
+    "tests/integrations/test_verl.py": 300,               # [21 s a fresh process importing verl at load 17-22]
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {

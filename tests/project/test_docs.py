@@ -130,6 +130,20 @@ def test_losses_doc_has_every_registry_mode_with_its_defaults():
         assert aggregation == spec.aggregation, (mode, aggregation, spec.aggregation)
 
 
+def test_integrations_doc_names_what_the_adapters_export():
+    """Every mode the adapters offer is a documented registry mode; docs/integrations.md names the
+    ones left out and verl's prefixed names exactly."""
+    from epic_slime.integrations import VERL_OWN_MODES, VERL_PREFIX, exported_modes, verl_loss_name
+    from epic_slime.losses import LOSS_MODES
+
+    assert set(exported_modes()) <= set(_loss_sections())
+    text = _read(DOCS / "integrations.md")
+    (left_out,) = re.findall(r"except (`\w+`(?: and `\w+`)*), which need", text)
+    assert set(re.findall(r"`(\w+)`", left_out)) == set(LOSS_MODES) - set(exported_modes())
+    prefixed = set(re.findall(rf"`({VERL_PREFIX}\w+)`", text))
+    assert prefixed == {verl_loss_name(mode) for mode in VERL_OWN_MODES}
+
+
 def test_losses_summary_table_lists_every_mode():
     from epic_slime.losses import LOSS_MODES
 
