@@ -74,7 +74,7 @@ def test_get_samples_serves_exactly_as_many_as_asked_handed_back_first_oldest_fi
     assert source.ledger.metrics()["rollout/accounting/consumed_groups"] == 7.0
 
 
-def test_a_save_with_groups_handed_back_resumes_each_once_after_the_restored_ones(tmp_path):
+def test_a_save_with_groups_handed_back_resumes_each_once_and_a_later_hand_back_goes_first(tmp_path):
     source = _source(tmp_path)
     first = source.get_samples(5)
     for key in (0, 1):
@@ -148,6 +148,7 @@ def slime_sync(monkeypatch):
     monkeypatch.setattr(sglang_rollout, "load_processor", lambda *a, **k: None)
     monkeypatch.setattr(rollout, "_first_rollout_id", None)
     sglang_rollout.GenerateState.clear_instances()
+    ENGINE.__init__()   # a fresh engine per test (calls and abort counts)
     with EngineHttp() as http:
         monkeypatch.setattr(http_utils, "_http_client", None)
         yield http
