@@ -16,6 +16,7 @@ from typing import Any
 from epic_slime.slime.flags import (
     ASYNCHRONOUS,
     BEHAVIOR_LOGPROBS,
+    DATA_SOURCE_PATH,
     DEFAULT_POLICY_LOSS_TOPK,
     GENERATE_FUNCTION_PATH,
     LOSS_FUNCTION_PATH,
@@ -271,6 +272,9 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--over-sampling-batch-size": _SYNC_ROLLOUT + " (the paper's oversampling is --oversample-ratio)",
     "--rollout-sample-filter-path": _SYNC_ROLLOUT,
     "--rollout-all-samples-process-path": _SYNC_ROLLOUT,
+    "--buffer-filter-path": "picks which groups slime's own data-source buffer hands out again; the "
+    f"project's data source ({DATA_SOURCE_PATH}) hands back the groups given to add_samples oldest first "
+    "and never consults it",
     "--use-tis": _SLIME_POLICY_LOSS + "; the project's loss applies no truncated importance-sampling correction",
     "--use-opsm": _SLIME_POLICY_LOSS,
     "--custom-pg-loss-reducer-function-path": _SLIME_POLICY_LOSS + "; aggregation is --policy-loss-aggregation",

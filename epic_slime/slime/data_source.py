@@ -72,12 +72,17 @@ class StreamingDataSource:
             return out
 
     def add_samples(self, samples) -> None:
-        """Groups given back (e.g. slime's partial-rollout abort path) are handed out again first,
-        without counting them as consumed twice."""
+        """Groups given back (slime's abort with ``--partial-rollout``, its fully-async worker) are
+        handed out again first, oldest first, without counting them as consumed twice. slime's
+        ``--buffer-filter-path`` (which groups its own buffer serves) is refused by the driver: this
+        queue never consults it."""
         with self._lock:
             for group in samples:
-                if group_key(group) not in self.ledger.payloads:
-                    raise ValueError(f"add_samples: group {group_key(group)} was never handed out by this data source")
+                key = group_key(group)
+                if key not in self.ledger.payloads:
+                    raise ValueError(f"add_samples: group {key} was never handed out by this data source")
+                if any(group_key(waiting) == key for waiting in self._returned):
+                    raise ValueError(f"add_samples: group {key} is already waiting to be handed out again (given back twice)")
                 self._returned.append(group)
 
     def fresh_group(self, key: int):

@@ -57,6 +57,7 @@ def _dead(pid: int, seconds: float = 10.0) -> bool:
     ("hang", "timeouts", True),
     ("exit", "worker_deaths", True),
     ("sigkill", "worker_deaths", True),
+    ("fatal", "worker_deaths", True),      # the worker answers "fatal" and exits: retired at once
 ])
 def test_a_failing_verifier_gives_a_counted_non_reward_and_the_pool_recovers(faults, fault, counter, replaced):
     with _pool(num_workers=1, timeout=3.0) as pool:

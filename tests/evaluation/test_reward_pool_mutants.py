@@ -95,3 +95,19 @@ def test_a_worker_lives_past_its_backstop_once_it_has_answered():
         assert worker.reader.recv() == ("ok", False)
     finally:
         worker.kill()
+
+
+def test_a_worker_that_dies_between_the_liveness_check_and_the_send_is_replaced(one_worker, monkeypatch):
+    """The race the liveness check cannot close: the worker dies right after ``poll()`` said it
+    lives, so writing the call meets a broken pipe. The call was never sent: the worker is replaced
+    (idle_deaths) and the call goes to the replacement, no error raised into the rollout."""
+    (worker,) = one_worker._workers
+    os.kill(worker.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while worker.process.poll() is None:
+        assert time.monotonic() < deadline, "the killed worker did not exit"
+        time.sleep(0.02)
+    monkeypatch.setattr(worker.process, "poll", lambda: None)   # as if it died just after the check
+    assert one_worker.verify(*HALF, timeout=30.0) is True
+    stats = one_worker.stats()
+    assert stats["idle_deaths"] == 1 and stats["worker_deaths"] == 0 and stats["worker_errors"] == 0, stats

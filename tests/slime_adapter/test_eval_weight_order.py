@@ -200,3 +200,13 @@ def test_served_step_translates_sglang_versions():
     assert eval_hooks.served_step("default", 4, None) == 3       # before any push: not step 4's weights
     assert eval_hooks.served_step("3", 1, 0) == 1                 # f = 0: version v holds step v - 2
     assert eval_hooks.served_step(2, 9, 6) == 6
+
+
+def test_an_eval_sample_that_spans_a_push_names_its_oldest_weights():
+    """A request aborted by a push and finished on the next weights carries both versions: its record
+    names the older step (so the report refuses an eval partly scored before its step's push)."""
+    sample = types.SimpleNamespace(index=0, weight_versions=["3", "4"], metadata={"benchmark": "aime_2024"})
+    data = {"aime_2024": {"rewards": [1.0], "samples": [sample]}}
+    args = types.SimpleNamespace(n_samples_per_eval_prompt=1)
+    (record,) = eval_hooks.eval_records_from_rollout(3, args, data, first_training_rollout=1, versions_known=True)
+    assert record.weight_version == 2      # version 3 holds step f + 3 - 2 = 2, version 4 step 3

@@ -190,3 +190,15 @@ def test_the_pending_groups_are_written_before_slimes_data_state(tmp_path, monke
     with pytest.raises(OSError):
         source.save(0)
     assert not (tmp_path / "rollout" / "global_dataset_state_dict_0.pt").exists()
+
+
+def test_the_refusal_skips_an_older_save_whose_model_write_was_also_cut_short(tmp_path):
+    """Saves of rollouts 1 (whole), 2 and 3 (model writes cut short, as by two kills under
+    --async-save): resuming from 3 is refused and names 1, never the torn 2."""
+    source = _source(tmp_path)
+    source.get_samples(2)
+    for rollout_id in (1, 2, 3):
+        source.save(rollout_id)
+    _model_saved(tmp_path, 1)
+    with pytest.raises(RuntimeError, match=r"not marked complete.*last consistent save is rollout 1: resume from it"):
+        _source(tmp_path, load=str(tmp_path)).load(3)

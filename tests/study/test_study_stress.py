@@ -255,3 +255,38 @@ def test_stress_flag_conflicts_are_clear_errors(capsys):
     assert "--ladder and --stress exclude each other" in capsys.readouterr().err
     assert cli_main(["study", "--stress", "--config", str(STRESS_CONFIG)]) == 2
     assert "exclude each other" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("collapsed, seeds, expected", [(1, 2, True), (2, 4, True), (1, 3, False), (0, 2, False)])
+def test_a_cell_breaks_when_half_or_more_of_its_seeds_collapse(collapsed, seeds, expected):
+    """BREAK_COLLAPSE_FRAC = 0.5 is inclusive: exactly half the seeds collapsing breaks the cell
+    (its mean stays above the warm start here, so only the collapse rule can say so)."""
+    cell = {"testable": True, "collapse_frac": collapsed / seeds, "warm_start_mean": 0.40, "test_last_mean": 0.45}
+    assert stress.breaks(cell) is expected
+
+
+def _hypothesis_cells(breaking: dict[str, tuple[bool, bool, bool]], gain: float = 0.1):
+    """cells[setting] = grpo / gspo / epic breaks; EPIC's last scores sit ``gain`` (+- 0.01) above
+    a warm start of 0.40 on 2 seeds."""
+    cells = {s: {"grpo": {"breaks": g}, "gspo": {"breaks": p}, "epic": {"breaks": e}} for s, (g, p, e) in breaking.items()}
+    warm = {s: {1: 0.40, 2: 0.40} for s in breaking}
+    runs = {(s, "epic", seed): {"test_at_final": 0.40 + gain + (0.01 if seed == 1 else -0.01)}
+            for s in breaking for seed in (1, 2)}
+    return cells, runs, warm
+
+
+def test_the_hypothesis_pools_cells_where_either_baseline_breaks():
+    cells, runs, warm = _hypothesis_cells({"s1": (True, False, False), "s2": (False, True, False), "s3": (False, False, False)})
+    h = stress.hypothesis_test(cells, runs, warm)
+    assert h["cells"] == ["s1", "s2"] and h["pairs"] == 4
+
+
+def test_the_hypothesis_is_not_supported_while_epic_breaks_somewhere():
+    """EPIC above the warm start on the pooled pairs but breaking at 1 of 3 cells (under half: not
+    rejected either): neither verdict."""
+    cells, runs, warm = _hypothesis_cells({"s1": (True, True, False), "s2": (True, False, False), "s3": (False, True, True)})
+    h = stress.hypothesis_test(cells, runs, warm)
+    assert h["low"] > 0 and h["epic_breaks_at"] == ["s3"]
+    assert h["verdict"] == "not rejected"
+    cells["s3"]["epic"]["breaks"] = False
+    assert stress.hypothesis_test(cells, runs, warm)["verdict"] == "supported"

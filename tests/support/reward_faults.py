@@ -5,7 +5,8 @@ any worker that finds it takes it (an atomic rename, so exactly one call fails) 
 way; every other call is the real math-verify ``verify_equivalent``. Faults: ``raise`` (an error
 inside math-verify / sympy), ``hang`` (sympy that never returns), ``exit`` (``os._exit`` mid-call),
 ``sigkill`` (killed mid-call, as by the OOM killer), ``not_bool`` (an answer that is neither True
-nor False, here the truthy string "False").
+nor False, here the truthy string "False"), ``fatal`` (an error whose message itself fails: the
+worker's own error handling raises, so it answers "fatal" and exits).
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ def _take_fault() -> str | None:
     return fault
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("the error's message cannot be built")
+
+
 def verify(prediction: str, reference: str):
     fault = _take_fault()
     if fault == "raise":
@@ -50,6 +56,8 @@ def verify(prediction: str, reference: str):
         os.kill(os.getpid(), signal.SIGKILL)
     if fault == "not_bool":
         return "False"
+    if fault == "fatal":
+        raise _Unprintable()
     if fault is not None:
         raise AssertionError(f"unknown fault {fault!r}")
     return verify_equivalent(prediction, reference)

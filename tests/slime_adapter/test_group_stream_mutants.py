@@ -1,0 +1,116 @@
+"""Tests a fresh-eyes mutation pass over GroupStream showed missing (issue 35 item 6): the crash-retry
+bound at its edge, the first steady rollout of the run's length-decile report, and the cap while a
+requeued prompt waits to start. The real GroupStream on slime's global loop, with an injected
+engine (``generate_group``) and the data-source interface it uses."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import pytest
+
+pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importable (SLIME_PATH)")
+from slime.utils.async_utils import run  # noqa: E402
+from slime.utils.types import Sample  # noqa: E402
+
+from epic_slime.slime import group_stream  # noqa: E402
+from epic_slime.staleness import GroupLedger  # noqa: E402
+
+
+class DataSource:
+    """Numbered prompts, each consumed once; ``fresh_group`` regenerates one."""
+
+    def __init__(self):
+        self.next, self.ledger, self._returned = 0, GroupLedger(), []
+
+    def get_samples(self, n):
+        groups = [[Sample(index=i, group_index=i)] for i in range(self.next, self.next + n)]
+        for g in groups:
+            self.ledger.consume(g[0].group_index, [Sample(index=g[0].index, group_index=g[0].index)])
+        self.next += n
+        return groups
+
+    def fresh_group(self, key):
+        return [Sample(index=key, group_index=key)]
+
+
+class Engine:
+    def __init__(self, raises=lambda key: False):
+        self.calls: list[int] = []
+        self.raises = raises
+
+    async def generate(self, args, group, sampling_params, evaluation=False):
+        key = group[0].group_index
+        self.calls.append(key)
+        await asyncio.sleep(0.001)
+        if self.raises(key):
+            raise ConnectionError(f"engine lost while generating group {key}")
+        for sample in group:
+            sample.append_response_tokens(argparse.Namespace(partial_rollout=False), tokens=[7], log_probs=[-0.1],
+                                          meta_info={"weight_version": "1", "finish_reason": {"type": "stop"}})
+        return group
+
+
+def _stream(engine, cap=None, **kw):
+    values = dict(rollout_batch_size=2, max_staleness=3, n_samples_per_prompt=1, weight_push_mode="abort")
+    args = argparse.Namespace(**(values | kw))
+    return group_stream.GroupStream(args, DataSource(), cap=cap, sampling_params={}, generate_group=engine.generate)
+
+
+async def _settle(stream):
+    while stream.active:
+        await asyncio.sleep(0.002)
+
+
+def test_a_group_that_always_raises_is_tried_exactly_max_group_attempts_times():
+    engine = Engine(raises=lambda key: key == 0)
+    stream = _stream(engine, cap=1)
+
+    async def go():
+        stream.start_rollout(1)
+        await _settle(stream)
+
+    run(go())
+    assert engine.calls.count(0) == group_stream.MAX_GROUP_ATTEMPTS == 3
+    assert stream.crash_retries == group_stream.MAX_GROUP_ATTEMPTS - 1
+    with pytest.raises(RuntimeError, match="group 0: 3 attempts, last error ConnectionError"):
+        stream.pop(2)
+
+
+@pytest.mark.parametrize("max_staleness, first_steady", [(1, 3), (2, 4), (None, 2)])
+def test_the_runs_decile_report_starts_at_trainer_version_k_plus_2(max_staleness, first_steady):
+    """Before trainer version K + 2 the budget is still filling up: those rollouts' groups stay out
+    of the run's report (they are in the rollout's own)."""
+    stream = _stream(Engine(), max_staleness=max_staleness)
+    group = [Sample(index=0, group_index=0, response_length=5)]
+    for version in range(1, first_steady + 2):
+        stream.trainer_version = version
+        stream.record(group, "trained", lag=0)
+    assert len(stream.decile_records) == first_steady + 1
+    assert len(stream.run_decile_records) == 2     # versions first_steady and first_steady + 1 only
+
+
+def test_a_requeued_prompt_waiting_to_start_counts_against_the_cap():
+    """--async-groups-in-flight caps the groups held, the requeued prompts waiting to start included
+    (the class docstring): none starts while they fill the cap."""
+    engine = Engine()
+    stream = _stream(engine, cap=4)   # the budget ((1 + 3) * 2 = 8) does not bind
+
+    async def go():
+        stream.start_rollout(1)
+        await _settle(stream)
+        assert sorted(engine.calls) == [0, 1, 2, 3]
+        taken = stream.pop(2)                    # frees two places: 4 and 5 start
+        await _settle(stream)
+        assert stream.requeue(taken[0])          # a taken group too stale to train: regenerated
+        await _settle(stream)
+        waiting_after_requeue = len(stream.to_start)
+        stream.pop(1)                            # group 2 taken: order 3 + 1 waiting = the cap
+        await _settle(stream)
+        return waiting_after_requeue
+
+    waiting = run(go())
+    assert waiting == 1
+    assert len(stream.to_start) == 1 and stream.held() == 4   # the requeued prompt still waits
+    assert engine.calls.count(0) == 1 and len(engine.calls) == 6
