@@ -416,7 +416,13 @@ def parse_config(argv: list[str], prog: str = "epic-slime train", quick: bool = 
     values = {k: merged[k] for k in FIELDS}
     loss_args = {k: v for k, v in merged.items() if k not in FIELDS}
     if quick:
+        from .loss_flags import check_mode_flags, stored_table
+
         mode, params, aggregation = loss_args["policy_loss"], {}, loss_args.get("policy_loss_aggregation")
+        try:
+            check_mode_flags(mode, loss_args, stored_table())
+        except ValueError as e:
+            raise ConfigError(f"policy loss: {e}") from None
     else:
         from epic_slime.losses.flags import policy_loss_config_from_args
 

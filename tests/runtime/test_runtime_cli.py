@@ -372,3 +372,29 @@ def test_a_refusal_answers_before_torch_is_imported(argv):
     assert last in ("no torch 2", "no torch 0"), (last, done.stderr[-500:])
     if argv[-1] != "--help":
         assert done.stderr.strip().startswith(f"epic-slime {argv[0]}: error: "), done.stderr
+
+
+def test_a_run_folder_load_or_mode_refusal_answers_before_torch_and_ray(tmp_path):
+    """The refusals that read the disk (a folder holding a run, a --load with no checkpoint or from
+    another config) and the cross-mode one come before torch's and Ray's imports too."""
+    import subprocess
+    import sys
+
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "metrics.jsonl").write_text('{"step": 1}\n')
+    other = tmp_path / "other" / "step_000002"
+    other.mkdir(parents=True)
+    with open(other / "driver.pkl", "wb") as f:
+        pickle.dump({"step": 2, "config": {"lr": 0.5}}, f)
+    cases = [(["--output-dir", str(held)], f"--output-dir {held} already holds a run"),
+             (["--load", str(tmp_path / "none"), "--output-dir", str(tmp_path / "a")], "no checkpoint there"),
+             (["--load", str(other), "--output-dir", str(tmp_path / "b")], "lr: checkpoint 0.5, now"),
+             (["--policy-loss", "grpo", "--epic-delta-low", "1e-3", "--output-dir", str(tmp_path / "c")],
+              "--epic-delta-low=1e-3 applies to the 'epic' modes, but --policy-loss is 'grpo'")]
+    code = ("import sys\nfrom epic_slime.cli import main\nrc = main(sys.argv[1:])\n"
+            "print([m for m in ('torch', 'ray') if m in sys.modules], rc)\n")
+    for argv, message in cases:
+        done = subprocess.run([sys.executable, "-c", code, "train", *argv], capture_output=True, text=True, timeout=120)
+        assert done.stdout.strip().splitlines()[-1] == "[] 2", (argv, done.stdout, done.stderr[-500:])
+        assert done.stderr.startswith("epic-slime train: error: ") and message in done.stderr, done.stderr
