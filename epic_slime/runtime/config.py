@@ -342,7 +342,9 @@ def load_yaml(path: str | Path, parser: argparse.ArgumentParser) -> dict:
     except FileNotFoundError:
         raise ConfigError(f"--config: file not found: {path}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"--config {path}: not valid YAML ({e})") from None
+        from epic_slime.yaml_errors import yaml_error_line
+
+        raise ConfigError(f"--config {yaml_error_line(path, e)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -26,7 +26,12 @@ def load_flag_mapping(paths: Iterable[str | Path]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for path in paths:
         with open(path) as handle:
-            data = yaml.safe_load(handle) or {}
+            try:
+                data = yaml.safe_load(handle) or {}
+            except yaml.YAMLError as e:
+                from epic_slime.yaml_errors import yaml_error_line
+
+                raise ValueError(yaml_error_line(path, e)) from None
         if not isinstance(data, dict) or not isinstance(data.get("flags", {}), dict):
             raise ValueError(f"{path}: expected a mapping with a 'flags' mapping")
         for name, value in (data.get("flags") or {}).items():

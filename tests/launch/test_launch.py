@@ -157,6 +157,22 @@ def test_two_seeds_train_two_prompt_orders(tmp_path):
     assert first != second
 
 
+def test_dockerfile_installs_the_light_dependencies_as_pyproject_names_them():
+    """The image's explicit installs are pyproject's own requirement strings (an extra spelt otherwise,
+    as `math-verify[antlr4_13_2]` was, installs without it)."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    required = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    by_name = {re.split(r"[\[<>=]", r, maxsplit=1)[0]: r.split("#")[0].strip() for r in required}
+    installs = re.findall(r'"([A-Za-z0-9_.-]+(?:\[[^\]]*\])?[<>=][^"]*)"', (REPO / "Dockerfile").read_text())
+    assert installs, "no quoted requirement in the Dockerfile"
+    for requirement in installs:
+        name = re.split(r"[\[<>=]", requirement, maxsplit=1)[0]
+        assert name in by_name and requirement == by_name[name], (requirement, by_name.get(name))
+
+
 def test_dockerfile_build_check_imports_the_loss_hook_and_slime():
     dockerfile = (REPO / "Dockerfile").read_text()
     checks = [line for line in dockerfile.splitlines() if 'python -c "import ' in line]

@@ -398,3 +398,25 @@ def test_a_run_folder_load_or_mode_refusal_answers_before_torch_and_ray(tmp_path
         done = subprocess.run([sys.executable, "-c", code, "train", *argv], capture_output=True, text=True, timeout=120)
         assert done.stdout.strip().splitlines()[-1] == "[] 2", (argv, done.stdout, done.stderr[-500:])
         assert done.stderr.startswith("epic-slime train: error: ") and message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "token"), ("disabled", "disabled")])
+def test_ray_starts_with_its_auth_mode_set_so_it_prints_no_notice(monkeypatch, preset, expected):
+    """Ray 2.60 warns of token authentication on every new local cluster unless RAY_AUTH_MODE is set:
+    the driver sets Ray's own default (token) and leaves a user's choice alone."""
+    import os
+
+    import ray
+
+    from epic_slime.runtime import driver
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "restored after the test")   # so that monkeypatch restores the variable
+    if preset is None:
+        monkeypatch.delenv("RAY_AUTH_MODE")
+    else:
+        monkeypatch.setenv("RAY_AUTH_MODE", preset)
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.setdefault("mode", os.environ.get("RAY_AUTH_MODE")))
+    driver._init_ray(1)
+    assert seen["mode"] == expected
