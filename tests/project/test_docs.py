@@ -146,3 +146,19 @@ def test_the_suite_size_and_time_are_one_figure_in_readme_and_testing_md():
     found = [re.search(pattern, " ".join(_read(path).split())) for path in (README, DOCS / "testing.md")]
     assert all(found), "README.md and docs/testing.md each state the suite's size and last timed run"
     assert found[0].groups() == found[1].groups(), [f.groups() for f in found]
+
+
+def test_the_runtimes_async_over_sync_is_one_measured_figure_with_its_date():
+    """The README said 1.21 (a 60-step bench of 2026-11-30), the measurement file 1.14: one figure now,
+    the file's, quoted with its date wherever the embedded runtime's async/sync ratio appears."""
+    import json
+
+    measured = json.loads(_read(REPO / "bench" / "runtime_measurement.json"))["measured_async_over_sync"]
+    figure = f"{measured:.2f}"
+    readme = " ".join(_read(README).split())
+    results = " ".join(_read(DOCS / "results.md").split())
+    assert re.findall(r"async vs sync (\d\.\d\d)", readme) == [figure]
+    assert f"async vs sync {figure} (idle machine, 2026-12-01" in readme
+    assert re.findall(r"ratio (\d\.\d\d), on an idle 2-core machine on 2026-12-01", results) == [figure]
+    assert re.findall(r"against (\d\.\d\d) measured \(idle, 2026-12-01", results) == [figure]
+    assert "1.21" not in readme and "ratio 1.21" not in results
