@@ -131,7 +131,9 @@ dry_run_or_check_flags() {
   local status=0
   "${PYTHON}" -m epic_slime.slime.dry_run "${DRIVER_ARGS[@]}" || status=$?
   if [[ "${status}" -eq 0 ]]; then
-    echo "# dry run (DRY_RUN=1): nothing was submitted and no Ray cluster started; run again without --dry-run to submit"
+    # say how to submit the way the dry run was asked for: the flag (DRY_RUN_ASKED, set by the launcher) or the variable
+    echo "# dry run (DRY_RUN=1): nothing was submitted and no Ray cluster started; to submit, run again without" \
+         "${DRY_RUN_ASKED:-DRY_RUN=1 (DRY_RUN=0 or unset)}"
   else
     echo "# dry run (DRY_RUN=1): nothing was submitted and no Ray cluster started; the flag check failed" \
          "(exit ${status}): fix the error above, then dry-run again"

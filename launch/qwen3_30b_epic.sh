@@ -9,9 +9,14 @@
 #   --method M          METHOD           epic | grpo | dapo | gspo | ctpo | ripo | grpo_r2 | grpo_r3, or any other configs/methods/M.yaml
 #   --nodes N           NUM_NODES        nodes in the Ray cluster (default 4)
 #   --gpus-per-node G   GPUS_PER_NODE    GPUs per node, for training and for slime's engine placement (default 8)
-#   --actor-nodes A     ACTOR_NODES      nodes for Megatron training; the rest run SGLang (default: the planner's
-#                                        pick for NUM_NODES x GPUS_PER_NODE at K >= 1, NUM_NODES / 2 at K = 0 or
-#                                        when bench/schedsim/launch_predictions.json has no pick)
+#   --layout L          LAYOUT           colocate | split (default: colocate at K = 0, split at K >= 1). colocate:
+#                                        Megatron and SGLang share every GPU (slime's --colocate, which offloads
+#                                        each while the other runs), as the paper's and verl's synchronous
+#                                        baselines do; only the synchronous schedule (K = 0) can share GPUs.
+#                                        split: ACTOR_NODES nodes train, the rest run SGLang.
+#   --actor-nodes A     ACTOR_NODES      split layout: nodes for Megatron training; the rest run SGLang (default: the
+#                                        planner's pick for NUM_NODES x GPUS_PER_NODE at K >= 1, NUM_NODES / 2 at
+#                                        K = 0 or when bench/schedsim/launch_predictions.json has no pick)
 #   --gpus-per-engine E GPUS_PER_ENGINE  GPUs per SGLang engine (default: the planner's pick, else 8)
 #   --push-mode M       PUSH_MODE        weight push: abort | in_place (--weight-push-mode; default abort)
 #   --oversample-ratio R OVERSAMPLE_RATIO oversampling at K >= 2 (default 0: the staleness budget alone decides
@@ -55,6 +60,7 @@ PUSH_MODE="${PUSH_MODE:-abort}"
 OVERSAMPLE_RATIO="${OVERSAMPLE_RATIO:-0}"
 UPDATE_DEPTH="${UPDATE_DEPTH:-8}"
 MAX_STALENESS="${MAX_STALENESS:-2}"
+LAYOUT="${LAYOUT:-}"
 STALE_POLICY="${STALE_POLICY:-drop}"
 SEED="${SEED:-1234}"
 NUM_ROLLOUT="${NUM_ROLLOUT:-300}"
@@ -64,6 +70,7 @@ SAVE_DIR="${SAVE_DIR:-}"
 DATA_DIR="${DATA_DIR:-/root/data}"
 WANDB_PROJECT="${WANDB_PROJECT:-epic-slime}"
 DRY_RUN="${DRY_RUN:-0}"
+DRY_RUN_ASKED=""   # "--dry-run" when the flag asked for the dry run (the footer says how to submit)
 REUSE_RAY="${REUSE_RAY:-0}"
 RAY_ROLE="${RAY_ROLE:-head}"
 RAY_DASHBOARD_PORT="${RAY_DASHBOARD_PORT:-8265}"
@@ -79,6 +86,7 @@ while [[ $# -gt 0 ]]; do
     --method) need_value "$@"; METHOD="$2"; shift 2 ;;
     --nodes) need_value "$@"; NUM_NODES="$2"; shift 2 ;;
     --gpus-per-node) need_value "$@"; GPUS_PER_NODE="$2"; shift 2 ;;
+    --layout) need_value "$@"; LAYOUT="$2"; shift 2 ;;
     --actor-nodes) need_value "$@"; ACTOR_NODES="$2"; shift 2 ;;
     --gpus-per-engine) need_value "$@"; GPUS_PER_ENGINE="$2"; shift 2 ;;
     --push-mode) need_value "$@"; PUSH_MODE="$2"; shift 2 ;;
@@ -94,7 +102,7 @@ while [[ $# -gt 0 ]]; do
     --data-dir) need_value "$@"; DATA_DIR="$2"; shift 2 ;;
     --wandb-project) need_value "$@"; WANDB_PROJECT="$2"; shift 2 ;;
     --reuse-ray) REUSE_RAY=1; shift ;;
-    --dry-run) DRY_RUN=1; shift ;;
+    --dry-run) DRY_RUN=1; DRY_RUN_ASKED="--dry-run"; shift ;;
     -h|--help) print_header "${BASH_SOURCE[0]}"; exit 0 ;;
     --) shift; EXTRA_ARGS+=("$@"); break ;;
     *) die "unknown option $1 (driver flags go after --)" ;;
@@ -106,13 +114,33 @@ for pair in "NUM_NODES:${NUM_NODES}" "GPUS_PER_NODE:${GPUS_PER_NODE}" "UPDATE_DE
             "SEED:${SEED}" "NUM_ROLLOUT:${NUM_ROLLOUT}"; do
   is_uint "${pair#*:}" || die "${pair%%:*} must be a non-negative integer, got '${pair#*:}'"
 done
-[[ "${NUM_NODES}" -ge 2 ]] || die "NUM_NODES must be >= 2 (training and generation use separate nodes), got ${NUM_NODES}"
 [[ "${PUSH_MODE}" == abort || "${PUSH_MODE}" == in_place ]] || die "PUSH_MODE must be abort or in_place, got '${PUSH_MODE}'"
+# The layout: the synchronous schedule shares the GPUs by default (nothing generates while Megatron
+# trains, so a split would leave half the GPUs idle at every step); the asynchronous one cannot.
+if [[ -z "${LAYOUT}" ]]; then
+  if [[ "${MAX_STALENESS}" == 0 ]]; then LAYOUT=colocate; else LAYOUT=split; fi
+fi
+case "${LAYOUT}" in
+  colocate)
+    [[ "${MAX_STALENESS}" == 0 ]] || die "LAYOUT=colocate needs the synchronous schedule (MAX_STALENESS=0): with \
+MAX_STALENESS=${MAX_STALENESS} SGLang generates while Megatron trains, so they cannot share GPUs; use --layout split"
+    [[ -z "${ACTOR_NODES}" ]] || die "ACTOR_NODES=${ACTOR_NODES} sets the split layout's training nodes, but the layout \
+is colocate (every node trains and generates): add --layout split, or drop ACTOR_NODES"
+    [[ "${PUSH_MODE}" == abort ]] || die "PUSH_MODE=in_place needs separate rollout GPUs; colocated, nothing generates \
+during a push: use --push-mode abort or --layout split" ;;
+  split)
+    [[ "${NUM_NODES}" -ge 2 ]] || die "NUM_NODES must be >= 2 for the split layout (training and generation on separate \
+nodes), got ${NUM_NODES}" ;;
+  *) die "LAYOUT must be colocate or split, got '${LAYOUT}'" ;;
+esac
 [[ "${OVERSAMPLE_RATIO}" =~ ^0(\.[0-9]+)?$ ]] || die "OVERSAMPLE_RATIO must be a number in [0, 1), got '${OVERSAMPLE_RATIO}'"
 # The planner's pick (python bench/schedule_sim.py plan; precomputed per node count in
 # bench/schedsim/launch_predictions.json) for the split and the engine size of an asynchronous run.
 PLAN_NOTE="ACTOR_NODES / GPUS_PER_ENGINE as given"
-if [[ -z "${ACTOR_NODES}" || -z "${GPUS_PER_ENGINE}" ]]; then
+if [[ "${LAYOUT}" == colocate ]]; then
+  ACTOR_NODES="${NUM_NODES}"; GPUS_PER_ENGINE="${GPUS_PER_ENGINE:-8}"
+  PLAN_NOTE="colocated (--layout split for separate train and SGLang nodes): all ${NUM_NODES} nodes train and generate, ${GPUS_PER_ENGINE} GPUs per engine"
+elif [[ -z "${ACTOR_NODES}" || -z "${GPUS_PER_ENGINE}" ]]; then
   PICK=""
   if [[ "${MAX_STALENESS}" != 0 ]]; then
     PICK=$("${PYTHON}" "${REPO_DIR}/bench/schedule_sim.py" pick --nodes "${NUM_NODES}" --gpus-per-node "${GPUS_PER_NODE}" 2>/dev/null || true)
@@ -127,9 +155,15 @@ if [[ -z "${ACTOR_NODES}" || -z "${GPUS_PER_ENGINE}" ]]; then
 fi
 is_uint "${GPUS_PER_ENGINE}" && [[ "${GPUS_PER_ENGINE}" -ge 1 ]] || die "GPUS_PER_ENGINE must be a positive integer, got '${GPUS_PER_ENGINE}'"
 is_uint "${ACTOR_NODES}" || die "ACTOR_NODES must be an integer, got '${ACTOR_NODES}'"
-[[ "${ACTOR_NODES}" -ge 1 && "${ACTOR_NODES}" -lt "${NUM_NODES}" ]] \
-  || die "ACTOR_NODES=${ACTOR_NODES} must leave at least one of NUM_NODES=${NUM_NODES} nodes for SGLang"
-ROLLOUT_GPUS=$(( (NUM_NODES - ACTOR_NODES) * GPUS_PER_NODE ))
+if [[ "${LAYOUT}" == colocate ]]; then
+  ROLLOUT_GPUS=$(( NUM_NODES * GPUS_PER_NODE ))   # the same GPUs as training
+  LAYOUT_ARGS=(--colocate)                         # slime: implies --offload-train and --offload-rollout
+else
+  [[ "${ACTOR_NODES}" -ge 1 && "${ACTOR_NODES}" -lt "${NUM_NODES}" ]] \
+    || die "ACTOR_NODES=${ACTOR_NODES} must leave at least one of NUM_NODES=${NUM_NODES} nodes for SGLang"
+  ROLLOUT_GPUS=$(( (NUM_NODES - ACTOR_NODES) * GPUS_PER_NODE ))
+  LAYOUT_ARGS=()
+fi
 
 METHOD_CONFIG="${REPO_DIR}/configs/methods/${METHOD}.yaml"
 if [[ ! -f "${METHOD_CONFIG}" ]]; then
@@ -143,8 +177,11 @@ EVAL_RECORDS="${EVAL_RECORDS:-${SAVE_DIR}/eval_records.jsonl}"
 RUN_CONFIG="${SAVE_DIR}/epic_run.yaml"   # the run identity (run_config_yaml), next to the checkpoints
 
 # Settings from YAML: the paper's shared settings (Table 2), the model and its parallelism,
-# then the method (its clip parameters and any routing-replay flags).
-read_config_args configs/paper/table2.yaml configs/models/qwen3_30b_a3b.yaml "${METHOD_CONFIG}"
+# then the method (its clip parameters and any routing-replay flags). The flags this script sets
+# itself are left out of them, so the command passes each once (a repeat is the user's own override).
+OWN_FLAGS=(--omit rollout-num-gpus-per-engine)
+if [[ "${MAX_STALENESS}" != 0 && "${MAX_STALENESS}" != 1 ]]; then OWN_FLAGS+=(--omit oversample-ratio); fi
+read_config_args "${OWN_FLAGS[@]}" configs/paper/table2.yaml configs/models/qwen3_30b_a3b.yaml "${METHOD_CONFIG}"
 
 STALENESS_ARGS=(--stale-policy "${STALE_POLICY}")
 if [[ "${MAX_STALENESS}" != "none" ]]; then
@@ -161,14 +198,28 @@ if [[ "${MAX_STALENESS}" != 0 && "${MAX_STALENESS}" != 1 ]]; then
   OVERSAMPLE_ARGS=(--oversample-ratio "${OVERSAMPLE_RATIO}")
 fi
 
-# DRY_RUN=1: the simulator's price of these settings (bench/schedsim/launch_predictions.json, precomputed).
-dry_run_price() {
-  echo "# split and engine size: ${PLAN_NOTE}"
+# DRY_RUN=1: the simulator's price of these settings (bench/schedsim/launch_predictions.json, precomputed);
+# at K = 0 also the other layout's. A colocated layout is priced as ACTOR_NODES = NUM_NODES (every node trains).
+price_line() {  # $1 = train nodes, $2 = GPUs per engine
   local over="${OVERSAMPLE_RATIO}"
   [[ "${MAX_STALENESS}" == 0 || "${MAX_STALENESS}" == 1 ]] && over=0
   "${PYTHON}" "${REPO_DIR}/bench/schedule_sim.py" predict --nodes "${NUM_NODES}" --gpus-per-node "${GPUS_PER_NODE}" \
-    --actor-nodes "${ACTOR_NODES}" --gpus-per-engine "${GPUS_PER_ENGINE}" --k "${MAX_STALENESS}" \
+    --actor-nodes "$1" --gpus-per-engine "$2" --k "${MAX_STALENESS}" \
     --push-mode "${PUSH_MODE}" --oversample-ratio "${over}" 2>&1 | head -1 || true
+}
+dry_run_price() {
+  echo "# layout and engine size: ${PLAN_NOTE}"
+  echo "# price of this command (${LAYOUT}):"
+  price_line "${ACTOR_NODES}" "${GPUS_PER_ENGINE}"
+  if [[ "${MAX_STALENESS}" == 0 ]]; then
+    if [[ "${LAYOUT}" == colocate ]]; then
+      echo "# the split layout instead (--layout split: $(( NUM_NODES / 2 )) train node(s), 8 GPUs per engine):"
+      price_line "$(( NUM_NODES / 2 ))" 8
+    else
+      echo "# the colocated layout instead (--layout colocate: all ${NUM_NODES} nodes, ${GPUS_PER_ENGINE} GPUs per engine):"
+      price_line "${NUM_NODES}" "${GPUS_PER_ENGINE}"
+    fi
+  fi
 }
 
 DRIVER_ARGS=(
@@ -176,6 +227,7 @@ DRIVER_ARGS=(
   --actor-num-gpus-per-node "${GPUS_PER_NODE}"
   --num-gpus-per-node "${GPUS_PER_NODE}"
   --rollout-num-gpus "${ROLLOUT_GPUS}"
+  "${LAYOUT_ARGS[@]}"
   --hf-checkpoint "${HF_CHECKPOINT}"
   --ref-load "${REF_LOAD}"
   --load "${SAVE_DIR}"

@@ -38,6 +38,7 @@ UPDATE_DEPTH="${UPDATE_DEPTH:-2}"
 SEED="${SEED:-1234}"
 WANDB_PROJECT="${WANDB_PROJECT:-epic-slime}"
 DRY_RUN="${DRY_RUN:-0}"
+DRY_RUN_ASKED=""   # "--dry-run" when the flag asked for the dry run (the footer says how to submit)
 REUSE_RAY="${REUSE_RAY:-0}"
 RAY_DASHBOARD_PORT="${RAY_DASHBOARD_PORT:-8265}"
 MEGATRON_PATH="${MEGATRON_PATH:-/root/Megatron-LM}"
@@ -49,7 +50,7 @@ die() { echo "smoke_1gpu.sh: error: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --reuse-ray) REUSE_RAY=1; shift ;;
-    --dry-run) DRY_RUN=1; shift ;;
+    --dry-run) DRY_RUN=1; DRY_RUN_ASKED="--dry-run"; shift ;;
     -h|--help) print_header "${BASH_SOURCE[0]}"; exit 0 ;;
     --) shift; EXTRA_ARGS+=("$@"); break ;;
     *) die "unknown option $1 (settings are environment variables; driver flags go after --)" ;;

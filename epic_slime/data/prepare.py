@@ -97,6 +97,10 @@ def prepare_one(spec: DatasetSpec, out_dir: str, from_local: str | None, timeout
     entry = {"path": os.path.relpath(out_path, out_dir), "source": source, "hf_id": spec.hf_id,
              "revision": None if from_local else revision, "commit": commit, "files": files,
              **report.as_dict(), "warnings": []}
+    if from_local and os.path.basename(paths[0]) in spec.sample_files:
+        entry["warnings"].append(
+            f"{os.path.basename(paths[0])} is a {report.rows_in}-row sample of {spec.display}, not the full set: "
+            f"enough to check the pipeline, not to train on (drop --from-local to download {spec.hf_id})")
     if spec.expected_prompts is not None and len(records) != spec.expected_prompts:
         entry["warnings"].append(f"expected {spec.expected_prompts} prompts, got {len(records)}")
     if report.conflicting_duplicates:

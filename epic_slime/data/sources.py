@@ -14,12 +14,13 @@ class DatasetSpec:
     expected_prompts: int | None   # unique prompts after de-duplication (None: not checked)
     display: str                   # column title in Table 1
     revision: str = "main"         # Hub revision (branch, tag or commit); `--revision NAME=REV` overrides it
+    sample_files: tuple[str, ...] = ()   # local_files that hold only a few rows (the test fixtures' copy)
 
 
 TRAIN = DatasetSpec(
     "dapo_math_17k", "train", "BytedTsinghua-SIA/DAPO-Math-17k",
     ("dapo_math_17k.jsonl", "dapo_math_17k.parquet", "dapo-math-17k.parquet", "dapo_math_sample.jsonl"),
-    None, "DAPO-Math-17k",
+    None, "DAPO-Math-17k", sample_files=("dapo_math_sample.jsonl",),
 )
 EVAL_SETS = (
     DatasetSpec("aime_2024", "eval", "BytedTsinghua-SIA/AIME-2024",

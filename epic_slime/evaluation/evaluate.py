@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         check_args(args)
         prompts = load_eval_prompts(args.data, args.benchmarks, args.max_prompts)
     except (ValueError, FileNotFoundError) as error:
-        print(f"evaluate: {error}", file=sys.stderr)
-        return 2 if isinstance(error, ValueError) else 1
+        print(f"epic-slime evaluate: error: {error}", file=sys.stderr)
+        return 2   # bad input (a flag, missing data), as every other epic-slime command
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)

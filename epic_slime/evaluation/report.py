@@ -183,7 +183,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bootstrap-seed", type=int, default=0)
     parser.add_argument("--pass-at-k", type=int, default=None, help="also list unbiased pass@k per run")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the report already in --out (without it a folder holding one is refused)")
     return parser
+
+
+# what `epic-slime report` writes (plots: curves_*.png); a folder holding any of them holds a report
+REPORT_FILES = ("table1.md", "scores.csv", "intervals.json", "selection.json")
+
+
+def check_out_folder(out: str, overwrite: bool) -> None:
+    """As `epic-slime train` with its --output-dir: a folder holding an earlier report is not
+    overwritten silently (RecordError naming the folder and the files) unless --overwrite."""
+    held = [n for n in REPORT_FILES if os.path.exists(os.path.join(out, n))]
+    if held and not overwrite:
+        raise RecordError(f"--out {out} already holds a report ({', '.join(held)}): pass --overwrite to replace it, "
+                          "or choose another --out")
 
 
 def _check_benchmarks_present(runs: dict, benchmarks: Sequence[str]) -> None:
@@ -218,6 +233,7 @@ def held_benchmarks(records) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_out_folder(args.out, args.overwrite)
         records = read_record_paths(record_paths(args.records))
         if not records:
             raise RecordError(f"no eval records in {', '.join(args.records)}")
@@ -233,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         intervals = {row.method: method_intervals(row, runs, args.benchmarks, args.bootstrap, args.bootstrap_seed)
                      for row in rows}
     except (RecordError, ValueError) as error:
-        print(f"report: {error}", file=sys.stderr)
-        return 1
+        print(f"epic-slime report: error: {error}", file=sys.stderr)
+        return 2   # bad input, as every other epic-slime command
     titles = dict(BENCHMARKS)
     os.makedirs(args.out, exist_ok=True)
     table = table1_markdown(rows, args.benchmarks, titles, intervals)

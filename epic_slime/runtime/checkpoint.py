@@ -85,10 +85,11 @@ def resume_differences(saved: dict, current: dict) -> list[str]:
     return out
 
 
-def check_resumable(state: dict, cfg: RuntimeConfig) -> None:
+def check_resumable(state: dict, cfg: RuntimeConfig, current: dict | None = None) -> None:
     """A checkpoint resumes only the run that wrote it (same training-relevant config) and only
-    when there is something left to train."""
-    diffs = resume_differences(state.get("config", {}), cfg.to_dict())
+    when there is something left to train. ``current``: the values to compare (default cfg.to_dict(),
+    which resolves the loss parameters: torch; the quick check before torch passes the rest)."""
+    diffs = resume_differences(state.get("config", {}), cfg.to_dict() if current is None else current)
     if diffs:
         raise ConfigError(f"--load {cfg.load}: the checkpoint was trained with a different config; resuming "
                           "would mix two runs. Differences:\n  " + "\n  ".join(diffs))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import shlex
 import sys
 
+from . import checkpoint
 from .checkpoint import has_checkpoint
 from .config import ConfigError, RuntimeConfig, parse_config
+from .run_files import check_output_dir
 
 EXIT_INTERRUPTED = 130   # the shell's convention for a run ended by SIGINT
 _NOTHING_SAVED = ("before the first checkpoint: nothing to resume, and the run's files were removed from {out}; "
@@ -65,9 +67,23 @@ def resume_command(argv: list[str], cfg: RuntimeConfig) -> str:
     return shlex.join(["epic-slime", "train", *kept, "--load", str(cfg.checkpoint_dir)])
 
 
+def refuse_before_start(cfg: RuntimeConfig) -> None:
+    """The refusals that need no torch or Ray: a --load without a checkpoint or from another run's
+    config, an output directory holding another run. The driver checks them again when it starts (the
+    loss parameters' values only there: the quick config does not resolve them)."""
+    resume_path = None
+    if cfg.load:
+        resume_path = checkpoint.resolve_checkpoint(cfg.load)
+        # every value but the loss parameters and aggregation (resolved with torch, compared at the start)
+        current = {**cfg.values, "policy_loss": cfg.policy_loss}
+        checkpoint.check_resumable(checkpoint.load_driver_state(resume_path), cfg, current)
+    check_output_dir(cfg, resume_path)
+
+
 def train_main(argv: list[str]) -> int:
     try:
-        parse_config(list(argv), quick=True)   # refusals (and --help) before torch's import: at once
+        # refusals (and --help) before torch's and Ray's imports: at once, not after a start-up banner
+        refuse_before_start(parse_config(list(argv), quick=True))
         cfg = parse_config(list(argv))
     except (ConfigError, FileNotFoundError) as e:
         print(f"epic-slime train: error: {e}", file=sys.stderr)

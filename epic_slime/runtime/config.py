@@ -342,7 +342,9 @@ def load_yaml(path: str | Path, parser: argparse.ArgumentParser) -> dict:
     except FileNotFoundError:
         raise ConfigError(f"--config: file not found: {path}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"--config {path}: not valid YAML ({e})") from None
+        from epic_slime.yaml_errors import yaml_error_line
+
+        raise ConfigError(f"--config {yaml_error_line(path, e)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -416,7 +418,13 @@ def parse_config(argv: list[str], prog: str = "epic-slime train", quick: bool = 
     values = {k: merged[k] for k in FIELDS}
     loss_args = {k: v for k, v in merged.items() if k not in FIELDS}
     if quick:
+        from .loss_flags import check_mode_flags, stored_table
+
         mode, params, aggregation = loss_args["policy_loss"], {}, loss_args.get("policy_loss_aggregation")
+        try:
+            check_mode_flags(mode, loss_args, stored_table())
+        except ValueError as e:
+            raise ConfigError(f"policy loss: {e}") from None
     else:
         from epic_slime.losses.flags import policy_loss_config_from_args
 

@@ -46,6 +46,9 @@ def _init_ray(num_cpus: int) -> None:
 
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray 2.60 turns token authentication on for a new local cluster and warns so on every run unless
+    # RAY_AUTH_MODE is set: set it to the same choice (token), which Ray then takes without the notice
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     # workers must import this checkout's epic_slime (the project is not necessarily pip-installed)
     root = str(Path(__file__).resolve().parents[2])
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -26,7 +26,7 @@ def live_table() -> dict:
     from epic_slime.losses.flags import _families
 
     return {"default_mode": DEFAULT_MODE, "modes": sorted(LOSS_MODES), "aggregations": list(AGGREGATIONS),
-            "families": _families()}
+            "families": _families(), "mode_prefix": {m: LOSS_MODES[m].flag_prefix for m in sorted(LOSS_MODES)}}
 
 
 @lru_cache(maxsize=1)
@@ -47,6 +47,18 @@ def add_loss_arguments_from_table(parser: argparse.ArgumentParser, table: dict) 
             group.add_argument(f"--{prefix}-{param.replace('_', '-')}", dest=f"{prefix.replace('-', '_')}_{param}",
                                default=None, metavar="V", help=f"{prefix} {param} (default {default})")
     return parser
+
+
+def check_mode_flags(mode: str, loss_args: dict, table: dict) -> None:
+    """The registry's cross-mode rule without torch: a parameter flag of another mode's family next
+    to --policy-loss MODE is refused (ValueError, the message `losses.flags` gives)."""
+    own = table["mode_prefix"][mode]
+    for prefix, params in table["families"].items():
+        for param in params:
+            value = loss_args.get(f"{prefix.replace('-', '_')}_{param}")
+            if value is not None and prefix != own:
+                raise ValueError(f"--{prefix}-{param.replace('_', '-')}={value} applies to the {prefix!r} modes, "
+                                 f"but --policy-loss is {mode!r} (its flags are --{own}-*)")
 
 
 def main(argv: list[str] | None = None) -> int:

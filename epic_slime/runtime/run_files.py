@@ -46,24 +46,32 @@ def _remove(paths) -> None:
             p.unlink()
 
 
-def prepare_output_dir(cfg: RuntimeConfig, resume_path: Path | None) -> None:
+def check_output_dir(cfg: RuntimeConfig, resume_path: Path | None) -> list[Path]:
     """Refuse to mix two runs in one directory: an existing run needs --load (resume it) or
-    --overwrite (clear it first: only this runtime's own files and the checkpoints, nothing else)."""
+    --overwrite (clear it first: only this runtime's own files and the checkpoints, nothing else).
+    Changes nothing (`epic-slime train` calls it before its heavy imports); returns the earlier run's files."""
     out, ckpt = Path(cfg.output_dir), cfg.checkpoint_dir
     found = existing_run(cfg)
     if not found:
-        return
+        return found
     if cfg.overwrite:
         if resume_path is not None and ckpt.resolve() in resume_path.resolve().parents:
             raise ConfigError(f"--overwrite would delete the checkpoint --load {cfg.load} resumes from; drop one of them")
-        _remove([*found, *(out / n for n in PLOT_NAMES)])
-        say(f"--overwrite: cleared the previous run in {out}")
-        return
-    if resume_path is None:
+    elif resume_path is None:
         listed = ", ".join(p.name for p in found)
         hint = f"--load {ckpt} to resume it, " if ckpt in found else ""
         raise ConfigError(f"--output-dir {out} already holds a run ({listed}): pass {hint}--overwrite to replace "
-                          "it, or choose another --output-dir")
+                          "it, or choose another --output-dir (e.g. --output-dir runs/check)")
+    return found
+
+
+def prepare_output_dir(cfg: RuntimeConfig, resume_path: Path | None) -> None:
+    """check_output_dir, then clear the earlier run under --overwrite."""
+    found = check_output_dir(cfg, resume_path)
+    if found and cfg.overwrite:
+        out = Path(cfg.output_dir)
+        _remove([*found, *(out / n for n in PLOT_NAMES)])
+        say(f"--overwrite: cleared the previous run in {out}")
 
 
 def discard_unsaved_run(cfg: RuntimeConfig) -> None:

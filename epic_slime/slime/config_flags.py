@@ -5,9 +5,11 @@ without its leading dashes). Values: ``true`` -> bare flag, ``false`` / ``null``
 omitted (lets a later file switch off an earlier one), a list -> the flag followed by every
 item, anything else -> the flag and ``str(value)``. Later files override earlier keys.
 
-    python -m epic_slime.slime.config_flags [-0] a.yaml b.yaml ...
+    python -m epic_slime.slime.config_flags [-0] [--omit NAME]... a.yaml b.yaml ...
 
-prints one argument per line (``-0``: NUL-separated, for ``mapfile -d ''`` in bash).
+prints one argument per line (``-0``: NUL-separated, for ``mapfile -d ''`` in bash). ``--omit NAME``
+leaves out a flag the caller sets itself (a launcher's own setting), so that the command passes it
+once and slime's "given 2 times" notice is left for the user's own overrides.
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ def load_flag_mapping(paths: Iterable[str | Path]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for path in paths:
         with open(path) as handle:
-            data = yaml.safe_load(handle) or {}
+            try:
+                data = yaml.safe_load(handle) or {}
+            except yaml.YAMLError as e:
+                from epic_slime.yaml_errors import yaml_error_line
+
+                raise ValueError(yaml_error_line(path, e)) from None
         if not isinstance(data, dict) or not isinstance(data.get("flags", {}), dict):
             raise ValueError(f"{path}: expected a mapping with a 'flags' mapping")
         for name, value in (data.get("flags") or {}).items():
@@ -60,8 +67,11 @@ def mapping_to_argv(flags: dict[str, Any]) -> list[str]:
     return argv
 
 
-def config_argv(paths: Sequence[str | Path]) -> list[str]:
-    return mapping_to_argv(load_flag_mapping(paths))
+def config_argv(paths: Sequence[str | Path], omit: Iterable[str] = ()) -> list[str]:
+    flags = load_flag_mapping(paths)
+    for name in omit:
+        flags.pop(name, None)
+    return mapping_to_argv(flags)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,11 +79,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     separator = "\n"
     if argv and argv[0] == "-0":
         separator, argv = "\0", argv[1:]
-    if not argv:
-        print("usage: python -m epic_slime.slime.config_flags [-0] config.yaml ...", file=sys.stderr)
+    omit = []
+    while len(argv) >= 2 and argv[0] == "--omit":
+        omit.append(argv[1].lstrip("-"))
+        argv = argv[2:]
+    if not argv or argv[0].startswith("-"):
+        print("usage: python -m epic_slime.slime.config_flags [-0] [--omit NAME]... config.yaml ...", file=sys.stderr)
         return 2
     try:
-        args = config_argv(argv)
+        args = config_argv(argv, omit)
     except (OSError, ValueError) as exc:
         print(f"config_flags: error: {exc}", file=sys.stderr)
         return 2

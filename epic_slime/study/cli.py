@@ -25,7 +25,9 @@ from .plan import (DEFAULT_CONFIG, LADDER_CONFIG, LADDER_QUICK_CONFIG, QUICK_CON
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="epic-slime study", description="The paper's claims at toy scale: Table 1 "
+    from epic_slime.runtime.config import OneLineErrorParser   # train's: one-line errors with a "did you mean"
+
+    p = OneLineErrorParser(prog="epic-slime study", description="The paper's claims at toy scale: Table 1 "
                                 "methods + EPIC ablations, paired by seed, selected on validation, reported on test.")
     p.add_argument("--quick", action="store_true", help=f"the quick study ({QUICK_CONFIG.relative_to(REPO)}; with "
                    f"--ladder: {LADDER_QUICK_CONFIG.relative_to(REPO)})")

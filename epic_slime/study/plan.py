@@ -63,6 +63,10 @@ def load_study_config(path: str | Path) -> StudyConfig:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise StudyConfigError(f"--config: file not found: {path}") from None
+    except yaml.YAMLError as e:
+        from epic_slime.yaml_errors import yaml_error_line
+
+        raise StudyConfigError(f"--config {yaml_error_line(path, e)}") from None
     if not isinstance(data, dict):
         raise StudyConfigError(f"{path}: top level must be a mapping")
     unknown = set(data) - _STUDY_KEYS - _OPTIONAL_KEYS

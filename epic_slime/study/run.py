@@ -24,13 +24,14 @@ def run_dir_of(out: Path, spec: RunSpec) -> Path:
     return _run_dir(out, spec.setting, spec.method, spec.seed)
 
 
-def weights_at(run_cfg, run_dir: Path, version: int) -> dict:
-    """Model weights of version v: the warm start for 0, else the step checkpoint."""
+def weights_at(run_cfg, run_dir: Path, version: int, progress: bool = False) -> dict:
+    """Model weights of version v: the warm start for 0, else the step checkpoint. progress: the warm
+    start says it trains, with a progress bar (minutes at the quick study's 2500 steps, once)."""
     import torch
 
     if version == 0:
         from epic_slime.runtime.warmstart import warm_start_for
-        return warm_start_for(run_cfg)[0]
+        return warm_start_for(run_cfg, progress=progress)[0]
     path = run_cfg.checkpoint_dir / f"step_{version:06d}" / "trainer.pt"
     if not path.exists():
         raise FileNotFoundError(f"study: no checkpoint for version {version} in {run_dir} ({path})")
@@ -183,7 +184,7 @@ def measure_warm_start(cfg: StudyConfig, out: Path, log=print, previous: dict | 
         spec = next(s for s in plan(cfg) if s.seed == seed)
         run_cfg = parse_config(run_argv(cfg, spec, run_dir_of(out, spec), out / "warm_start"))
         if state is None:
-            state = weights_at(run_cfg, run_dir_of(out, spec), 0)
+            state = weights_at(run_cfg, run_dir_of(out, spec), 0, progress=True)
         correct = evaluate_split(run_cfg, state, 0, "test", cfg.test_prompts)
         by_seed[seed] = _mean(correct)
         per_prompt[seed] = [statistics.fmean(row) for row in correct]
@@ -250,7 +251,8 @@ def warm_starts_by_setting(cfg: StudyConfig, out: Path, record: dict, only: list
             if key not in scores:
                 ident = key.rsplit("|", 1)[0]
                 if ident not in states:
-                    states[ident] = weights_at(run_cfg, run_dir_of(out, RunSpec(name, cfg.methods[0], seed)), 0)
+                    states[ident] = weights_at(run_cfg, run_dir_of(out, RunSpec(name, cfg.methods[0], seed)), 0,
+                                               progress=train)
                 scores[key] = _mean(evaluate_split(run_cfg, states[ident], 0, "test", cfg.test_prompts))
         run_cfg = keys[0][0]
         test = split_problems("test", replace(run_cfg.task, eval_num_prompts=cfg.test_prompts))

@@ -24,16 +24,21 @@ def _read_jsonl(path):
         return [json.loads(line) for line in handle]
 
 
-def test_from_local_converts_the_shared_files(tmp_path):
+def test_from_local_converts_the_shared_files(tmp_path, capsys):
     folder = require_shared_math()
     assert cli_main(["prepare-data", "--out", str(tmp_path), "--from-local", folder]) == 0
+    # the shared folder's DAPO file is a 28-row sample: said on its line and in the manifest, nowhere else
+    printed = capsys.readouterr().out
+    (dapo_line,) = [line for line in printed.splitlines() if line.startswith("dapo_math_17k")]
+    assert "dapo_math_sample.jsonl is a 28-row sample of DAPO-Math-17k, not the full set" in dapo_line
+    assert printed.count("-row sample") == 1
     counts = {name: len(_read_jsonl(tmp_path / "eval" / f"{name}.jsonl"))
               for name in ("aime_2024", "aime_2025", "amc_2023", "hmmt_feb_2025")}
     assert counts == {"aime_2024": 30, "aime_2025": 30, "amc_2023": 40, "hmmt_feb_2025": 30}
     assert sum(counts.values()) == 130
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["datasets"]["amc_2023"]["records_out"] == 40
-    assert all(not entry["warnings"] for entry in manifest["datasets"].values())
+    assert [name for name, entry in manifest["datasets"].items() if entry["warnings"]] == ["dapo_math_17k"]
 
     # labels and ids come from the source rows, in order
     hmmt = _read_jsonl(tmp_path / "eval" / "hmmt_feb_2025.jsonl")

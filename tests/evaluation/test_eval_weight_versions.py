@@ -41,7 +41,7 @@ def test_a_record_scored_on_other_weights_than_its_step_is_refused_by_name(tmp_p
     message = str(error.value)
     assert f"{path}:7" in message and "step 3" in message and "weight version 2" in message
     rc, out = _report(tmp_path, path, capsys)
-    assert rc == 1 and f"{path}:7" in out.err and "step 3 scored weight version 2" in out.err
+    assert rc == 2 and f"{path}:7" in out.err and "step 3 scored weight version 2" in out.err
     assert read_records(str(path), check_versions=False)[-1].weight_version == 2   # inspectable when asked
 
 

@@ -80,8 +80,15 @@ def test_report_flags_protocol_mismatch_and_bad_input(tmp_path, capsys):
     text = (out / "table1.md").read_text()
     assert "WARNING: samples per prompt differ from the protocol's 8" in text
     assert not (out / "average.png").exists()
+    # a folder holding a report is refused as `train` refuses a run folder: exit 2, nothing replaced
+    (out / "table1.md").write_text("mine")
+    assert cli_main(["report", "--records", str(tmp_path), "--out", str(out), "--no-plots"]) == 2
+    assert f"--out {out} already holds a report (table1.md, scores.csv, intervals.json, selection.json): pass --overwrite" in capsys.readouterr().err
+    assert (out / "table1.md").read_text() == "mine"
+    assert cli_main(["report", "--records", str(tmp_path), "--out", str(out), "--no-plots", "--overwrite"]) == 0
+    assert (out / "table1.md").read_text() != "mine"
     records_path.write_text(records_path.read_text() + '{"run": "x"}\n')
-    assert cli_main(["report", "--records", str(records_path), "--out", str(out)]) == 1
+    assert cli_main(["report", "--records", str(records_path), "--out", str(out), "--overwrite"]) == 2
     assert "missing field(s)" in capsys.readouterr().err
 
 
@@ -125,10 +132,10 @@ def test_report_k_uses_the_first_k_samples(tmp_path, capsys):
                                                              and r.seed == 2)]
     write_records(str(path), short, append=False)
     capsys.readouterr()
-    assert cli_main(["report", "--records", str(path), "--out", str(tmp_path / "bad"), "--k", "16", "--no-plots"]) == 1
+    assert cli_main(["report", "--records", str(path), "--out", str(tmp_path / "bad"), "--k", "16", "--no-plots"]) == 2
     err = capsys.readouterr().err
     assert "'epic-s2'" in err and "'amc_2023/p2'" in err and "12 samples, fewer than k=16" in err
-    assert cli_main(["report", "--records", str(path), "--out", str(tmp_path / "bad"), "--benchmark-k", "amc=0"]) == 1
+    assert cli_main(["report", "--records", str(path), "--out", str(tmp_path / "bad"), "--benchmark-k", "amc=0"]) == 2
     assert "--benchmark-k: expected NAME=K" in capsys.readouterr().err
 
 

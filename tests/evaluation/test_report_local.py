@@ -54,7 +54,8 @@ def test_table1_says_the_score_is_selected_on_the_records_it_is_scored_on(tmp_pa
 def test_pass_at_k_with_uneven_samples_per_prompt_prints_na(tmp_path, capsys):
     _write(tmp_path / "r.jsonl", samples=(4, 2))          # prompt 0: 4 samples, prompt 1: 2
     out = tmp_path / "out"
-    argv = ["--records", str(tmp_path / "r.jsonl"), "--out", str(out), "--no-plots", "--benchmarks", "heldout"]
+    argv = ["--records", str(tmp_path / "r.jsonl"), "--out", str(out), "--no-plots", "--benchmarks", "heldout",
+            "--overwrite"]   # the same folder, report after report
     assert main([*argv, "--pass-at-k", "3"]) == 0          # 3 > 2 samples of prompt 1: not computable
     runs_table = (out / "table1.md").read_text().split("## Selected checkpoints")[1].split("## Notes")[0]
     assert "pass@3" in runs_table and runs_table.strip().splitlines()[-1].rstrip(" |").endswith("n/a")

@@ -36,7 +36,9 @@ def test_companion_script_dry_run_is_complete_and_valid(method):
     assert flag_value(driver, "--rollout-function-path") == "epic_slime.slime.rollout.generate_rollout"
     assert (flag_value(driver, "--rollout-batch-size"), flag_value(driver, "--n-samples-per-prompt")) == ("64", "8")
     assert (flag_value(driver, "--update-depth"), flag_value(driver, "--num-rollout")) == ("8", "300")
-    assert (flag_value(driver, "--actor-num-nodes"), flag_value(driver, "--rollout-num-gpus")) == ("2", "16")
+    # the paper's synchronous protocol colocated: Megatron and SGLang share all 32 GPUs (slime's --colocate)
+    assert (flag_value(driver, "--actor-num-nodes"), flag_value(driver, "--rollout-num-gpus")) == ("4", "32")
+    assert "--colocate" in driver
     assert flag_value(driver, "--num-gpus-per-node") == "8"  # slime's engine placement, not only the actor's
     assert flag_value(driver, "--rollout-seed") == flag_value(driver, "--seed") == "1234"
     assert flag_value(driver, "--eval-interval") == "5" and flag_value(driver, "--n-samples-per-eval-prompt") == "8"
@@ -119,7 +121,9 @@ def test_paper_table2_values_reach_the_driver():
     assert flag_value(driver, "--rollout-max-response-len") == flag_value(driver, "--eval-max-response-len") == "16384"
     assert flag_value(driver, "--rollout-max-prompt-len") == flag_value(driver, "--eval-max-prompt-len") == "2048"
     assert flag_value(driver, "--lr-warmup-rollouts") == "10" and flag_value(driver, "--lr-decay-style") == "constant"
-    assert flag_value(driver, "--oversample-ratio") == "0.1"
+    # Table 2's oversampling at K = 0 and 1; at K >= 2 the launcher's own (0, see OVERSAMPLE_RATIO) replaces it
+    assert flag_value(submit_command(dry_run(MAX_STALENESS="1")), "--oversample-ratio") == "0.1"
+    assert flag_value(driver, "--oversample-ratio") == "0"
     assert (flag_value(driver, "--lr"), flag_value(driver, "--rollout-temperature"), flag_value(driver, "--kl-loss-coef")) == (
         "1e-06", "1.0", "0.001")
     # prompt + response must fit one GPU's dynamic batch (CP 1)
@@ -151,6 +155,22 @@ def test_two_seeds_train_two_prompt_orders(tmp_path):
     first, again, second = prompt_order(seed1), prompt_order(seed1), prompt_order(seed2)
     assert first == again and sorted(first) == sorted(second)
     assert first != second
+
+
+def test_dockerfile_installs_the_light_dependencies_as_pyproject_names_them():
+    """The image's explicit installs are pyproject's own requirement strings (an extra spelt otherwise,
+    as `math-verify[antlr4_13_2]` was, installs without it)."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    required = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    by_name = {re.split(r"[\[<>=]", r, maxsplit=1)[0]: r.split("#")[0].strip() for r in required}
+    installs = re.findall(r'"([A-Za-z0-9_.-]+(?:\[[^\]]*\])?[<>=][^"]*)"', (REPO / "Dockerfile").read_text())
+    assert installs, "no quoted requirement in the Dockerfile"
+    for requirement in installs:
+        name = re.split(r"[\[<>=]", requirement, maxsplit=1)[0]
+        assert name in by_name and requirement == by_name[name], (requirement, by_name.get(name))
 
 
 def test_dockerfile_build_check_imports_the_loss_hook_and_slime():
@@ -197,11 +217,14 @@ def test_a_real_launch_checks_the_flags_before_ray_starts(tmp_path, script):
 @pytest.mark.parametrize("script", ["launch/qwen3_30b_epic.sh", "launch/smoke_1gpu.sh", "launch/table1/epic.sh"])
 def test_a_dry_run_ends_saying_nothing_was_submitted(script):
     passed, failed = dry_run(script=script), dry_run("--", "--colocate", "--max-staleness", "2", script=script)
-    assert passed.returncode == 0 and failed.returncode == 2
-    for result in (passed, failed):
+    by_flag = dry_run("--dry-run", script=script, DRY_RUN="0")
+    assert passed.returncode == 0 and failed.returncode == 2 and by_flag.returncode == 0
+    for result in (passed, failed, by_flag):
         assert result.stdout.splitlines()[-1].startswith("# dry run (DRY_RUN=1): nothing was submitted")
-    assert passed.stdout.splitlines()[-1].endswith("run again without --dry-run to submit")
-    assert "without --dry-run" not in failed.stdout                  # a failed check is no go-ahead
+    # the footer names what asked for the dry run: DRY_RUN=1 in the environment, or the --dry-run flag
+    assert passed.stdout.splitlines()[-1].endswith("to submit, run again without DRY_RUN=1 (DRY_RUN=0 or unset)")
+    assert by_flag.stdout.splitlines()[-1].endswith("to submit, run again without --dry-run")
+    assert "to submit" not in failed.stdout                  # a failed check is no go-ahead
     assert failed.stdout.splitlines()[-1].endswith("the flag check failed (exit 2): fix the error above, then dry-run again")
 
 
@@ -257,11 +280,51 @@ def test_the_paper_launcher_uses_the_planners_pick_and_prints_its_price():
     assert f"{row['s_per_rollout']:.1f} s/rollout" in other.stdout
 
 
-def test_the_synchronous_paper_run_keeps_half_the_nodes_and_bad_push_modes_fail():
+def test_the_synchronous_paper_run_is_colocated_unless_split_is_asked_for():
+    """K = 0 shares the GPUs by default (slime's --colocate, which implies its offload); --layout split
+    (or LAYOUT=split) gives the old layout, half the nodes training; the dry run prices both."""
     result = dry_run(MAX_STALENESS="0")
     assert result.returncode == 0, result.stderr
     driver = submit_command(result)
-    assert flag_value(driver, "--actor-num-nodes") == "2" and "--oversample-ratio 0 " not in " ".join(driver) + " "
-    assert "no planner pick" in result.stdout
+    assert "--colocate" in driver and flag_value(driver, "--actor-num-nodes") == "4"
+    assert flag_value(driver, "--rollout-num-gpus") == "32" and flag_value(driver, "--actor-num-gpus-per-node") == "8"
+    assert "--oversample-ratio 0 " not in " ".join(driver) + " "
+    assert "# price of this command (colocate):" in result.stdout and "# the split layout instead" in result.stdout
+    for split in (dry_run("--layout", "split", MAX_STALENESS="0"), dry_run(MAX_STALENESS="0", LAYOUT="split")):
+        assert split.returncode == 0, split.stderr
+        driver = submit_command(split)
+        assert "--colocate" not in driver and flag_value(driver, "--actor-num-nodes") == "2"
+        assert flag_value(driver, "--rollout-num-gpus") == "16" and "no planner pick" in split.stdout
+        assert "# price of this command (split):" in split.stdout and "# the colocated layout instead" in split.stdout
+    asynchronous = submit_command(dry_run(MAX_STALENESS="2"))
+    assert "--colocate" not in asynchronous   # the asynchronous schedule cannot share GPUs
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (("--layout", "colocate"), {"MAX_STALENESS": "2"}, "LAYOUT=colocate needs the synchronous schedule"),
+        (("--actor-nodes", "1"), {"MAX_STALENESS": "0"}, "ACTOR_NODES=1 sets the split layout's training nodes"),
+        (("--push-mode", "in_place"), {"MAX_STALENESS": "0"}, "PUSH_MODE=in_place needs separate rollout GPUs"),
+        (("--layout", "shared"), {}, "LAYOUT must be colocate or split, got 'shared'"),
+    ],
+)
+def test_a_layout_that_cannot_run_is_named(args, env, message):
+    result = dry_run(*args, **env)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("env", [{"MAX_STALENESS": "0"}, {"MAX_STALENESS": "1"}, {"MAX_STALENESS": "2"}])
+def test_the_launcher_passes_its_own_settings_once(env):
+    """The engine size and (at K >= 2) the oversampling are the launcher's: the YAML's values are left
+    out rather than overridden, so a dry run warns of no override the user did not make; the user's
+    own repeat after -- is still reported."""
+    result = dry_run(**env)
+    assert result.returncode == 0, result.stderr
+    driver = submit_command(result)
+    assert driver.count("--rollout-num-gpus-per-engine") == 1 and driver.count("--oversample-ratio") == 1
+    assert "override:" not in result.stdout + result.stderr
+    own = dry_run("--", "--rollout-num-gpus-per-engine", "2", **env)
+    assert "override: --rollout-num-gpus-per-engine given 2 times" in own.stdout
     bad = dry_run("--push-mode", "retract")
     assert bad.returncode == 2 and "PUSH_MODE must be abort or in_place" in bad.stderr

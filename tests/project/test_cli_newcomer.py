@@ -174,3 +174,52 @@ def test_an_unrelated_command_gets_no_guess(capsys):
 
     assert main(["frobnicate"]) == 2
     assert capsys.readouterr().err.splitlines()[0] == "epic-slime: unknown command 'frobnicate'"
+
+
+def test_the_readmes_short_check_runs_after_command_1(tmp_path, monkeypatch):
+    """The README's short check, typed after command 1 (whose run holds runs/local-default) and typed
+    twice: neither is refused (the first-hour report: 'adding --num-rollout 5' was)."""
+    import re
+    import shlex
+
+    from epic_slime.runtime.cli import refuse_before_start
+
+    repo = Path(__file__).resolve().parents[2]
+    (command,) = re.findall(r"`(epic-slime train [^`]*--num-rollout 5[^`]*)`", (repo / "README.md").read_text())
+    argv = [str(repo / a) if a.startswith("configs/") else a for a in shlex.split(command)[2:]]
+    monkeypatch.chdir(tmp_path)   # the run folders are relative: in the checkout, here in tmp_path
+    for folder in ("runs/local-default", parse_config(argv, quick=True).output_dir):   # command 1's, then its own
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "metrics.jsonl").write_text('{"step": 1}\n')
+        cfg = parse_config(argv, quick=True)
+        assert cfg.num_rollout == 5 and cfg.output_dir != "runs/local-default"
+        refuse_before_start(cfg)   # raises ConfigError if refused
+    with pytest.raises(ConfigError, match="already holds a run"):
+        refuse_before_start(parse_config([a for a in argv if a != "--overwrite"], quick=True))
+
+
+@pytest.mark.parametrize("command", ["train", "study"])
+def test_a_yaml_syntax_error_is_one_line_naming_file_line_and_column(tmp_path, capsys, command):
+    from epic_slime.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: [1\nseed: 2\n")
+    try:
+        rc = main([command, "--config", str(bad)])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"--config {bad} line 2, column 5: not valid YAML: expected ',' or ']', but got ':'" in err, err
+    assert "while parsing a flow sequence at line 1, column 5" in err
+
+
+@pytest.mark.parametrize("typed, meant", [("--quik", "--quick"), ("--ladr", "--ladder"), ("--analyse-only", "--analyze-only")])
+def test_a_mistyped_study_flag_gets_a_did_you_mean_as_train_does(capsys, typed, meant):
+    from epic_slime.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["study", typed])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("epic-slime study: error: ") and f"did you mean {meant}?" in err, err

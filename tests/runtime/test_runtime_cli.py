@@ -372,3 +372,51 @@ def test_a_refusal_answers_before_torch_is_imported(argv):
     assert last in ("no torch 2", "no torch 0"), (last, done.stderr[-500:])
     if argv[-1] != "--help":
         assert done.stderr.strip().startswith(f"epic-slime {argv[0]}: error: "), done.stderr
+
+
+def test_a_run_folder_load_or_mode_refusal_answers_before_torch_and_ray(tmp_path):
+    """The refusals that read the disk (a folder holding a run, a --load with no checkpoint or from
+    another config) and the cross-mode one come before torch's and Ray's imports too."""
+    import subprocess
+    import sys
+
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "metrics.jsonl").write_text('{"step": 1}\n')
+    other = tmp_path / "other" / "step_000002"
+    other.mkdir(parents=True)
+    with open(other / "driver.pkl", "wb") as f:
+        pickle.dump({"step": 2, "config": {"lr": 0.5}}, f)
+    cases = [(["--output-dir", str(held)], f"--output-dir {held} already holds a run"),
+             (["--load", str(tmp_path / "none"), "--output-dir", str(tmp_path / "a")], "no checkpoint there"),
+             (["--load", str(other), "--output-dir", str(tmp_path / "b")], "lr: checkpoint 0.5, now"),
+             (["--policy-loss", "grpo", "--epic-delta-low", "1e-3", "--output-dir", str(tmp_path / "c")],
+              "--epic-delta-low=1e-3 applies to the 'epic' modes, but --policy-loss is 'grpo'")]
+    code = ("import sys\nfrom epic_slime.cli import main\nrc = main(sys.argv[1:])\n"
+            "print([m for m in ('torch', 'ray') if m in sys.modules], rc)\n")
+    for argv, message in cases:
+        done = subprocess.run([sys.executable, "-c", code, "train", *argv], capture_output=True, text=True, timeout=120)
+        assert done.stdout.strip().splitlines()[-1] == "[] 2", (argv, done.stdout, done.stderr[-500:])
+        assert done.stderr.startswith("epic-slime train: error: ") and message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "token"), ("disabled", "disabled")])
+def test_ray_starts_with_its_auth_mode_set_so_it_prints_no_notice(monkeypatch, preset, expected):
+    """Ray 2.60 warns of token authentication on every new local cluster unless RAY_AUTH_MODE is set:
+    the driver sets Ray's own default (token) and leaves a user's choice alone."""
+    import os
+
+    import ray
+
+    from epic_slime.runtime import driver
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "restored after the test")   # so that monkeypatch restores the variable
+    if preset is None:
+        monkeypatch.delenv("RAY_AUTH_MODE")
+    else:
+        monkeypatch.setenv("RAY_AUTH_MODE", preset)
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.setdefault("mode", os.environ.get("RAY_AUTH_MODE")))
+    driver._init_ray(1)
+    assert seen["mode"] == expected

@@ -481,7 +481,7 @@ def test_table1_rows_default_to_the_papers_synchronous_protocol(row):
     driver = _driver(result)
     assert _last(driver, "--max-staleness") == "0" and _last(driver, "--update-depth") == "8"
     assert (_last(driver, "--rollout-batch-size"), _last(driver, "--n-samples-per-prompt")) == ("64", "8")
-    assert "--colocate" not in driver
+    assert "--colocate" in driver   # the paper's synchronous protocol shares the GPUs (--layout split: not)
     assert "schedule=synchronous" in result.stdout and "global batch 64 of 512 samples" in result.stdout
     assert f"qwen3-30b-a3b-{row}-d8-k0-s1234" in result.stdout  # the run name says K = 0
 

@@ -210,3 +210,24 @@ def test_a_study_run_in_stages_of_different_seeds_ends_with_one_warm_start_recor
     reference = read_warm_start(once)
     assert staged["test_by_seed"] == reference["test_by_seed"]
     assert staged["by_setting"] == reference["by_setting"]
+
+
+def test_the_study_trains_its_warm_start_with_progress_shown(tmp_path, monkeypatch):
+    """The quick study's warm start (2,500 steps) was silent for 858 s under load: it now says it trains,
+    with the runtime's progress bar (the call the driver makes with progress on)."""
+    from epic_slime.runtime import warmstart
+    from epic_slime.study.run import measure_warm_start
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_warm_start_for(run_cfg, progress=False):
+        seen.append(progress)
+        raise Stop
+
+    monkeypatch.setattr(warmstart, "warm_start_for", fake_warm_start_for)
+    with pytest.raises(Stop):
+        measure_warm_start(load_study_config(QUICK_CONFIG), tmp_path, log=lambda *_: None)
+    assert seen == [True]
