@@ -45,6 +45,8 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/slime_adapter/test_router_standin.py": 300,    # [35 s starting two SGLang stand-ins at load 8-10]
     # the first test to use `real_engines` may wait for the real server's start (~2.5 min at load 6)
     "tests/slime_adapter/test_real_sglang.py": 600,
+    "tests/slime_adapter/test_real_sglang_retract.py": 600,   # as above when it runs first
+    "tests/evaluation/test_evaluate_real_sglang.py": 900,     # two starts of sglang.Engine on CPU, 2 x 256 samples
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {
