@@ -34,13 +34,13 @@ What SGLang 0.5.15.post1 does (paths under ``sglang/srt``):
   ``retraction_count``, answered as ``meta_info.num_retractions``). The queue is not empty, so a
   flush fails as under in_place (400; SGLang's docstring says the cache "can be flushed in this mode",
   0.5.15's ``is_fully_idle`` says no): the update must carry ``flush_cache=false``. After
-  ``/continue_generation`` each retracted request is prefilled again (prompt + its output so far) on
-  the new weights and decodes on: unlike in_place, no token after the push attends to KV of the
-  old weights computed for its output; its prompt's prefix may still match the radix tree (see below).
-  Every request that had sampled a token is retracted (the first token is sampled by the prefill),
-  so a request with ``num_retractions == 0`` drew all its tokens after the last push; SGLang also
-  retracts on KV pressure (``retract_decode``) without a push, and slime's ``Sample`` keeps neither
-  count, so the stream treats a retract-mode sample like an in-place one (versions below).
+  ``/continue_generation`` each retracted request is prefilled again on the new weights and decodes
+  on, but only its output so far is recomputed: its prompt matches the radix tree, whose KV the old
+  weights computed (measured on the real server: tests/slime_adapter/test_real_sglang_retract.py).
+  Unlike in_place, no token after the push attends to old-weight KV of the output. The stream treats
+  a retract-mode sample like an in-place one (versions below): ``num_retractions`` cannot refine it
+  (slime's ``Sample`` does not keep it; SGLang also retracts on KV pressure, ``retract_decode``,
+  without a push; a request never retracted may still reuse its group's old prompt KV).
 - **versions**: ``TokenizerManager._handle_batch_output`` writes ``meta_info.weight_version =
   server_args.weight_version`` when the answer is built, so a request that spans an update
   reports only the new version (the driver must record the version a request started on: in_place
