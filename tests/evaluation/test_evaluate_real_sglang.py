@@ -87,6 +87,7 @@ def _mean_at_k(records) -> dict[str, float]:
     return {b: sum(v) / len(v) for b, v in sorted(per_benchmark.items())}
 
 
+@pytest.mark.slow
 def test_evaluate_runs_on_sglangs_own_engine_and_matches_the_standins_protocol(tmp_path, monkeypatch):
     from epic_slime.evaluation import read_records
     from epic_slime.evaluation.evaluate import main as evaluate_main
