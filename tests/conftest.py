@@ -47,6 +47,8 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/slime_adapter/test_real_sglang.py": 600,
     "tests/integrations/test_trl.py": 300,                # [25 s the 8-step GRPOTrainer run at load 17-22]
     "tests/integrations/test_verl.py": 300,               # [21 s a fresh process importing verl at load 17-22]
+    "tests/slime_adapter/test_real_sglang_retract.py": 600,   # as above when it runs first
+    "tests/evaluation/test_evaluate_real_sglang.py": 900,     # two starts of sglang.Engine on CPU, 2 x 256 samples
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {

@@ -133,6 +133,8 @@ class SimTrainGroup:
             e.paused = True
             if self.sim.p.push_mode == "abort":
                 e.abort_all()      # in_place: running requests keep their KV and continue after the push
+            elif self.sim.p.push_mode == "retract":
+                e.retract_all()    # back to the queue with their tokens, prefilled again after the push
         await asyncio.sleep(self.push_s)
         for e in self.sim.engines:
             e.version = self.version

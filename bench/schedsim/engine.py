@@ -10,8 +10,12 @@ goes back to the front of the queue, its KV freed, to be re-prefilled.
 
 A weight push pauses every engine. ``abort``: every request returns its partial output (the driver
 resubmits prompt + partial, which re-prefills). ``in_place``: requests keep their KV and decode on
-after the push; the engine reports the version at response time only (SGLang 0.5.15), while the
-simulator keeps each request's true oldest version beside it (``oldest``) for the report."""
+after the push. ``retract``: the running requests go back to the end of the queue with their
+tokens, their output's KV freed; after the push the output is prefilled again on the new weights (the
+prompt's KV is matched in the radix tree) and they decode on, unanswered in between (the driver
+resubmits nothing). In place and retract, the engine
+reports the version at response time only (SGLang 0.5.15), while the simulator keeps each request's
+true oldest version beside it (``oldest``) for the report."""
 
 from __future__ import annotations
 
@@ -46,7 +50,8 @@ class Engine:
         self.decoded = 0.0
         self.prefilled = 0.0
         self.reprefilled = 0.0          # tokens prefilled again: aborted partials and retracted contexts
-        self.retractions = 0
+        self.retractions = 0             # by KV pressure (retract_decode)
+        self.push_retractions = 0        # by a push in retract mode
         self.peak_kv = 0.0
 
     def has_work(self) -> bool:
@@ -68,6 +73,22 @@ class Engine:
             if not req.fut.done():
                 req.fut.set_result((int(req.done), self.version, True, req.oldest))
         self.running, self.queue = [], deque()
+
+    def retract_all(self) -> None:
+        """SGLang's pause in retract mode (``ScheduleBatch.retract_all``): every running request goes back
+        to the end of the waiting queue (``Scheduler._add_request_to_queue``; the default fcfs policy does
+        not sort it), in order, keeping its tokens; its output's KV is freed and prefilled again after the
+        push. Its prompt's KV stays in the radix tree (never flushed under retract: the
+        waiting requests keep /flush_cache refused) and is matched again, as the real server does
+        (tests/slime_adapter/test_real_sglang_retract.py): only the output is re-prefilled."""
+        cached = float(self.sim.p.prompt_len)
+        for req in self.running:
+            left = max(req.prefill_left, req.ctx - cached)
+            self.reprefilled += left - req.prefill_left
+            req.prefill_left = left
+            self.push_retractions += 1
+            self.queue.append(req)
+        self.running = []
 
     def _reserved(self, req: _Req) -> float:
         return req.ctx + self.sim.p.new_token_ratio * max(0.0, req.max_new - req.done)

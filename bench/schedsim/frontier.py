@@ -12,7 +12,7 @@ from .report import best_line, best_row, format_deciles, format_frontier, summar
 from .schedules import simulate
 
 KS = (1, 2, 3, 4, 8)
-PUSH_MODES = ("abort", "in_place")
+PUSH_MODES = ("abort", "in_place", "retract")
 # (train GPUs, GPUs per engine); the rollout GPUs are the rest
 SPLITS = ((16, 8), (8, 8), (16, 4), (8, 4), (12, 4))
 MIN_TRAIN_GPUS = 8     # slime trains Qwen3-30B-A3B on one 8-GPU node at the least (CPU Adam, TP4 EP8:

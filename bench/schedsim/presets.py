@@ -78,7 +78,7 @@ class Preset:
     new_token_ratio: float = 0.2          # admission reserves this share of each running request's remaining
                                           # max_new_tokens (SGLang's new_token_ratio decays from 0.7 to 0.098;
                                           # assumed a fixed 0.2); contexts outgrowing the cache are retracted
-    push_mode: str = "abort"              # --weight-push-mode (epic_slime/slime/push_mode.py): abort | in_place
+    push_mode: str = "abort"              # --weight-push-mode (epic_slime/slime/push_mode.py): abort | in_place | retract
     # --- Megatron ---
     train_mfu: float = 0.25               # assumed MFU of Megatron MoE training (TP4 EP8, full recompute)
     train_mfu_at: dict | None = None      # train GPUs -> MFU where a preset fits one per GPU count (verl); others: train_mfu
@@ -105,8 +105,8 @@ class Preset:
     def derived(self) -> "Preset":
         """The engine constants from the model and the GPU (each left alone when set explicitly)."""
         p = dataclasses.replace(self)
-        if p.push_mode not in ("abort", "in_place"):
-            raise ValueError(f"Preset.push_mode must be 'abort' or 'in_place', got {p.push_mode!r}")
+        if p.push_mode not in ("abort", "in_place", "retract"):
+            raise ValueError(f"Preset.push_mode must be 'abort', 'in_place' or 'retract', got {p.push_mode!r}")
         gpu = GPUS.get(p.gpu)
         if gpu is None:
             raise ValueError(f"Preset.gpu must be one of {sorted(GPUS)}, got {p.gpu!r}")

@@ -64,7 +64,7 @@ def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, p
     spec = schedule_spec(schedule)
     colocated = spec["colocated"] and p.shared_cores is None
     if colocated and p.push_mode != "abort":
-        p = dataclasses.replace(p, push_mode="abort")   # colocated: the engines are idle at the push (no in_place)
+        p = dataclasses.replace(p, push_mode="abort")   # colocated: the engines are idle at the push (no in_place / retract)
     sim = Sim(p, colocated)
     k = spec["max_staleness"]
     args = SimpleNamespace(
@@ -135,6 +135,7 @@ def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, p
         per_rollout_hist={r: dict(g.histogram) for r, g in manager.gates.items()},
         push_mode=p.push_mode, split=f"{sim.rollout_gpus}:{sim.train_gpus}", gpus_per_engine=p.gpus_per_engine,
         engines=n_eng, retractions=sum(e.retractions for e in sim.engines),
+        push_retractions=sum(e.push_retractions for e in sim.engines),
         reprefill_tokens=sum(e.reprefilled for e in sim.engines),
         peak_kv_share=max(e.peak_kv for e in sim.engines) / p.kv_capacity_tokens,
         groups=_group_records(sim, manager, stream, data_source, warmup, k),

@@ -2,14 +2,17 @@
 one list of k responses per text`` and ``close()``.
 
 - ``SGLangEngine``: SGLang's offline engine (``sglang.Engine``, tensor parallel), as shipped in the
-  cluster image; needs GPUs. Written against sglang 0.5.15.post1: ``Engine(**server_args)``
-  (``model_path``, ``tp_size``, ``random_seed``, ...), ``generate(prompt=[...], sampling_params=[...])``
-  returning one dict per prompt with ``"text"`` and ``"meta_info"``, ``shutdown()``.
+  cluster image, in the process that runs ``epic-slime evaluate``. Written against sglang 0.5.15.post1:
+  ``Engine(**server_args)`` (``model_path``, ``tp_size``, ``random_seed``, ...),
+  ``generate(prompt=[...], sampling_params=[...])`` returning one dict per prompt with ``"text"`` and
+  ``"meta_info"``, ``shutdown()``. ``device="cpu"`` runs SGLang's CPU engine without its kernel package
+  (``CPU_SERVER_ARGS``, ``SGLANG_USE_CPU_ENGINE=1``; ``../shared/docs/sglang-cpu.md``): small models only.
 - ``TransformersEngine``: transformers ``generate``, the CPU fallback for small models.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 ENGINES = ("sglang", "transformers")
@@ -27,6 +30,15 @@ class Sampling:
         return {"temperature": self.temperature, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens}
 
 
+# SGLang's CPU engine without the sgl-kernel package: PyTorch attention and sampling, no overlap
+# schedule, no CUDA graphs, a small KV pool (the CPU engine sizes it from host memory otherwise)
+CPU_SERVER_ARGS = {"device": "cpu", "attention_backend": "torch_native", "sampling_backend": "pytorch",
+                   "disable_overlap_schedule": True, "cuda_graph_backend_decode": "disabled",
+                   "cuda_graph_backend_prefill": "disabled", "max_total_tokens": 4096}
+CPU_MEM_FRACTION_STATIC = 0.05
+CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
+
+
 class EngineError(RuntimeError):
     """The engine could not be started or returned something unusable."""
 
@@ -40,13 +52,21 @@ def prompt_text(tokenizer, chat: list[dict]) -> str:
 
 class SGLangEngine:
     def __init__(self, model_path: str, tp_size: int = 1, seed: int = 0, mem_fraction_static: float | None = None,
-                 context_length: int | None = None, chunk_prompts: int = 64):
+                 context_length: int | None = None, chunk_prompts: int = 64, device: str | None = None):
+        if device not in (None, "cuda", "cpu"):
+            raise EngineError(f"--engine sglang runs on cuda or cpu, got --device {device!r}")
+        if device == "cpu":
+            os.environ[CPU_ENGINE_ENV] = "1"   # read when sglang is imported, and by its scheduler processes
         try:
             import sglang
         except ImportError as error:
-            raise EngineError(f"--engine sglang needs SGLang (in the cluster image; it needs GPUs): {error}. "
-                              "On CPU use --engine transformers.") from None
+            raise EngineError(f"--engine sglang needs SGLang in this environment (the cluster image has it): {error}. "
+                              "Without it use --engine transformers.") from None
         server_args = {"model_path": model_path, "tp_size": tp_size, "random_seed": seed}
+        if device == "cpu":
+            server_args.update(CPU_SERVER_ARGS)
+            if mem_fraction_static is None:
+                mem_fraction_static = CPU_MEM_FRACTION_STATIC
         if mem_fraction_static is not None:
             server_args["mem_fraction_static"] = mem_fraction_static
         if context_length is not None:

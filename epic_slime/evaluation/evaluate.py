@@ -6,7 +6,8 @@ into eval records (the same records as training-time evaluation, read by ``epic-
 
 Defaults are the paper's sampling (8 samples, temperature 1.0, top-p 0.7); ``--reeval-protocol``
 takes the authors' 32 samples per prompt (run it once per top-p: 0.7 and 1.0, into separate files).
-``--engine sglang`` drives SGLang's offline engine (``sglang.Engine``, tensor parallel; GPUs);
+``--engine sglang`` drives SGLang's offline engine (``sglang.Engine``, tensor parallel; GPUs, or its
+CPU engine with ``--device cpu``), imported in this process (SGLang must be installed beside the project);
 ``--engine transformers`` is the CPU fallback for small models.
 """
 
@@ -72,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     sglang.add_argument("--context-length", type=int, default=None)
     hf = parser.add_argument_group("transformers engine")
     hf.add_argument("--batch-size", type=int, default=4, help="prompts per generate call")
-    hf.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--device", default=None,
+                        help="transformers: default cuda when available, else cpu; sglang: default the GPUs, "
+                             "cpu runs SGLang's CPU engine (small models; see docs/evaluation.md)")
     return parser
 
 
@@ -95,7 +98,7 @@ def default_engine() -> str:
 
 def open_engine(args, tokenizer):
     if args.engine == "sglang":
-        return SGLangEngine(args.model, tp_size=args.tp_size, seed=args.seed,
+        return SGLangEngine(args.model, tp_size=args.tp_size, seed=args.seed, device=args.device,
                             mem_fraction_static=args.mem_fraction_static, context_length=args.context_length)
     return TransformersEngine(args.model, tokenizer, device=args.device or _default_device(), seed=args.seed,
                               batch_size=args.batch_size)

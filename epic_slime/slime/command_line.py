@@ -8,7 +8,7 @@ command line once; each rewrite below reads that parse:
   oversampling (``--async-groups-in-flight``) and the warmup in rollouts (``--lr-warmup-iters``);
 - for the driver's own pieces: ``--use-rollout-logprobs`` where nothing needs slime's old-log-prob
   forward, the streaming data source, and the train hook (R3 with the project's rollout function,
-  ``--weight-push-mode in_place``).
+  ``--weight-push-mode in_place`` or ``retract``).
 
 The dry run reports the first group; the driver hands slime both. No slime import.
 """
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from epic_slime.slime.flags import (
     DATA_SOURCE_PATH,
-    IN_PLACE,
+    HOLDING_PUSH_MODES,
     PUSH_TRAIN_HOOK_PATH,
     ROLLOUT_FUNCTION_PATH,
     TOKEN_MEAN,
@@ -190,14 +190,14 @@ def data_source_flags(parsed: argparse.Namespace) -> list[str]:
 
 def train_hook_flags(parsed: argparse.Namespace) -> list[str]:
     """``--custom-megatron-init-path`` of the project's train hook, when one is needed and none is
-    given: under ``--weight-push-mode in_place`` the push-mode hook (``epic_slime.slime.push_mode``,
+    given: under ``--weight-push-mode in_place`` or ``retract`` the push-mode hook (``epic_slime.slime.push_mode``,
     which also installs the R3 hook when R3 is on), else with R3 and the project's rollout function
     the R3 train hook (the rollout function stages R3 routing out of slime's per-DP data and each
     train rank fetches its own rows through it, ``epic_slime.slime.routing``). Another init path is
     left alone here and refused by the checks."""
     if parsed.custom_megatron_init_path is not None:
         return []
-    if parsed.weight_push_mode == IN_PLACE:
+    if parsed.weight_push_mode in HOLDING_PUSH_MODES:
         return ["--custom-megatron-init-path", PUSH_TRAIN_HOOK_PATH]
     if parsed.rollout_function_path != ROLLOUT_FUNCTION_PATH or not parsed.use_rollout_routing_replay:
         return []

@@ -21,8 +21,11 @@ DATA_SOURCE_PATH = "epic_slime.slime.data_source.StreamingDataSource"
 TOKEN_MEAN = "token-mean"
 GENERATE_FUNCTION_PATH = "epic_slime.slime.generate.generate"
 # --weight-push-mode (epic_slime.slime.push_mode) and its train hook (--custom-megatron-init-path)
-ABORT, IN_PLACE = "abort", "in_place"
-PUSH_MODES = (ABORT, IN_PLACE)
+ABORT, IN_PLACE, RETRACT = "abort", "in_place", "retract"
+PUSH_MODES = (ABORT, IN_PLACE, RETRACT)
+# the modes in which a request running at a push is held in SGLang and finishes after it (no /flush_cache
+# possible, the train hook pauses with the mode, the rollout hook keys the prefix cache)
+HOLDING_PUSH_MODES = (IN_PLACE, RETRACT)
 DEFAULT_PUSH_MODE = ABORT
 PUSH_TRAIN_HOOK_PATH = "epic_slime.slime.push_mode.install_train_hook"
 DEFAULT_POLICY_LOSS_TOPK = 20
@@ -127,8 +130,9 @@ def add_push_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         default=DEFAULT_PUSH_MODE,
         help="abort (slime's default): SGLang aborts every request at a push, they are resubmitted and "
         "prefilled again on the new weights; in_place: SGLang pauses in place, the requests keep their KV "
-        "cache and decode on with the new weights (no /flush_cache; each group gets its own prefix-cache "
-        "key, so no new group reuses KV of older weights); see docs/cluster.md, Weight push modes",
+        "cache and decode on with the new weights; retract (miles' default): SGLang sends the running requests back "
+        "to its waiting queue with their tokens and prefills them again after the push (in both: no /flush_cache, "
+        "each group gets its own prefix-cache key); see docs/cluster.md, Weight push modes",
     )
     return parser
 

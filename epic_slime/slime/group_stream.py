@@ -73,9 +73,12 @@ class GroupStream:
     Per sample (``Sample.metadata``): ``oldest_weight_version`` / ``newest_weight_version`` and, in
     abort mode, ``token_version_spans`` ([[version, tokens], ...], run-length per token: each generate
     call's tokens carry the version it reported). In place (``--weight-push-mode in_place``) a
-    request decodes across the push and SGLang reports only the final version, so the oldest is the
-    version the stream knew when it first submitted the group (a lower bound) and there are no spans.
-    Staleness counts from the oldest.
+    request decodes across the push and SGLang reports only the final version; under ``retract`` a
+    request running at the push keeps the tokens it sampled on the old weights, is prefilled again and
+    finishes on the new ones, and SGLang again reports only the final version (and a retraction count
+    slime's ``Sample`` does not keep). In both, the oldest is the version the stream knew when it first
+    submitted the group (a lower bound: the version its first token was sampled with is no older) and
+    there are no spans. Staleness counts from the oldest.
 
     Injected (each None: slime's own, what a cluster run uses): ``loop``, the event loop the stream
     runs on (slime's global loop); ``sampling_params``, the training sampling parameters (slime's
@@ -88,7 +91,7 @@ class GroupStream:
     def __init__(self, args, data_source: StreamingDataSource, cap: int | None = None,
                  max_requeues: int = MAX_STALE_REQUEUES, engine_version: int = 1, *,
                  loop=None, sampling_params: dict | None = None, generate_group=None):
-        from epic_slime.slime.push_mode import IN_PLACE
+        from epic_slime.slime.push_mode import HOLDING_PUSH_MODES
 
         self.args = args
         self.data_source = data_source
@@ -96,7 +99,8 @@ class GroupStream:
         if cap is None and self.budget.max_staleness is None:
             cap = args.rollout_batch_size
         self.cap = cap
-        self.in_place = getattr(args, "weight_push_mode", None) == IN_PLACE
+        # in_place / retract: a request is held across a push and reports only its last version
+        self.held_across_push = getattr(args, "weight_push_mode", None) in HOLDING_PUSH_MODES
         self.max_requeues = max_requeues
         self.engine_version = engine_version
         self.live_started = 0
@@ -168,7 +172,7 @@ class GroupStream:
         for sample in group:   # the version known at the first submission of this attempt
             metadata = _metadata(sample)
             metadata.setdefault("epic_submitted_version", self.engine_version)
-            if not self.in_place:
+            if not self.held_across_push:
                 metadata.setdefault("token_version_spans", [])
         before = [(s.response_length, len(s.weight_versions)) for s in group]
         task = asyncio.ensure_future(
@@ -192,16 +196,16 @@ class GroupStream:
 
     def _record_versions(self, group, before, finished: bool) -> None:
         """This call's tokens carry the version it reported (abort mode); a finished sample gets its
-        oldest and newest version (in place: the oldest is the version known at submission)."""
+        oldest and newest version (in place and retract: the oldest is the version known at submission)."""
         for sample, (length, versions) in zip(group, before, strict=True):
             metadata = _metadata(sample)
             new_tokens = sample.response_length - length
-            if not self.in_place and new_tokens > 0 and len(sample.weight_versions) > versions:
+            if not self.held_across_push and new_tokens > 0 and len(sample.weight_versions) > versions:
                 metadata["token_version_spans"].append([parse_weight_version(sample.weight_versions[-1]), new_tokens])
             if finished and sample.weight_versions:
                 reported = [parse_weight_version(v) for v in sample.weight_versions]
                 oldest = min(reported)
-                if self.in_place:
+                if self.held_across_push:
                     oldest = min(oldest, metadata["epic_submitted_version"])
                 metadata["oldest_weight_version"] = oldest
                 metadata["newest_weight_version"] = max(reported)

@@ -1,4 +1,4 @@
-"""Weight push modes (``--weight-push-mode abort | in_place``): what a weight push does to the
+"""Weight push modes (``--weight-push-mode abort | in_place | retract``): what a weight push does to the
 requests SGLang is generating, installed around slime's own updater by two hooks (no fork of slime).
 
 What SGLang 0.5.15.post1 does (paths under ``sglang/srt``):
@@ -27,11 +27,26 @@ What SGLang 0.5.15.post1 does (paths under ``sglang/srt``):
   when paused and sets ``server_args.weight_version``. ``Scheduler.continue_generation``
   (``torch.cuda.empty_cache``, unpause): the running requests decode on with the new weights,
   attending to KV computed under the old ones (as PipelineRL's in-flight updates).
+- **retract** (miles' default): ``Scheduler.pause_generation`` merges the last prefill into the
+  running batch and ``ScheduleBatch.retract_all`` hands every running request back to the waiting
+  queue (``release_req`` frees its KV without inserting it into the radix tree;
+  ``Req.reset_for_retract`` keeps ``output_ids`` and the output log-probs, counts
+  ``retraction_count``, answered as ``meta_info.num_retractions``). The queue is not empty, so a
+  flush fails as under in_place (400; SGLang's docstring says the cache "can be flushed in this mode",
+  0.5.15's ``is_fully_idle`` says no): the update must carry ``flush_cache=false``. After
+  ``/continue_generation`` each retracted request is prefilled again on the new weights and decodes
+  on, but only its output so far is recomputed: its prompt matches the radix tree, whose KV the old
+  weights computed (measured on the real server: tests/slime_adapter/test_real_sglang_retract.py).
+  Unlike in_place, no token after the push attends to old-weight KV of the output. The stream treats
+  a retract-mode sample like an in-place one (versions below): ``num_retractions`` cannot refine it
+  (slime's ``Sample`` does not keep it; SGLang also retracts on KV pressure, ``retract_decode``,
+  without a push; a request never retracted may still reuse its group's old prompt KV).
 - **versions**: ``TokenizerManager._handle_batch_output`` writes ``meta_info.weight_version =
   server_args.weight_version`` when the answer is built, so a request that spans an update
-  reports only the new version (the driver must record the version a request started on).
+  reports only the new version (the driver must record the version a request started on: in_place
+and retract, ``epic_slime.slime.group_stream``).
 
-**The radix cache under in_place.** With no flush, the radix tree (``mem_cache/radix_cache.py``)
+**The radix cache under in_place and retract.** With no flush, the radix tree (``mem_cache/radix_cache.py``)
 keeps prefix KV computed under older weights, and a later request whose prompt shares a prefix
 with it (an evaluation prompt asked again every evaluation, the chat template's head of every
 training prompt) would reuse it. SGLang 0.5.15 has a per-request knob for this:
@@ -52,14 +67,14 @@ sample prefills its own prompt: n - 1 extra prompt prefills per group).
 **The hooks.**
 
 - ``install_train_hook`` (``--custom-megatron-init-path``, every train rank; the driver adds it and
-  chains the R3 train hook when R3 is on): under ``in_place`` it wraps slime's
+  chains the R3 train hook when R3 is on): under ``in_place`` or ``retract`` it wraps slime's
   ``UpdateWeightFromDistributed.update_weights`` so that during a push its ``rollout_engines`` are
-  ``InPlaceEngine`` views: ``pause_generation`` posts ``{"mode": "in_place"}`` through the engine
+  ``HoldingEngine`` views: ``pause_generation`` posts ``{"mode": <mode>}`` through the engine
   actor's own POST helper (``SGLangEngine._make_request``: node rank 0 only, raises on an HTTP
   error), ``flush_cache`` does nothing, every other call is the engine's own. slime's order stays:
   version + 1, pause, barrier, buckets (``flush_cache=False``, ``weight_version``), continue.
 - ``install_rollout_hook`` (RolloutManager process, called by the project's rollout function):
-  under ``in_place`` it wraps ``sglang_rollout.generate_and_rm_group`` and ``eval_rollout`` (a fresh
+  under ``in_place`` or ``retract`` it wraps ``sglang_rollout.generate_and_rm_group`` and ``eval_rollout`` (a fresh
   key per call, in a context variable that the call's tasks inherit) and ``post`` (adds the key to
   every ``/generate`` payload; a fresh one when no call set it).
 
@@ -74,12 +89,12 @@ import sys
 import uuid
 from typing import Any
 
-from epic_slime.slime.flags import ABORT, DEFAULT_PUSH_MODE, IN_PLACE, PUSH_MODES, ROLLOUT_FUNCTION_PATH
+from epic_slime.slime.flags import (ABORT, DEFAULT_PUSH_MODE, HOLDING_PUSH_MODES, IN_PLACE, PUSH_MODES, RETRACT,
+                                    ROLLOUT_FUNCTION_PATH)
 from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH as TRAIN_HOOK_PATH
 
-__all__ = ["ABORT", "IN_PLACE", "PUSH_MODES", "TRAIN_HOOK_PATH", "check_push_setup", "install_rollout_hook",
-           "install_train_hook"]
-IN_PLACE_PAUSE = {"mode": IN_PLACE}   # the body of SGLang's /pause_generation for an in-place pause
+__all__ = ["ABORT", "HOLDING_PUSH_MODES", "IN_PLACE", "PUSH_MODES", "RETRACT", "TRAIN_HOOK_PATH", "check_push_setup",
+           "install_rollout_hook", "install_train_hook"]
 KEY_PREFIX = "epic-"
 _MARK = "_epic_push_mode"
 
@@ -96,26 +111,26 @@ def push_mode_of(args: Any) -> str:
 def check_push_setup(args: Any) -> str | None:
     """An error message when ``--weight-push-mode`` cannot work with the other flags; None if it can.
 
-    in_place hooks slime's ``UpdateWeightFromDistributed`` (the NCCL transport of separate rollout
+    in_place and retract hook slime's ``UpdateWeightFromDistributed`` (the NCCL transport of separate rollout
     GPUs) and nothing else: the colocated updater (``UpdateWeightFromTensor``) and the disk
     transport (paused from the driver's actor group) would keep pausing in abort mode; the
     train ranks must load this module's init hook."""
     mode = getattr(args, "weight_push_mode", None) or DEFAULT_PUSH_MODE
     if mode not in PUSH_MODES:
         return f"--weight-push-mode must be one of {PUSH_MODES}, got {mode!r}"
-    if mode != IN_PLACE:
+    if mode not in HOLDING_PUSH_MODES:
         return None
     if getattr(args, "colocate", False):
-        return ("--weight-push-mode in_place needs separate rollout GPUs (slime's distributed updater); "
+        return (f"--weight-push-mode {mode} needs separate rollout GPUs (slime's distributed updater); "
                 "with --colocate nothing generates during a push: use abort")
     transport = getattr(args, "update_weight_transport", "nccl") or "nccl"
     if transport != "nccl":
-        return (f"--weight-push-mode in_place hooks slime's NCCL weight transport; --update-weight-transport "
+        return (f"--weight-push-mode {mode} hooks slime's NCCL weight transport; --update-weight-transport "
                 f"{transport} pauses the engines from the driver in abort mode")
     hook = getattr(args, "custom_megatron_init_path", None)
     if hook not in (None, TRAIN_HOOK_PATH):
-        return (f"--weight-push-mode in_place needs --custom-megatron-init-path {TRAIN_HOOK_PATH} (got {hook!r}): "
-                "it makes slime's updater pause in place and skip the flush")
+        return (f"--weight-push-mode {mode} needs --custom-megatron-init-path {TRAIN_HOOK_PATH} (got {hook!r}): "
+                f"it makes slime's updater pause with mode {mode} and skip the flush")
     return None
 
 
@@ -131,17 +146,18 @@ class _Call:
         return self._make_ref()
 
 
-class InPlaceEngine:
-    """An SGLang engine actor as slime's updater sees it during an in-place push: pause in place,
-    no separate flush; every other method is the engine's own."""
+class HoldingEngine:
+    """An SGLang engine actor as slime's updater sees it during an in-place or retract push: pause with
+    that mode, no separate flush; every other method is the engine's own."""
 
-    def __init__(self, engine, done_ref):
+    def __init__(self, engine, done_ref, mode: str = IN_PLACE):
         self._engine = engine
         self._done_ref = done_ref
+        self._mode = mode
 
     @property
     def pause_generation(self) -> _Call:
-        return _Call(lambda: self._engine._make_request.remote("pause_generation", dict(IN_PLACE_PAUSE)))
+        return _Call(lambda: self._engine._make_request.remote("pause_generation", {"mode": self._mode}))
 
     @property
     def flush_cache(self) -> _Call:
@@ -152,8 +168,8 @@ class InPlaceEngine:
         return getattr(self._engine, name)
 
 
-def in_place_update_weights(update_weights):
-    """slime's ``update_weights(self)`` run with in-place views of ``self.rollout_engines``."""
+def holding_update_weights(update_weights, mode: str = IN_PLACE):
+    """slime's ``update_weights(self)`` run with ``mode`` views (in_place, retract) of ``self.rollout_engines``."""
     if getattr(update_weights, _MARK, False):
         return update_weights
     module = sys.modules[update_weights.__module__]   # slime's updater module: its ``ray`` gets the no-flush ref
@@ -161,7 +177,7 @@ def in_place_update_weights(update_weights):
     @functools.wraps(update_weights)
     def wrapped(self, *args, **kwargs):
         engines = self.rollout_engines
-        self.rollout_engines = [InPlaceEngine(e, lambda: module.ray.put(None)) for e in engines]
+        self.rollout_engines = [HoldingEngine(e, lambda: module.ray.put(None), mode) for e in engines]
         try:
             return update_weights(self, *args, **kwargs)
         finally:
@@ -174,7 +190,7 @@ def in_place_update_weights(update_weights):
 def install_train_hook(args) -> None:
     """``--custom-megatron-init-path epic_slime.slime.push_mode.install_train_hook``: the R3 train
     hook when R3 is on (``epic_slime.slime.routing.install_train_hook``), and under
-    ``--weight-push-mode in_place`` slime's distributed updater pausing in place."""
+    ``--weight-push-mode in_place`` or ``retract`` slime's distributed updater pausing with that mode."""
     if getattr(args, "use_rollout_routing_replay", False) and getattr(args, "rollout_function_path", None) == ROLLOUT_FUNCTION_PATH:
         from epic_slime.slime.routing import install_train_hook as install_r3
 
@@ -183,13 +199,14 @@ def install_train_hook(args) -> None:
 
 
 def install_push_hook(args) -> bool:
-    """The push half of ``install_train_hook``: under ``--weight-push-mode in_place``, slime's
-    ``UpdateWeightFromDistributed.update_weights`` pauses in place (idempotent; True when installed)."""
-    if push_mode_of(args) != IN_PLACE:
+    """The push half of ``install_train_hook``: under ``--weight-push-mode in_place`` or ``retract``, slime's
+    ``UpdateWeightFromDistributed.update_weights`` pauses with that mode (idempotent; True when installed)."""
+    mode = push_mode_of(args)
+    if mode not in HOLDING_PUSH_MODES:
         return False
     from slime.backends.megatron_utils.update_weight.update_weight_from_distributed import UpdateWeightFromDistributed
 
-    UpdateWeightFromDistributed.update_weights = in_place_update_weights(UpdateWeightFromDistributed.update_weights)
+    UpdateWeightFromDistributed.update_weights = holding_update_weights(UpdateWeightFromDistributed.update_weights, mode)
     return True
 
 
@@ -237,9 +254,9 @@ def keyed_post(post):
 
 
 def install_rollout_hook(args) -> bool:
-    """Under ``--weight-push-mode in_place``: every ``/generate`` request carries the prefix-cache
-    key of its submission (see the module docstring). Idempotent; True when installed."""
-    if push_mode_of(args) != IN_PLACE:
+    """Under ``--weight-push-mode in_place`` or ``retract``: every ``/generate`` request carries the
+    prefix-cache key of its submission (see the module docstring). Idempotent; True when installed."""
+    if push_mode_of(args) not in HOLDING_PUSH_MODES:
         return False
     from slime.rollout import sglang_rollout
     from slime.utils import http_utils

@@ -95,6 +95,31 @@ def test_abort_returns_partials_in_place_keeps_decoding_across_the_push():
     assert version2 == 1 and oldest2 == 0    # reported at response time; the simulator keeps the first token's
 
 
+def test_retract_sends_running_requests_back_to_prefill_again_and_answers_once_on_the_new_version():
+    """retract: the running request is not answered at the push; its output so far is prefilled again
+    after it (the prompt's KV is the radix tree's), and it finishes with all its tokens, reporting the new
+    version only."""
+    sim, e = one_engine(kv_capacity_tokens=1e6, prompt_len=100)
+    fut = e.submit(100, 10_000, 10_000)
+    other = e.submit(100, 10_000, 10_000)
+    sim.loop.run_until_complete(asyncio.sleep(5.0))
+    (first, second) = e.running
+    before = first.done
+    assert 0 < before < 10_000
+    e.paused = True
+    e.retract_all()
+    assert not fut.done() and not other.done() and not e.running and list(e.queue) == [first, second]
+    assert e.push_retractions == 2 and e.retractions == 0
+    assert e.reprefilled == pytest.approx(first.done + second.done)   # their outputs, not their prompts
+    assert first.prefill_left == pytest.approx(before)
+    e.version, e.paused = 1, False
+    sim.wake()
+    tokens, version, aborted, oldest = run_until(sim, [fut])[0]
+    assert not aborted and tokens == 10_000 and version == 1 and oldest == 0   # first token on version 0
+    assert e.prefilled >= 2 * 100 + e.reprefilled - 1e-6   # the prompts, then the retracted contexts once more
+    close(sim)
+
+
 def test_kv_capacity_matches_the_arithmetic():
     """8 x H100 at mem fraction 0.7: (56 GB - 61.06 / 8 GB) / (98,304 B / 4 KV heads) per GPU; TP 4 holds
     the 4 KV heads without replication; one GPU cannot hold the weights."""

@@ -147,13 +147,17 @@ def test_the_simulator_reproduces_the_embedded_runtimes_async_sync_ratio():
 
 def test_in_place_pushes_keep_requests_abort_pushes_resubmit_and_re_prefill():
     """abort: the pushes meet requests in flight (K = 4 keeps engines busy across them), which return
-    partial responses and re-prefill; in place: none is aborted, nothing is re-prefilled for a push, and
-    the trained groups' true lag (first token's version) stays within K."""
+    partial responses and re-prefill; in place: none is aborted, nothing is re-prefilled for a push;
+    retract: none is aborted either, the engine re-prefills the retracted contexts; the trained groups'
+    true lag (first token's version) is never negative."""
     p = small(oversample_ratio=0.5)    # leftovers: groups still generating when the push lands
-    rows = {m: sim.simulate(sim.split_preset(p, 16, 8, m), "async K=4", 6) for m in ("abort", "in_place")}
+    rows = {m: sim.simulate(sim.split_preset(p, 16, 8, m), "async K=4", 6) for m in ("abort", "in_place", "retract")}
     assert rows["abort"]["abort_resubmits"] > 0 and rows["abort"]["reprefill_tokens"] > 0
-    assert rows["in_place"]["abort_resubmits"] == 0
+    assert rows["in_place"]["abort_resubmits"] == 0 and rows["in_place"]["push_retractions"] == 0
     assert rows["in_place"]["reprefill_tokens"] < rows["abort"]["reprefill_tokens"]
+    # retract: the engine re-prefills the running requests itself (nothing resubmitted)
+    assert rows["retract"]["abort_resubmits"] == 0 and rows["retract"]["push_retractions"] > 0
+    assert rows["retract"]["reprefill_tokens"] > rows["in_place"]["reprefill_tokens"]
     for r in rows.values():
         assert all(g["true_lag"] is None or g["true_lag"] >= 0 for g in r["groups"])
 

@@ -146,3 +146,30 @@ def test_evaluate_shuts_sglang_down_on_failure_and_checks_its_output(tmp_path, m
     assert not (tmp_path / "r.jsonl").exists()
     assert evaluate_main(argv + ["--top-p", "0"]) == 2
     assert "--top-p must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_evaluate_on_sglangs_cpu_engine_passes_its_cpu_server_args(tmp_path, monkeypatch, capsys):
+    """--engine sglang --device cpu: SGLang's CPU engine switched on before sglang is imported, and the
+    server args it needs without the kernel package (tests/evaluation/test_evaluate_real_sglang.py runs
+    them on the real sglang.Engine)."""
+    pytest.importorskip("transformers")
+    model = tmp_path / "model"
+    save_tiny_checkpoint(model)
+    answers = write_eval_data(tmp_path / "data", prompts=1)
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "0")
+    fake = make_sglang_module(_answer_every_other(answers))
+    monkeypatch.setitem(sys.modules, "sglang", fake)
+    argv = ["--model", str(model), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "r.jsonl"), "--run", "r",
+            "--method", "m", "--seed", "4", "--step", "0", "--engine", "sglang", "--samples-per-prompt", "2"]
+    assert evaluate_main(argv + ["--device", "cpu"]) == 0
+    assert fake.engines[0].server_args == {
+        "model_path": str(model), "tp_size": 1, "random_seed": 4, "device": "cpu", "attention_backend": "torch_native",
+        "sampling_backend": "pytorch", "disable_overlap_schedule": True, "cuda_graph_backend_decode": "disabled",
+        "cuda_graph_backend_prefill": "disabled", "max_total_tokens": 4096, "mem_fraction_static": 0.05}
+    import os
+
+    assert os.environ["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert evaluate_main(argv + ["--device", "cpu", "--mem-fraction-static", "0.2"]) == 0
+    assert fake.engines[1].server_args["mem_fraction_static"] == 0.2
+    assert evaluate_main(argv + ["--device", "mps"]) == 1
+    assert "--engine sglang runs on cuda or cpu, got --device 'mps'" in capsys.readouterr().err

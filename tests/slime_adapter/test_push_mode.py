@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import re
 
 import pytest
 
@@ -39,9 +40,10 @@ def test_default_push_mode_is_abort_and_adds_nothing():
     assert _init_path(BASE + ["--use-rollout-routing-replay"]) == R3_TRAIN_HOOK
 
 
-def test_in_place_installs_the_push_hook_which_also_carries_r3():
-    assert _init_path(BASE + ["--weight-push-mode", "in_place"]) == PUSH_TRAIN_HOOK_PATH
-    argv = BASE + ["--weight-push-mode", "in_place", "--use-rollout-routing-replay"]
+@pytest.mark.parametrize("mode", ["in_place", "retract"])
+def test_holding_modes_install_the_push_hook_which_also_carries_r3(mode):
+    assert _init_path(BASE + ["--weight-push-mode", mode]) == PUSH_TRAIN_HOOK_PATH
+    argv = BASE + ["--weight-push-mode", mode, "--use-rollout-routing-replay"]
     assert _init_path(argv) == PUSH_TRAIN_HOOK_PATH
     check_argv(argv + ["--custom-megatron-init-path", PUSH_TRAIN_HOOK_PATH])   # R3's check accepts it
 
@@ -51,9 +53,10 @@ def test_in_place_installs_the_push_hook_which_also_carries_r3():
     (["--update-weight-transport", "disk"], "--update-weight-transport disk"),
     (["--custom-megatron-init-path", "my.init"], "'my.init'"),
 ])
-def test_in_place_refuses_what_its_hook_cannot_reach(extra, message):
-    with pytest.raises(ProjectFlagError, match=message):
-        check_argv(BASE + ["--weight-push-mode", "in_place"] + extra)
+@pytest.mark.parametrize("mode", ["in_place", "retract"])
+def test_holding_modes_refuse_what_their_hook_cannot_reach(extra, message, mode):
+    with pytest.raises(ProjectFlagError, match=f"--weight-push-mode {mode} .*{re.escape(message)}"):
+        check_argv(BASE + ["--weight-push-mode", mode] + extra)
     check_argv(BASE + extra)   # fine in abort mode
 
 
@@ -139,6 +142,21 @@ def test_in_place_hook_pauses_slimes_updater_in_place_without_a_flush(slime_upda
     assert updater.rollout_engines == [engine]   # the views last one push
 
 
+def test_retract_hook_pauses_slimes_updater_with_retract_without_a_flush(slime_updater):
+    """The running request goes back to the queue with its tokens and finishes on the new weights:
+    one answer, all 48 tokens, one retraction, the new version; no abort, no flush."""
+    server, engine, updater = slime_updater("retract")
+    assert push_mode.installed()["train"]
+    got, stats = _push_meets_a_running_request(server, updater)
+    meta = got["meta_info"]
+    assert meta["finish_reason"]["type"] == "length" and len(got["output_ids"]) == 48
+    assert meta["weight_version"] == "1" and meta["num_retractions"] == 1
+    assert stats.get("aborted", 0) == 0 and stats["pauses_retract"] == 1 and stats["retracted"] == 1
+    assert stats.get("flush_calls", 0) == 0 and stats.get("pauses_in_place", 0) == 0
+    assert engine.calls == ["init_weights_update_group", "pause_generation {'mode': 'retract'}",
+                            *["update_weights_from_distributed"] * 3, "continue_generation {}"]
+
+
 def test_without_the_hook_slimes_updater_aborts_and_flushes(slime_updater):
     server, engine, updater = slime_updater("abort")
     assert not push_mode.installed()["train"]
@@ -176,6 +194,7 @@ def test_rollout_hook_keys_each_group_submission_and_each_eval(monkeypatch):
     assert sglang_rollout.generate_and_rm_group is group_call
     assert push_mode.install_rollout_hook(argparse.Namespace(weight_push_mode="in_place"))
     assert push_mode.install_rollout_hook(argparse.Namespace(weight_push_mode="in_place"))   # idempotent
+    assert push_mode.install_rollout_hook(argparse.Namespace(weight_push_mode="retract"))    # retract keys too
 
     async def run():
         await sglang_rollout.generate_and_rm_group(None, [1, 2, 3], {})

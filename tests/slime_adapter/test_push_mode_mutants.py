@@ -65,14 +65,14 @@ def test_the_engines_are_handed_back_when_the_push_raises(monkeypatch):
         raise RuntimeError("bucket 2 failed")
 
     update_weights.__module__ = module.__name__
-    wrapped = push_mode.in_place_update_weights(update_weights)
-    assert push_mode.in_place_update_weights(wrapped) is wrapped            # idempotent
+    wrapped = push_mode.holding_update_weights(update_weights)
+    assert push_mode.holding_update_weights(wrapped) is wrapped            # idempotent
     engines = [_Engine(calls), _Engine(calls)]
     updater = types.SimpleNamespace(rollout_engines=list(engines))
     with pytest.raises(RuntimeError, match="bucket 2 failed"):
         wrapped(updater)
     assert updater.rollout_engines == engines and all(e is o for e, o in zip(updater.rollout_engines, engines))
-    assert all(isinstance(v, push_mode.InPlaceEngine) for v in seen) and len(seen) == 2
+    assert all(isinstance(v, push_mode.HoldingEngine) for v in seen) and len(seen) == 2
     assert calls == [("pause_generation", {"mode": "in_place"})] * 2         # no flush_cache reached the engines
 
 

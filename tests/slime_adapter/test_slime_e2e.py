@@ -397,18 +397,19 @@ def test_unserialised_push_stress_loses_no_prompt(tmp_path):
     _trained_once(events, 10)
 
 
-def test_in_place_push_keeps_every_request_and_trains_every_prompt_once(tmp_path):
-    """--weight-push-mode in_place under slime's push order (slime's own update_weights, wrapped by
-    the push-mode hook): no request is aborted (nothing resubmitted), /flush_cache is never called,
-    a request submitted before a push answers with the version after it, no new group reuses prefix
-    KV of older weights while the samples of a group share their prompt, every prompt trained once."""
+@pytest.mark.parametrize("mode", ["in_place", "retract"])
+def test_in_place_push_keeps_every_request_and_trains_every_prompt_once(tmp_path, mode):
+    """--weight-push-mode in_place (and retract) under slime's push order (slime's own update_weights,
+    wrapped by the push-mode hook): no request is aborted (nothing resubmitted), /flush_cache is never
+    called, a request submitted before a push answers with the version after it, no new group reuses
+    prefix KV of older weights while the samples of a group share their prompt, every prompt trained once."""
     stats: dict = {}
-    events = _single_session(str(tmp_path), "in_place", num_rollout=5, hold_max_new_tokens=h.ROLLOUT_MAX_RESPONSE_LEN,
-                             stats=stats, extra=["--weight-push-mode", "in_place"])
+    events = _single_session(str(tmp_path), mode, num_rollout=5, hold_max_new_tokens=h.ROLLOUT_MAX_RESPONSE_LEN,
+                             stats=stats, extra=["--weight-push-mode", mode])
     _trained_once(events, 10)
     pushes = len(_events(events, "update_weights"))
     assert pushes == 1 + 5, pushes   # the first push, then one per rollout
-    assert stats.get("pauses_in_place") == pushes and stats.get("pauses_abort", 0) == 0, stats
+    assert stats.get(f"pauses_{mode}") == pushes and stats.get("pauses_abort", 0) == 0, stats
     assert stats.get("aborted", 0) == 0 and stats.get("flush_calls", 0) == 0, stats
     # the held request of each version is released by the next push and answers after it
     assert stats["held_released"] >= 1 and stats.get("held_aborted", 0) == 0 and stats["spanning_answers"] >= 1, stats

@@ -148,10 +148,12 @@ def test_abort_mode_records_each_calls_version_per_token(engine, monkeypatch):
     assert stream.abort_resubmits == 1
 
 
-def test_in_place_counts_staleness_from_the_version_known_at_submission(engine):
-    """SGLang reports only the final version in place: a group submitted at version 1 that answers
-    after the push to 3 is as old as 1 (not 3), so at trainer version 4 its lag is 3 > K = 2."""
-    args, data = _args(weight_push_mode="in_place"), DataSource()
+@pytest.mark.parametrize("mode", ["in_place", "retract"])
+def test_held_requests_count_staleness_from_the_version_known_at_submission(engine, mode):
+    """SGLang reports only the final version in place and after a retraction: a group submitted at
+    version 1 that answers after the push to 3 is as old as 1 (not 3), so at trainer version 4 its lag
+    is 3 > K = 2."""
+    args, data = _args(weight_push_mode=mode), DataSource()
     stream = group_stream.GroupStream(args, data)
     engine.version = 3   # the engines answered after pushes the stream had not been told of
     group = data.get_samples(1)[0]
@@ -198,3 +200,49 @@ def test_an_abort_then_a_finish_resets_the_count(engine, monkeypatch):
         batch, _, _ = _collect(args, stream, rollout_id + 1, rollout_id)
         assert batch == [rollout_id]
     assert stream.abort_resubmits == 18 and not stream.aborts
+
+
+class RetractingEngine:
+    """SGLang under a retract pause, as tests/slime_adapter/test_real_sglang_retract.py saw it: the request
+    samples ``before`` tokens on the old version, the push lands (retracted, prefilled again), it samples
+    the rest on the new one; one answer, finish_reason stop, the final version and num_retractions."""
+
+    def __init__(self, old, new, before, after):
+        self.old, self.new, self.before, self.after = old, new, before, after
+
+    async def generate(self, args, group, sampling_params, evaluation=False):
+        await asyncio.sleep(0.001)
+        for sample in group:
+            tokens = [7] * (self.before + self.after)
+            sample.append_response_tokens(argparse.Namespace(partial_rollout=False), tokens=tokens,
+                                          log_probs=[-0.1] * len(tokens),
+                                          meta_info={"weight_version": str(self.new if self.before else self.old),
+                                                     "num_retractions": int(self.before > 0),
+                                                     "finish_reason": {"type": "stop"}})
+        return group
+
+
+@pytest.mark.parametrize("submitted, before, oldest, lag, outcome", [
+    (1, 3, 1, 3, "dropped"),   # tokens sampled on version 1, finished on 3: trained at 4 it is 3 old (> K = 2)
+    (2, 3, 2, 2, "kept"),      # submitted when version 2 had landed: at most K = 2 old, trained
+    (3, 0, 3, 1, "kept"),      # never retracted (no token before the push): reported version 3 itself
+])
+def test_retract_samples_carry_the_version_their_first_tokens_were_sampled_with(engine, monkeypatch, submitted,
+                                                                                before, oldest, lag, outcome):
+    """Under retract a sample is one answer (no resubmission, no spans) whose reported version is the
+    newest; the gate counts its lag from the version known at submission."""
+    fake = RetractingEngine(old=submitted, new=3, before=before, after=2)
+    monkeypatch.setattr(sglang_rollout, "generate_and_rm_group", fake.generate)
+    args, data = _args(weight_push_mode="retract"), DataSource()
+    stream = group_stream.GroupStream(args, data, engine_version=submitted)
+    group = data.get_samples(1)[0]
+    stream.order.append(0)
+    stream.live_started += 1
+    run(_submit_and_wait(stream, group))
+    (sample,) = stream.finished[0]
+    assert sample.status == Sample.Status.COMPLETED and stream.abort_resubmits == 0
+    assert sample.metadata["oldest_weight_version"] == oldest and sample.metadata["newest_weight_version"] == 3
+    assert "token_version_spans" not in sample.metadata
+    assert 4 - sample_oldest_version(sample) == lag   # at trainer version 4
+    gate = StalenessGate(args.max_staleness, "drop")
+    assert gate.admit(4 - sample_oldest_version(sample), 1) == (outcome == "kept")

@@ -12,7 +12,9 @@ import types
 
 # a subset of ServerArgs' fields (server_args.py at 0.5.15.post1); anything else is a TypeError
 SERVER_ARGS = {"model_path", "tokenizer_path", "skip_tokenizer_init", "trust_remote_code", "context_length", "dtype",
-               "mem_fraction_static", "tp_size", "dp_size", "random_seed", "log_level"}
+               "mem_fraction_static", "tp_size", "dp_size", "random_seed", "log_level", "device", "attention_backend",
+               "sampling_backend", "disable_overlap_schedule", "cuda_graph_backend_decode",
+               "cuda_graph_backend_prefill", "max_total_tokens"}
 # SamplingParams' user fields (sampling/sampling_params.py at 0.5.15.post1)
 SAMPLING_PARAMS = {"max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
                    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",

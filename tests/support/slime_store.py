@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import importlib.util
 import itertools
 import pickle
@@ -27,6 +28,9 @@ from collections import Counter
 
 def _placeholder(name: str, **attrs) -> None:
     module = types.ModuleType(name)
+    # a spec, as an imported module has: ``importlib.util.find_spec`` raises ValueError on a module in
+    # sys.modules whose __spec__ is None (accelerate probes wandb that way when transformers imports it)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
     module.__dict__.update(attrs)
     module.__epic_placeholder__ = True
     sys.modules[name] = module
