@@ -45,6 +45,8 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/slime_adapter/test_router_standin.py": 300,    # [35 s starting two SGLang stand-ins at load 8-10]
     # the first test to use `real_engines` may wait for the real server's start (~2.5 min at load 6)
     "tests/slime_adapter/test_real_sglang.py": 600,
+    # one e2e session against the real server (plus its start when this file runs first)
+    "tests/slime_adapter/test_slime_e2e_real.py": 1200,
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {
@@ -154,7 +156,7 @@ def _launch_real_engines_if_needed(items) -> None:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="epic-slime-real-sglang-"))
     _REAL["workdir"] = workdir
     try:
-        _REAL["engines"] = real_sglang.RealEngines(workdir)
+        _REAL["engines"] = real_sglang.engines_for_session(workdir)
     except Exception as exc:  # noqa: BLE001 - reported by the fixture, where a test asks for it
         _REAL["reason"] = f"could not launch the real SGLang server: {exc!r} (logs in {workdir})"
 
