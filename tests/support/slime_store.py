@@ -26,7 +26,12 @@ from collections import Counter
 
 
 def _placeholder(name: str, **attrs) -> None:
+    import importlib.machinery
+
     module = types.ModuleType(name)
+    # a spec, as imported modules have: importlib.util.find_spec(name) on a module without one raises
+    # ValueError (accelerate's is_wandb_available, imported by transformers where accelerate is installed)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
     module.__dict__.update(attrs)
     module.__epic_placeholder__ = True
     sys.modules[name] = module
