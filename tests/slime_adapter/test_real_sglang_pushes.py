@@ -191,3 +191,69 @@ def test_in_place_disk_update_is_sent_without_flush_and_the_server_survives(engi
     assert server.alive()
     assert [c.split(" ", 1)[0] for c in actor.calls] == ["pause_generation", "update_weights_from_disk",
                                                         "continue_generation"]
+
+
+# ---------------------------------------------------------------- the tensor path with CPU tensors
+
+_TENSOR_PUSH_CHILD = """
+import json, sys
+import requests
+from epic_slime.runtime.hf_export import checkpoint_tensors
+from epic_slime.runtime.model import ModelConfig, build_policy
+from epic_slime.runtime.task import Tokenizer
+from epic_slime.slime.tensor_push import cpu_tensor_update
+tok = Tokenizer()
+model = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=1)
+body, keep = cpu_tensor_update(checkpoint_tensors(model), weight_version="tensor-path")
+http = requests.Session(); http.trust_env = False
+reply = http.post(sys.argv[1] + "/update_weights_from_tensor", json=body, timeout=300)
+print(json.dumps({"status": reply.status_code, "answer": reply.json()}), flush=True)
+"""
+
+
+def test_cpu_tensor_update_loads_and_holds_no_pipe_of_the_sender(engines):
+    """The sender in a child process whose stdout is a pipe, as a piped test run: the update loads
+    (file_system sharing; the default strategy kills the server), the pushed model is served, and the
+    pipe closes when the child exits (torch_shm_manager, which outlives it, does not hold it)."""
+    import json
+    import os
+    import subprocess
+
+    from epic_slime.slime.served_weights import confirm_push, served_weight_version
+
+    from support.slime_args import REPO
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    child = subprocess.Popen([sys.executable, "-c", _TENSOR_PUSH_CHILD, engines.server.url], env=env, cwd=str(REPO),
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        out, _ = child.communicate(timeout=300)   # returns only once every writer of the pipe is gone
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        pytest.fail("the sender's stdout stayed open after it exited: a process it started holds the pipe")
+    answer = json.loads(out.decode().strip().splitlines()[-1])
+    assert answer["status"] == 200 and answer["answer"]["success"] is True, answer
+    assert engines.server.alive() and served_weight_version(engines.server.url) == "tensor-path"
+    confirm_push(engines.server.url, _other_model(seed=1), PROBE)
+
+
+def test_cpu_tensor_update_copies_and_restores_the_sharing_strategy():
+    import torch.multiprocessing as mp
+
+    from epic_slime.slime.tensor_push import cpu_tensor_update
+
+    before = mp.get_sharing_strategy()
+    weight = torch.arange(6.0).reshape(2, 3)
+    body, keep = cpu_tensor_update({"w": weight}, weight_version="3")
+    assert mp.get_sharing_strategy() == before
+    assert not weight.is_shared() and keep[0][1].is_shared() and torch.equal(keep[0][1], weight)
+    assert body["flush_cache"] is False and body["weight_version"] == "3" and len(body["serialized_named_tensors"]) == 1
+    # the handle travels as a shared-memory file name, never as a file descriptor (under torch's default
+    # strategy SGLang's scheduler rejects the fd connection's authentication and the server exits)
+    import base64
+
+    pickled = base64.b64decode(body["serialized_named_tensors"][0])
+    assert b"rebuild_storage_filename" in pickled and b"rebuild_storage_fd" not in pickled
+    with pytest.raises(ValueError, match="on the CPU"):
+        cpu_tensor_update({"w": torch.empty(1, device="meta")})
