@@ -48,12 +48,14 @@ def test_every_prompt_trained_once_within_k_and_every_push_confirmed(ci_run):
     real.check_run(ci_run, k=real.RUNS[real.CI_RUN]["max_staleness"])
 
 
-def test_the_abort_pushes_met_requests_in_flight(ci_run):
-    """Against the real server the pushes abort running requests (no hold needed: 12 permits, long
-    answers), and the stream resubmits them: some group spans two versions."""
+def test_async_groups_train_stale_within_k_and_none_is_dropped(ci_run):
+    """K = 2 with oversampling against the real server: the groups left over from a batch train a version
+    or two stale (the schedule is asynchronous, not accidentally on-policy), and none is dropped. The
+    requests the pushes aborted (resubmitted by the stream) are printed for the report."""
     last = _events(ci_run, "generate")[-1]["metrics"]
     staleness = Counter(s for e in _events(ci_run, "train") for s in e["staleness"])
-    assert staleness[1] + staleness[2] >= 1, staleness
+    print(f"\nstaleness {dict(staleness)}, abort resubmits {last['rollout/accounting/abort_resubmits']}")
+    assert staleness[1] + staleness[2] >= 1 and set(staleness) <= {0, 1, 2}, staleness
     assert last["rollout/staleness/total_dropped_groups"] == 0
 
 
