@@ -49,6 +49,8 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/integrations/test_verl.py": 300,               # [21 s a fresh process importing verl at load 17-22]
     "tests/slime_adapter/test_real_sglang_retract.py": 600,   # as above when it runs first
     "tests/evaluation/test_evaluate_real_sglang.py": 900,     # two starts of sglang.Engine on CPU, 2 x 256 samples
+    # one e2e session against the real server (plus its start when this file runs first)
+    "tests/slime_adapter/test_slime_e2e_real.py": 1200,
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {
@@ -158,7 +160,7 @@ def _launch_real_engines_if_needed(items) -> None:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="epic-slime-real-sglang-"))
     _REAL["workdir"] = workdir
     try:
-        _REAL["engines"] = real_sglang.RealEngines(workdir)
+        _REAL["engines"] = real_sglang.engines_for_session(workdir)
     except Exception as exc:  # noqa: BLE001 - reported by the fixture, where a test asks for it
         _REAL["reason"] = f"could not launch the real SGLang server: {exc!r} (logs in {workdir})"
 

@@ -53,6 +53,23 @@ def export_checkpoint(model, folder: str | os.PathLike, dtype: str = "bfloat16")
     return folder
 
 
+def checkpoint_tensors(model) -> dict:
+    """``model``'s parameters under the names and layout of its saved checkpoint, as a weight push to
+    SGLang must name them: per-expert ``mlp.experts.{e}.gate_proj / up_proj / down_proj.weight``
+    (transformers 5 fuses them in memory as ``gate_up_proj`` / ``down_proj``, names SGLang answers
+    ``success`` to and loads nothing from) and ``lm_head.weight`` as its own tensor (the runtime's
+    model ties it to the embedding; SGLang's Qwen3-MoE keeps it separate). Detached views, float32."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    if "lm_head.weight" not in state:
+        state["lm_head.weight"] = model.get_output_embeddings().weight.detach()
+    out = revert_weight_conversion(model, state)
+    if "lm_head.weight" not in out:
+        raise RuntimeError("checkpoint_tensors: the converted state has no lm_head.weight")
+    return out
+
+
 def _check_saved_head(folder: str) -> None:
     from safetensors import safe_open
 

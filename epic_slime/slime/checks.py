@@ -303,6 +303,7 @@ def check_unsupported_settings(args: Any) -> None:
             f"--advantage-estimator {estimator} trains a critic (slime's use_critic), which the epic-slime "
             "driver does not support: use a group-relative estimator such as --advantage-estimator grpo"
         )
+    check_disk_version_check(args)
     mode = _get(args, "update_weight_mode")
     if mode == "delta":
         # slime's delta sync publishes diffs to disk that every rollout host patches into its own
@@ -312,6 +313,20 @@ def check_unsupported_settings(args: Any) -> None:
             f"--update-weight-mode {mode} is not supported by the epic-slime driver: its staleness "
             "accounting assumes slime's full weight push (one weight_version per update, "
             "--update-weight-mode full, the default); drop --update-weight-mode delta"
+        )
+
+
+def check_disk_version_check(args: Any) -> None:
+    """slime 624b824a, after a full disk reload under ``--ci-test`` (``actor_group.py``), asks every
+    engine for ``GET /get_weight_version``, which SGLang 0.5.15 answers 404 ("use /model_info"): the run
+    would die at its first push. Refused up front; the version is in ``/model_info``
+    (``epic_slime.slime.served_weights.served_weight_version``)."""
+    if (_get(args, "ci_test", False) and _get(args, "update_weight_transport") == "disk"
+            and (_get(args, "update_weight_mode") or "full") == "full"):
+        raise ProjectFlagError(
+            "--ci-test with --update-weight-transport disk: slime checks the version after each disk reload "
+            "with GET /get_weight_version, which SGLang 0.5.15 answers 404 (the version moved to /model_info), "
+            "so the first push would fail; drop --ci-test or use --update-weight-transport nccl"
         )
 
 

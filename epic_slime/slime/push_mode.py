@@ -71,7 +71,9 @@ sample prefills its own prompt: n - 1 extra prompt prefills per group).
   ``UpdateWeightFromDistributed.update_weights`` so that during a push its ``rollout_engines`` are
   ``HoldingEngine`` views: ``pause_generation`` posts ``{"mode": <mode>}`` through the engine
   actor's own POST helper (``SGLangEngine._make_request``: node rank 0 only, raises on an HTTP
-  error), ``flush_cache`` does nothing, every other call is the engine's own. slime's order stays:
+  error), ``flush_cache`` does nothing, every weight update is sent with ``flush_cache`` false (a disk
+  update with SGLang's default flush, while a request is held in place, kills the server: tested
+  against the real one), every other call is the engine's own. slime's order stays:
   version + 1, pause, barrier, buckets (``flush_cache=False``, ``weight_version``), continue.
 - ``install_rollout_hook`` (RolloutManager process, called by the project's rollout function):
   under ``in_place`` or ``retract`` it wraps ``sglang_rollout.generate_and_rm_group`` and ``eval_rollout`` (a fresh
@@ -164,8 +166,49 @@ class HoldingEngine:
         # SGLang refuses it while requests run (and slime would retry for a minute): skip it
         return _Call(self._done_ref)
 
+    @property
+    def update_weights_from_disk(self) -> "_NoFlushUpdate":
+        # slime's SGLangEngine.update_weights_from_disk sends no flush_cache, and SGLang's default
+        # (true) kills the server while a request is held in place (the flush after the load fails)
+        return _NoFlushUpdate(self._engine, "update_weights_from_disk", ("model_path", "load_format", "weight_version"))
+
+    @property
+    def _make_request(self) -> "_NoFlushRequests":
+        return _NoFlushRequests(self._engine)
+
     def __getattr__(self, name):
         return getattr(self._engine, name)
+
+
+def no_flush(endpoint: str, payload: dict | None) -> dict:
+    """A weight update's payload with ``flush_cache`` false (other endpoints' payloads unchanged)."""
+    payload = dict(payload or {})
+    if endpoint.startswith("update_weights_from"):
+        payload["flush_cache"] = False
+    return payload
+
+
+class _NoFlushRequests:
+    """The engine actor's POST helper, every weight update through it sent with ``flush_cache`` false."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def remote(self, endpoint, payload=None):
+        return self._engine._make_request.remote(endpoint, no_flush(endpoint, payload))
+
+
+class _NoFlushUpdate:
+    """An engine actor's update method (slime's keyword names, Nones left out, as slime's payload)
+    posted through its POST helper with ``flush_cache`` false."""
+
+    def __init__(self, engine, endpoint: str, names: tuple[str, ...]):
+        self._engine, self._endpoint, self._names = engine, endpoint, names
+
+    def remote(self, *args, **kwargs):
+        given = {**dict(zip(self._names, args)), **kwargs}
+        payload = {k: v for k, v in given.items() if v is not None}
+        return self._engine._make_request.remote(self._endpoint, no_flush(self._endpoint, payload))
 
 
 def holding_update_weights(update_weights, mode: str = IN_PLACE):

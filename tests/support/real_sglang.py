@@ -135,6 +135,9 @@ class RealServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.model_dir = str(model_dir)
         env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+        # SGLang derives a gRPC port as --port + 10000 and refuses to start when that passes 65535 (a free
+        # port above 55535: about one start in six); name one of its own
+        env.setdefault("SGLANG_GRPC_PORT", str(free_port()))
         env.pop("PYTHONPATH", None)   # the project's path (slime, tests) is not the server's
         argv = [python, "-m", "sglang.launch_server", "--model-path", self.model_dir, *SERVER_FLAGS,
                 "--host", "127.0.0.1", "--port", str(self.port), "--weight-version", weight_version, *extra]
@@ -266,3 +269,77 @@ class RealEngines:
         for part in (self.router, self.server):
             if part is not None:
                 part.stop()
+
+
+ATTACH_ENV = "EPIC_SLIME_REAL_ENGINES"
+
+
+class _AttachedProcess:
+    def __init__(self, log_path: str):
+        self.log_path = Path(log_path)
+
+    def alive(self) -> bool:
+        return True
+
+
+class AttachedEngines(RealEngines):
+    """Engines already running (``python tests/support/real_sglang.py serve OUT.json`` wrote OUT.json),
+    named by ``EPIC_SLIME_REAL_ENGINES=OUT.json``: a developer's rerun skips the 2-3 min start. Never
+    stopped by the suite."""
+
+    def __init__(self, described: str | Path):
+        import json
+
+        from epic_slime.runtime.hf_export import export_initial_checkpoint
+
+        info = json.loads(Path(described).read_text())
+        self.workdir = Path(info["workdir"])
+        self.model_dir = info["model_dir"]
+        _, self.model = export_initial_checkpoint(Path(info["workdir"]) / "reference_export")
+        self.server = object.__new__(RealServer)
+        self.server.url, self.server.port, self.server.model_dir = info["server"], int(info["server"].rsplit(":", 1)[1]), self.model_dir
+        self.server.http, self.server.pool = _http(), concurrent.futures.ThreadPoolExecutor(8)
+        self.server.process = _AttachedProcess(info["server_log"])
+        self.router = object.__new__(RealRouter)
+        self.router.url, self.router.port = info["router"], int(info["router"].rsplit(":", 1)[1])
+        self.router.http, self.router.process = _http(), _AttachedProcess(info["router_log"])
+        self.failure = None
+
+    def ready(self) -> "AttachedEngines":
+        return self
+
+    def stop(self) -> None:
+        self.server.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def engines_for_session(workdir: Path) -> RealEngines:
+    """The suite's engines: the running ones ``EPIC_SLIME_REAL_ENGINES`` names, else freshly launched."""
+    described = os.environ.get(ATTACH_ENV)
+    return AttachedEngines(described) if described else RealEngines(workdir)
+
+
+def serve(out: str) -> None:
+    """Launch the engines, describe them in ``out`` (JSON) and keep them up until interrupted."""
+    import json
+    import tempfile
+
+    engines = RealEngines(Path(tempfile.mkdtemp(prefix="epic-slime-real-sglang-"))).ready()
+    Path(out).write_text(json.dumps({"server": engines.server.url, "router": engines.router.url,
+                                     "model_dir": engines.model_dir, "workdir": str(engines.workdir),
+                                     "server_log": str(engines.server.process.log_path),
+                                     "router_log": str(engines.router.process.log_path)}))
+    print(f"engines up; {ATTACH_ENV}={out}", flush=True)
+    try:
+        while engines.server.alive():
+            time.sleep(5)
+    finally:
+        engines.stop()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    if len(sys.argv) != 3 or sys.argv[1] != "serve":
+        raise SystemExit("usage: real_sglang.py serve OUT.json")
+    serve(sys.argv[2])

@@ -229,7 +229,8 @@ def session(config: dict) -> None:
     manager.save_window = window
     actor = CpuTrainGroup(args, f"http://127.0.0.1:{config['port']}", trace, config.get("kill_after_train"),
                           manager=manager, push=config.get("push", "distributed"), save_window=window,
-                          store=store, dp_size=config.get("dp_size", DP_SIZE), engine_urls=config.get("engine_urls"))
+                          store=store, dp_size=config.get("dp_size", DP_SIZE), engine_urls=config.get("engine_urls"),
+                          real_engines=config.get("real_engines", False))
     # slime's train_actor.set_rollout_manager: rank 0 tells the manager the DP layout
     manager.set_train_parallel_config.remote(actor.train_parallel_config).result()
     # slime's create_training_models: the checkpoint sets the start rollout, then the data source loads
@@ -252,6 +253,9 @@ def session(config: dict) -> None:
                 prompts_consumed=consumed, pending_pids=pending, memory_clears=actor.memory_clears)
     manager.dispose.remote().result()
     manager.shutdown()
+    if config.get("real_engines"):   # the weights of the last push, for the caller's check that it took effect
+        actor.stop_pushing()
+        torch.save(actor.last_pushed, os.path.join(os.path.dirname(config["trace"]), "final_model.pt"))
     if r3:
         slime_e2e_r3.stop()
     parallel_state.destroy_model_parallel()

@@ -37,7 +37,7 @@ class CpuTrainGroup:
 
     def __init__(self, args, server_url: str, trace, kill_after_train: int | None = None, manager=None,
                  push: str = "distributed", save_window=None, store=None, dp_size: int = 2,
-                 engine_urls: list[str] | None = None):
+                 engine_urls: list[str] | None = None, real_engines: bool = False):
         from epic_slime.runtime.model import ModelConfig, build_policy
         from epic_slime.runtime.task import Tokenizer
 
@@ -48,6 +48,10 @@ class CpuTrainGroup:
         self.store, self.dp_size = store, dp_size
         self.engine_urls = list(engine_urls or [server_url])   # the push goes to every engine, not the router
         self.r3 = bool(getattr(args, "use_rollout_routing_replay", False))   # support/slime_e2e_r3.py
+        # the real SGLang server: pushes name the checkpoint's tensors, and every push is confirmed by
+        # scoring a fixed probe on each engine (it answers success for names it cannot map)
+        self.real_engines = real_engines
+        self.last_pushed: dict | None = None
         self.steps_done = 0
         # slime's MegatronTrainRayActor.train_parallel_config at TP = PP = CP = 1
         self.train_parallel_config = {"dp_size": dp_size, "cp_size": 1, "vpp_size": 1,
@@ -58,6 +62,7 @@ class CpuTrainGroup:
         self.model = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=0)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr or 1e-3)
         self.weight_version = 0
+        self.probe = [tok.bos_id] + tok.encode("12+7-3=Answer:16")
         self.forwards = Counter()
         self.start_rollout_id = 0
         if args.load:
@@ -141,11 +146,15 @@ class CpuTrainGroup:
 
             self.manager.get_updatable_engines_and_lock.remote().result()
             if self.updater is None:
-                self.updater = make_updater(self.args, self.model, [EngineActorStandIn(u) for u in self.engine_urls])
+                self.updater = make_updater(self.args, self.model, [EngineActorStandIn(u) for u in self.engine_urls],
+                                            checkpoint_names=self.real_engines)
             self.updater.weight_version = self.weight_version
             self.updater.update_weights()
             self.weight_version = self.updater.weight_version
-            self.trace.write("update_weights", self.weight_version)
+            confirmed = self._confirm_push() if self.real_engines else None
+            if self.real_engines:   # what the engines serve now, for the caller's final check
+                self.last_pushed = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            self.trace.write("update_weights", self.weight_version, confirmed_gap=confirmed)
             return
         self.weight_version += 1
         s = _session()
@@ -162,6 +171,40 @@ class CpuTrainGroup:
         os.remove(path)
         s.post(f"{self.url}/continue_generation", json={}).raise_for_status()
         self.trace.write("update_weights", self.weight_version)
+
+    def _confirm_push(self) -> float:
+        """Each engine scores the probe as the pushed model does (``served_weights.confirm_push``),
+        and reports the pushed version in ``/model_info``; the largest gap."""
+        from epic_slime.slime.served_weights import confirm_push, served_weight_version
+
+        gaps = []
+        for url in self.engine_urls:
+            gaps.append(confirm_push(url, self.model, self.probe))
+            served = served_weight_version(url)
+            if served != str(self.weight_version):
+                raise RuntimeError(f"{url} serves weight version {served}, pushed {self.weight_version}")
+        return max(gaps)
+
+    def stop_pushing(self) -> None:
+        """Leave the engines' weight-update group (the real server keeps a group by name)."""
+        if self.updater is not None:
+            for engine in self.updater.rollout_engines:
+                engine.destroy_weights_update_group.remote(group_name=self.updater._group_name).result(60)
+
+    def _rollout_mismatch(self, ranks) -> dict:
+        """mean |log pi_train - log mu_engine| per response token before the first step: the trainer's
+        float32 forward against the log-probs the engine sampled with (its serving precision)."""
+        gaps = []
+        with torch.no_grad():
+            for data in ranks:
+                for ids, n, rollout in zip(data["tokens"], data["response_lengths"], data["rollout_log_probs"]):
+                    n = int(n)
+                    logits = self.model(input_ids=torch.as_tensor(ids)[None], use_cache=False).logits[0].double()
+                    lp = torch.log_softmax(logits[-n - 1:-1] / self.args.rollout_temperature, -1)
+                    own = lp.gather(1, torch.as_tensor(ids)[-n:, None]).squeeze(1)
+                    gaps.append((own - torch.as_tensor(rollout, dtype=torch.float64)).abs())
+        every = torch.cat(gaps)
+        return {"mean": float(every.mean()), "max": float(every.max()), "tokens": int(every.numel())}
 
     # -- training
     def _logits(self, data, rows):
@@ -213,6 +256,8 @@ class CpuTrainGroup:
         from slime.backends.megatron_utils.loss import compute_advantages_and_returns, loss_function
 
         args = self.args
+        if self.steps_done == 0 and self.start_rollout_id == 0:   # the weights the first rollout sampled with
+            self.trace.write("version0_mismatch", 0, **self._rollout_mismatch(ranks))
         if not args.use_rollout_logprobs or args.get_mismatch_metrics:
             for data in ranks:
                 data["log_probs"] = self._old_log_probs(data)

@@ -50,7 +50,8 @@ class EngineActorStandIn:
     """One SGLang engine actor (node rank 0) at ``url``; calls are counted in ``calls``."""
 
     METHODS = ("pause_generation", "flush_cache", "_make_request", "update_weights_from_distributed",
-               "continue_generation", "init_weights_update_group", "destroy_weights_update_group")
+               "continue_generation", "init_weights_update_group", "destroy_weights_update_group",
+               "update_weights_from_disk")
 
     def __init__(self, url: str, flush_tries: int = 60, flush_retry_s: float = 0.2):
         self.url, self.flush_tries, self.flush_retry_s = url, flush_tries, flush_retry_s
@@ -96,6 +97,15 @@ class EngineActorStandIn:
             raise RuntimeError(f"update_weights_from_distributed failed: {answer}")
         return answer
 
+    def _do_update_weights_from_disk(self, model_path, load_format=None, weight_version=None):
+        """slime's: the path, the format and version when given, no ``flush_cache`` (SGLang's default: true)."""
+        payload = {"model_path": model_path}
+        if load_format is not None:
+            payload["load_format"] = load_format
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        return self._do_make_request("update_weights_from_disk", payload)
+
     def _do_init_weights_update_group(self, **payload):
         self.calls.append("init_weights_update_group")
         return self._post("init_weights_update_group", payload)
@@ -131,8 +141,11 @@ def use_ray_stand_in() -> None:
     updater_module().ray = RayStandIn
 
 
-def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3):
-    """A ``CpuDistributedUpdater`` over ``engines`` for ``model`` (slime's class, imported here)."""
+def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3, checkpoint_names: bool = False):
+    """A ``CpuDistributedUpdater`` over ``engines`` for ``model`` (slime's class, imported here).
+    ``checkpoint_names``: push the checkpoint's names and layout (``hf_export.checkpoint_tensors``:
+    per-expert weights, ``lm_head.weight`` untied), as the real SGLang server maps them; the stand-in
+    takes the in-memory parameter names."""
     base = updater_module().UpdateWeightFromDistributed
 
     class CpuDistributedUpdater(base):
@@ -149,10 +162,17 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3):
             joined = [e.init_weights_update_group.remote(master_address="127.0.0.1", master_port=port, rank_offset=i + 1,
                                                          world_size=world, group_name=GROUP_NAME, backend="gloo")
                       for i, e in enumerate(rollout_engines)]
-            self._store = dist.TCPStore("127.0.0.1", port, world, is_master=True, timeout=timedelta(seconds=120),
-                                        wait_for_workers=False)
-            self._model_update_groups = dist.ProcessGroupGloo(dist.PrefixStore(GROUP_NAME, self._store), 0, world,
-                                                              timedelta(seconds=120))
+            if checkpoint_names:   # the real server: slime's own group set-up, whose store keys SGLang's match
+                from slime.utils.distributed_utils import init_process_group
+
+                self._model_update_groups = init_process_group(
+                    backend="gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=0,
+                    group_name=GROUP_NAME, timeout=timedelta(seconds=120))
+            else:   # the stand-in joins a plain PrefixStore(group) gloo group
+                self._store = dist.TCPStore("127.0.0.1", port, world, is_master=True, timeout=timedelta(seconds=120),
+                                            wait_for_workers=False)
+                self._model_update_groups = dist.ProcessGroupGloo(dist.PrefixStore(GROUP_NAME, self._store), 0, world,
+                                                                  timedelta(seconds=120))
             RayStandIn.get(joined)
 
         def _send_weights(self, pbar) -> None:
@@ -160,7 +180,12 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3):
             waits for the tensors), the tensors by broadcast from rank 0."""
             import torch.distributed as dist
 
-            named = list(self.model[0].named_parameters())
+            if checkpoint_names:
+                from epic_slime.runtime.hf_export import checkpoint_tensors
+
+                named = list(checkpoint_tensors(self.model[0]).items())
+            else:
+                named = list(self.model[0].named_parameters())
             size = -(-len(named) // buckets)
             for chunk in (named[i:i + size] for i in range(0, len(named), size)):
                 refs = [e.update_weights_from_distributed.remote(

@@ -27,6 +27,8 @@ from collections import Counter
 
 
 def _placeholder(name: str, **attrs) -> None:
+    import importlib.machinery
+
     module = types.ModuleType(name)
     # a spec, as an imported module has: ``importlib.util.find_spec`` raises ValueError on a module in
     # sys.modules whose __spec__ is None (accelerate probes wandb that way when transformers imports it)
