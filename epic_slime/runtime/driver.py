@@ -127,7 +127,8 @@ class Run:
         from .actors import RolloutWorker
 
         return RolloutWorker.options(num_cpus=1).remote(i, self.cfg.model, self.weights_ref, self.version,
-                                                       self.cfg.rollout_dtype, self.cfg.seed)
+                                                       self.cfg.rollout_dtype, self.cfg.seed,
+                                                       self.cfg.rollout_router_noise)
 
     # ---------------- generation ----------------
     def _next_requests(self, count: int | None = None) -> list:
@@ -447,7 +448,9 @@ class Run:
                 policy_loss_params=cfg.policy_loss_params, policy_loss_aggregation=cfg.policy_loss_aggregation,
                 update_depth=cfg.update_depth, lr=cfg.lr,
                 weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad,
-                kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
+                kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0, kl_loss_type=cfg.kl_loss_type,
+                adam_beta2=cfg.adam_beta2, lr_warmup_steps=cfg.lr_warmup_steps, use_tis=cfg.use_tis,
+                tis_clip=cfg.tis_clip,
                 temperature=cfg.rollout_temperature, seed=cfg.seed,
                 on_bad_tokens=cfg.on_bad_tokens, max_bad_token_frac=cfg.max_bad_token_frac))
             if resume_path:
