@@ -72,6 +72,8 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "rollout_buffer_batches": (int, 2, _positive_int, None, "generated-but-untrained samples are capped at this many rollout batches (back-pressure)"),
     # --- staleness ---
     "max_staleness": (int, 2, _nonneg_int, None, "K: a sample more than K weight versions old is dropped (or kept with --stale-policy keep)"),
+    "rollout_lag": (int, 0, _nonneg_int, None, "sync mode only: every batch is generated with the weights exactly L "
+                    "versions behind the trainer (an exact staleness; the first L steps use version 0; 0: on-policy)"),
     "stale_policy": (str, "drop", None, ("drop", "keep"), "what to do with samples older than --max-staleness (both are counted)"),
     # --- trainer ---
     "update_depth": (int, 8, _positive_int, None, "D: optimizer steps (minibatches) per rollout batch"),
@@ -390,6 +392,15 @@ def _validate(cfg: RuntimeConfig) -> None:
         raise ConfigError("use_kl_loss is set but kl_loss_coef is 0: set --kl-loss-coef (paper: 1e-3)")
     if v["kl_loss_coef"] > 0 and not v["use_kl_loss"]:
         raise ConfigError(f"kl_loss_coef={v['kl_loss_coef']} has no effect without --use-kl-loss")
+    if v["rollout_lag"]:
+        if v["rollout_mode"] != "sync":
+            raise ConfigError(f"rollout_lag={v['rollout_lag']} needs rollout_mode sync (async lags are set by "
+                              f"max_staleness), got rollout_mode={v['rollout_mode']!r}")
+        if v["max_staleness"] < v["rollout_lag"]:
+            raise ConfigError(f"rollout_lag={v['rollout_lag']} exceeds max_staleness={v['max_staleness']}: every "
+                              f"batch would be dropped (set max_staleness >= rollout_lag)")
+        if v["load"]:
+            raise ConfigError("rollout_lag with --load: a checkpoint does not hold the older versions' weights")
     if v["use_tis"]:
         if cfg.policy_loss.startswith("dppo_topk"):   # the Top-K modes (no torch import here)
             raise ConfigError(f"use_tis with policy_loss={cfg.policy_loss}: the Top-K modes' behaviour set comes from "
