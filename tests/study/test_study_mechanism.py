@@ -97,3 +97,18 @@ def test_the_gate_passes_a_warm_start_above_chance_by_the_margin_only():
     from epic_slime.study.gate import decide
     assert decide({"test_mean": 0.16, "chance": 0.10}) and not decide({"test_mean": 0.15, "chance": 0.10})
     assert not decide({"test_mean": 0.078, "chance": 0.10})
+
+
+def test_the_on_policy_control_matches_the_stress_cell_but_for_depth_and_batch(tmp_path):
+    stress = load_study_config(REPO / "configs" / "study" / "stress.yaml")
+    control = load_study_config(REPO / "configs" / "study" / "stress_onpolicy.yaml")
+    lr8 = parse_config(run_argv(stress, next(s for s in plan(stress) if s.setting == "lr8"), tmp_path / "a", tmp_path))
+    onp = parse_config(run_argv(control, next(s for s in plan(control) if s.setting == "onp_lr8"), tmp_path / "b",
+                                tmp_path))
+    same = ("lr", "task_name", "task_max_operands", "kl_loss_coef", "kl_loss_type", "adam_beta2", "lr_warmup_steps",
+            "weight_decay", "warm_start_steps", "warm_start_step_noise", "warm_start_seed", "n_samples_per_prompt")
+    assert all(getattr(lr8, k) == getattr(onp, k) for k in same)
+    adam_steps = lambda c: c.num_rollout * c.update_depth   # noqa: E731
+    per_step = lambda c: c.samples_per_step // c.update_depth   # noqa: E731
+    assert adam_steps(lr8) == adam_steps(onp) == 80 and per_step(lr8) == per_step(onp) == 16
+    assert onp.update_depth == 1 and onp.max_staleness == 0 and onp.rollout_mode == "sync"
