@@ -11,12 +11,13 @@ from .threads import set_torch_threads
 
 @ray.remote(num_cpus=1, max_restarts=0)
 class RolloutWorker:
-    def __init__(self, worker_id: int, model_cfg, init_state: dict, version: int, dtype: str, seed: int):
+    def __init__(self, worker_id: int, model_cfg, init_state: dict, version: int, dtype: str, seed: int,
+                 router_noise: float = 0.0):
         set_torch_threads()
         from .rollout import PolicyEngine
 
         self.worker_id = worker_id
-        self.engine = PolicyEngine(model_cfg, init_state, version, dtype=dtype, seed=seed)
+        self.engine = PolicyEngine(model_cfg, init_state, version, dtype=dtype, seed=seed, router_noise=router_noise)
 
     def generate(self, requests, weights, version: int, sampling: dict):
         """`weights` is None when this worker already holds an acceptable version."""

@@ -66,20 +66,34 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "rollout_top_p": (float, 1.0, _unit_open_closed, None, "top-p of rollout sampling"),
     "rollout_max_response_len": (int, 24, _positive_int, None, "max generated tokens per response"),
     "rollout_dtype": (str, "float32", None, ("float32", "bfloat16"), "worker precision; bfloat16 reproduces train-inference mismatch"),
+    "rollout_router_noise": (float, 0.0, _nonneg_float, None, "sd of Gaussian noise added to the rollout engine's MoE "
+                             "router logits only: injected train-inference mismatch (routing drift; 0: off)"),
     "update_weights_interval": (int, 1, _positive_int, None, "workers receive new weights every this many versions"),
     "rollout_buffer_batches": (int, 2, _positive_int, None, "generated-but-untrained samples are capped at this many rollout batches (back-pressure)"),
     # --- staleness ---
     "max_staleness": (int, 2, _nonneg_int, None, "K: a sample more than K weight versions old is dropped (or kept with --stale-policy keep)"),
+    "rollout_lag": (int, 0, _nonneg_int, None, "sync mode only: every batch is generated with the weights exactly L "
+                    "versions behind the trainer (an exact staleness; the first L steps use version 0; 0: on-policy)"),
     "stale_policy": (str, "drop", None, ("drop", "keep"), "what to do with samples older than --max-staleness (both are counted)"),
     # --- trainer ---
     "update_depth": (int, 8, _positive_int, None, "D: optimizer steps (minibatches) per rollout batch"),
     "lr": (float, 5e-5, _positive_float, None, "AdamW learning rate"),
-    "weight_decay": (float, 0.0, _nonneg_float, None, "AdamW weight decay"),
+    "weight_decay": (float, 0.0, _nonneg_float, None, "AdamW weight decay (paper, Table 2: 0.1)"),
+    "adam_beta2": (float, 0.999, Rule("a number in (0, 1)", lambda v: _number(v) and 0 < v < 1), None,
+                   "AdamW beta2 (paper, Table 2: 0.98)"),
+    "lr_warmup_steps": (int, 0, _nonneg_int, None, "linear lr warmup over this many optimizer (Adam) steps: step k "
+                        "(from 0) uses lr * (k + 1) / N (paper: 10; 0: none)"),
     "clip_grad": (float, 1.0, _positive_float, None, "gradient-norm clipping"),
     "policy_loss_topk": (int, 5, _positive_int, None, "k of the DPPO Top-K modes: workers record the behaviour "
                          "policy's k most likely tokens per position"),
     "use_kl_loss": (bool, False, None, None, "add a k3 KL-to-reference term"),
     "kl_loss_coef": (float, 0.0, _nonneg_float, None, "coefficient of the KL-to-reference term"),
+    "kl_loss_type": (str, "k3", None, ("k1", "k2", "k3", "low_var_kl"), "estimator of the KL term (low_var_kl: k3 "
+                     "clamped to [-10, 10], the paper's via verl/slime)"),
+    "use_tis": (bool, False, None, None, "truncated importance sampling against the rollout log-probs: the loss's "
+                "ratio is to the trainer's own log-probs at the step start, each token weighted by "
+                "min(exp(log pi_old - log mu_rollout), --tis-clip)"),
+    "tis_clip": (float, 2.0, _positive_float, None, "upper truncation C of the TIS weight (slime's default 2)"),
     "on_bad_tokens": (str, "skip", None, ("raise", "skip"), "a NaN/inf log-prob or advantage, or a log-prob > 1e-3, "
                       "on a token: skip (mask it out, count it as train/policy/bad_tokens; a non-finite gradient "
                       "skips the optimizer step, train/policy/skipped_steps) or raise"),
@@ -380,6 +394,19 @@ def _validate(cfg: RuntimeConfig) -> None:
         raise ConfigError("use_kl_loss is set but kl_loss_coef is 0: set --kl-loss-coef (paper: 1e-3)")
     if v["kl_loss_coef"] > 0 and not v["use_kl_loss"]:
         raise ConfigError(f"kl_loss_coef={v['kl_loss_coef']} has no effect without --use-kl-loss")
+    if v["rollout_lag"]:
+        if v["rollout_mode"] != "sync":
+            raise ConfigError(f"rollout_lag={v['rollout_lag']} needs rollout_mode sync (async lags are set by "
+                              f"max_staleness), got rollout_mode={v['rollout_mode']!r}")
+        if v["max_staleness"] < v["rollout_lag"]:
+            raise ConfigError(f"rollout_lag={v['rollout_lag']} exceeds max_staleness={v['max_staleness']}: every "
+                              f"batch would be dropped (set max_staleness >= rollout_lag)")
+        if v["load"]:
+            raise ConfigError("rollout_lag with --load: a checkpoint does not hold the older versions' weights")
+    if v["use_tis"]:
+        if cfg.policy_loss.startswith("dppo_topk"):   # the Top-K modes (no torch import here)
+            raise ConfigError(f"use_tis with policy_loss={cfg.policy_loss}: the Top-K modes' behaviour set comes from "
+                              f"the rollout engine, which TIS replaces by the trainer's pi_old (not supported)")
     if not v["task_min_operands"] <= v["task_max_operands"]:
         raise ConfigError(f"task_min_operands ({v['task_min_operands']}) > task_max_operands ({v['task_max_operands']})")
     try:

@@ -91,6 +91,7 @@ class Run:
         self.pending_gen: dict = {}      # future -> (worker index, requests, version)
         self.worker_versions: list[int] = []
         self.weights_ref = None
+        self.weights_by_version: dict = {}   # --rollout-lag: version -> weights ref (the L + 1 newest)
         self.eval_future = None
         self.eval_queue: deque = deque()       # (weights ref, version) due and not yet started
         self.eval_future_version: int | None = None
@@ -130,7 +131,8 @@ class Run:
         from .actors import RolloutWorker
 
         return RolloutWorker.options(num_cpus=1).remote(i, self.cfg.model, self.weights_ref, self.version,
-                                                       self.cfg.rollout_dtype, self.cfg.seed)
+                                                       self.cfg.rollout_dtype, self.cfg.seed,
+                                                       self.cfg.rollout_router_noise)
 
     # ---------------- generation ----------------
     def _next_requests(self, count: int | None = None) -> list:
@@ -146,8 +148,16 @@ class Run:
     def _buffered_samples(self) -> int:
         return sum(len(g) for g in self.buffer)
 
+    def _lagged_version(self) -> int:
+        """--rollout-lag L (sync): the version every batch is generated with, L behind the trainer (the
+        first L steps, before version L exists, start from version 0: lags 0, 1, ..., L - 1)."""
+        return max(0, self.version - self.cfg.rollout_lag)
+
     def _submit_version(self, i: int) -> tuple[bool, int]:
         """Whether worker i gets the newest weights with its next request, and the version it generates with."""
+        if self.cfg.rollout_lag:
+            target = self._lagged_version()
+            return self.worker_versions[i] != target, target
         send = self.worker_versions[i] + self.cfg.update_weights_interval <= self.version \
             or self.worker_versions[i] < 0
         return send, (self.version if send else self.worker_versions[i])
@@ -172,13 +182,13 @@ class Run:
     def _submit(self, i: int, count: int | None = None) -> None:
         """A request of ``count`` prompts (default ``prompts_per_request``) to worker i."""
         send, version = self._submit_version(i)
-        weights = self.weights_ref if send else None
+        weights = (self.weights_by_version[version] if self.cfg.rollout_lag else self.weights_ref) if send else None
         reqs = self._next_requests(count)
         self.live_started += len(reqs)
         fut = self.workers[i].generate.remote(reqs, weights, version, self._sampling())
         self.pending_gen[fut] = (i, reqs, version)
         if send:
-            self.worker_versions[i] = self.version
+            self.worker_versions[i] = version
 
     def _idle_workers(self) -> list[int]:
         busy = {i for i, _, _ in self.pending_gen.values()}
@@ -264,6 +274,10 @@ class Run:
         self.version += 1
         assert train_metrics["train/version"] == self.version, (train_metrics["train/version"], self.version)
         self.weights_ref = self.trainer.get_weights.remote()
+        if self.cfg.rollout_lag:    # keep the L + 1 newest versions' weights for the lagged rollouts
+            self.weights_by_version[self.version] = self.weights_ref
+            for v in [v for v in self.weights_by_version if v < self.version - self.cfg.rollout_lag]:
+                del self.weights_by_version[v]
         now = time.time()
         rewards = [s["reward"] for s in samples]
         m = {
@@ -450,7 +464,9 @@ class Run:
                 policy_loss_params=cfg.policy_loss_params, policy_loss_aggregation=cfg.policy_loss_aggregation,
                 update_depth=cfg.update_depth, lr=cfg.lr,
                 weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad,
-                kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
+                kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0, kl_loss_type=cfg.kl_loss_type,
+                adam_beta2=cfg.adam_beta2, lr_warmup_steps=cfg.lr_warmup_steps, use_tis=cfg.use_tis,
+                tis_clip=cfg.tis_clip,
                 temperature=cfg.rollout_temperature, seed=cfg.seed,
                 on_bad_tokens=cfg.on_bad_tokens, max_bad_token_frac=cfg.max_bad_token_frac))
             if resume_path:
@@ -459,6 +475,7 @@ class Run:
                 if cfg.progress:
                     say(f"resuming from step {self.step} ({resume_path})")
             self.weights_ref = self.trainer.get_weights.remote()
+            self.weights_by_version = {self.version: self.weights_ref}
             self.workers = [self._new_worker(i) for i in range(cfg.num_rollout_workers)]
             self.worker_versions = [self.version] * cfg.num_rollout_workers
             self.eval_worker = EvalWorker.remote(cfg.model, init_ref, cfg.seed)
@@ -591,7 +608,7 @@ class Run:
                 return
             self._maybe_kill()
             for i in range(len(self.workers)):        # on-policy: everybody gets the newest weights
-                self.worker_versions[i] = -1
+                self.worker_versions[i] = -1          # (--rollout-lag: the version L behind)
             while True:
                 sel = self._take_batch()
                 if sel.batch is not None:

@@ -23,11 +23,17 @@ def request_generator(seed: int, tag: str, first_id: int) -> torch.Generator:
 class PolicyEngine:
     """A policy copy that samples; weights arrive with a version number."""
 
-    def __init__(self, model_cfg: ModelConfig, init_state: dict, version: int, dtype: str = "float32", seed: int = 0):
+    def __init__(self, model_cfg: ModelConfig, init_state: dict, version: int, dtype: str = "float32", seed: int = 0,
+                 router_noise: float = 0.0):
         self.tok = Tokenizer()
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
         self.model = build_policy(model_cfg, self.tok.vocab_size, self.tok.pad_id, self.tok.bos_id, self.tok.eos_id, seed)
         self.model.eval()
+        self.router_noise = float(router_noise)
+        self.router_generator = torch.Generator()
+        if self.router_noise > 0:     # rollout-only routing drift (`mismatch.py`); eval engines never get it
+            from .mismatch import install_router_noise
+            install_router_noise(self.model, self.router_noise, self.router_generator)
         self.version = -1
         self.set_weights(init_state, version)
 
@@ -46,6 +52,9 @@ class PolicyEngine:
             return []
         prompts = [self._prompt_ids(p) for _, p in requests for _ in range(n_samples)]
         gen = request_generator(seed, "rollout", requests[0][0])
+        # the router noise has its own stream, keyed like the sampling one (a request's samples do not
+        # depend on the worker), so that the noise leaves the token sampling stream untouched
+        self.router_generator.manual_seed(request_generator(seed, "router", requests[0][0]).initial_seed())
         results = sample(self.model, prompts, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                          eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, generator=gen, topk=topk)
         groups = []

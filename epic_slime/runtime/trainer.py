@@ -67,6 +67,22 @@ def mean_token_entropy(log_probs_all: torch.Tensor, mask: torch.Tensor) -> torch
     return (entropy * mask).sum() / mask.sum().clamp(min=1)
 
 
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """Linear warmup: optimizer step k (from 0) runs at lr * (k + 1) / N while k < N, then at lr (N = 0: none).
+    The first step is lr / N, not 0 (a zero-lr step would be a wasted update)."""
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return 1.0
+    return (step + 1) / warmup_steps
+
+
+def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor,
+                clip: float) -> torch.Tensor:
+    """Truncated importance weights min(pi_old / mu_rollout, C) per token (0 off the mask), no gradient:
+    they correct for the rollout engine sampling from mu rather than the trainer's pi_old."""
+    w = torch.exp((old_log_probs - rollout_log_probs).masked_fill(~mask, 0.0)).clamp(max=clip)
+    return (w * mask).detach()
+
+
 def _scalar(v) -> float:
     return float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
 
@@ -77,7 +93,9 @@ class PolicyTrainer:
     def __init__(self, *, model_cfg: ModelConfig, init_state: dict, policy_loss: str, policy_loss_params: dict,
                  policy_loss_aggregation: str | None,
                  update_depth: int, lr: float, weight_decay: float, clip_grad: float, kl_loss_coef: float,
-                 temperature: float, seed: int, on_bad_tokens: str = "raise", max_bad_token_frac: float = 0.01):
+                 temperature: float, seed: int, on_bad_tokens: str = "raise", max_bad_token_frac: float = 0.01,
+                 kl_loss_type: str = "k3", adam_beta2: float = 0.999, lr_warmup_steps: int = 0,
+                 use_tis: bool = False, tis_clip: float = 2.0):
         self.tok = Tokenizer()
         self.model = build_policy(model_cfg, self.tok.vocab_size, self.tok.pad_id, self.tok.bos_id, self.tok.eos_id, seed)
         self.model.load_state_dict(init_state)
@@ -87,7 +105,9 @@ class PolicyTrainer:
             self.ref = copy.deepcopy(self.model).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, adam_beta2))
+        self.base_lr, self.lr_warmup_steps, self.adam_steps = lr, lr_warmup_steps, 0
+        self.kl_loss_type, self.use_tis, self.tis_clip = kl_loss_type, use_tis, tis_clip
         self.policy_loss, self.policy_loss_params = policy_loss, dict(policy_loss_params)
         self.aggregation = policy_loss_aggregation
         self.update_depth, self.clip_grad, self.kl_loss_coef = update_depth, clip_grad, kl_loss_coef
@@ -103,7 +123,8 @@ class PolicyTrainer:
     def state(self) -> dict:
         return {"model": self.get_weights(), "optimizer": copy.deepcopy(self.opt.state_dict()),
                 "ref": None if self.ref is None else {k: v.clone() for k, v in self.ref.state_dict().items()},
-                "rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(), "version": self.version}
+                "rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(), "version": self.version,
+                "adam_steps": self.adam_steps}
 
     def load_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -113,6 +134,19 @@ class PolicyTrainer:
         self.rng.setstate(state["rng"])
         torch.set_rng_state(state["torch_rng"])
         self.version = int(state["version"])
+        self.adam_steps = int(state.get("adam_steps", 0))
+
+    @torch.no_grad()
+    def _old_log_probs(self, samples: list[dict], chunk: int = 64) -> dict[int, list[float]]:
+        """The trainer's own log-probs of every sample before this step's first update (pi_old), by id."""
+        out = {}
+        for i in range(0, len(samples), chunk):
+            part = samples[i:i + chunk]
+            lp, _ = response_log_probs(self.model, [s["prompt_ids"] for s in part], [s["response_ids"] for s in part],
+                                       self.temperature, self.tok.pad_id)
+            for s, row in zip(part, lp):
+                out[id(s)] = row[:len(s["response_ids"])].tolist()
+        return out
 
     # ---- one rollout step ----
     def train_step(self, samples: list[dict]) -> dict:
@@ -133,6 +167,7 @@ class PolicyTrainer:
             sums[name] = sums.get(name, 0.0) + _scalar(value)
             counts[name] = counts.get(name, 0) + 1
 
+        old_lp = self._old_log_probs(samples) if self.use_tis else {}
         first_gap = None
         bad_tokens = skipped = checked_tokens = 0
         skip = self.bad_tokens["on_bad_tokens"] == "skip"
@@ -145,11 +180,19 @@ class PolicyTrainer:
                                                           self.tok.pad_id, return_all=True)
             T = log_probs.shape[1]
             behavior = pad_rows([s["behavior_log_probs"] for s in mb], T)
+            weights = None
+            if self.use_tis:   # the loss's ratio is to pi_old (this step's start); mu only weights the tokens
+                rollout = behavior
+                behavior = pad_rows([old_lp[id(s)] for s in mb], T)
+                weights = tis_weights(behavior, rollout, mask, self.tis_clip)
+                add("train/tis_weight_mean", (weights.sum() / mask.sum().clamp(min=1)))
+                add("train/tis_truncated_frac", ((weights >= self.tis_clip) & mask).sum() / mask.sum().clamp(min=1))
             adv = torch.tensor([s["advantage"] for s in mb], dtype=torch.float32)
             topk_kwargs = topk_loss_inputs(mb, responses, behavior, all_lp[0]) if needs_topk else {}
             out = compute_policy_loss(self.policy_loss, log_probs, behavior, adv, mask, aggregation=self.aggregation,
                                       **topk_kwargs, **self.bad_tokens, **self.policy_loss_params)
-            loss = out.loss
+            loss = out.loss if weights is None else aggregate_loss(out.per_token_loss * weights, mask,
+                                                                    out.aggregation)
             bad_tokens += int(out.metrics["bad_tokens"])
             checked_tokens += int(mask.sum())
             if not torch.isfinite(loss):
@@ -169,12 +212,14 @@ class PolicyTrainer:
                 # Padding (and skipped bad tokens) is zeroed before the estimator, so no inf/NaN can
                 # reach the gradient.
                 kl_mask = mask if out.bad is None else mask & ~out.bad
-                k3 = kl_penalty(log_probs.masked_fill(~kl_mask, 0.0), ref_lp.masked_fill(~kl_mask, 0.0), "k3")
+                k3 = kl_penalty(log_probs.masked_fill(~kl_mask, 0.0), ref_lp.masked_fill(~kl_mask, 0.0),
+                                self.kl_loss_type)
                 kl = aggregate_loss(k3, kl_mask, self.aggregation or "seq-mean-token-mean")
                 loss = loss + self.kl_loss_coef * kl
                 add(names.KL_LOSS, kl)
             if first_gap is None:  # before any update of this step: the train-rollout mismatch
-                first_gap = float(out.metrics["logprob_abs_diff"])
+                first_gap = float(out.metrics["logprob_abs_diff"]) if not self.use_tis else \
+                    float(((behavior - rollout).abs() * mask).sum() / mask.sum().clamp(min=1))
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
@@ -187,7 +232,12 @@ class PolicyTrainer:
                 continue
             add(names.GRAD_NORM, grad_norm)
             add(names.TRAIN_LOSS, loss)
+            lr_now = self.base_lr * warmup_factor(self.adam_steps, self.lr_warmup_steps)
+            for g in self.opt.param_groups:
+                g["lr"] = lr_now
+            add("train/lr", lr_now)
             self.opt.step()
+            self.adam_steps += 1
         self.version += 1
         metrics = {k: sums[k] / counts[k] for k in sums}
         metrics["train/logprob_abs_diff_step_start"] = first_gap

@@ -56,11 +56,13 @@ def slipped_solution(problem, rng: random.Random, step_noise: float, modulus: in
 
 
 def warm_start_target(problem, rng: random.Random, answer_noise: float, step_noise: float = 0.0,
-                      modulus: int | None = None) -> str:
+                      modulus: int | None = None, task_slips=None) -> str:
     """The solution text the warm start imitates: with probability `answer_noise` the steps are right
     but the final `Answer:` is off by 1..3 (a sloppy base model: knows how, often does not finish right);
     with `step_noise` > 0 each step's result slips with that probability (`slipped_solution`)."""
     if step_noise > 0:
+        if task_slips is not None:
+            return task_slips(problem, rng, step_noise)
         return slipped_solution(problem, rng, step_noise, modulus)
     if rng.random() >= answer_noise:
         return problem.solution
@@ -77,12 +79,12 @@ def supervised_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, steps
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(f"warm/{seed}")
-    modulus = get_task(task_cfg.name).modulus
+    modulus, task_slips = get_task(task_cfg.name).modulus, get_task(task_cfg.name).slipped_solution
     for step in range(steps):
         # problems from a separate stream of indices (negative), so RL data is not memorised verbatim
         probs = [train_problem(-1 - rng.randrange(1 << 30), seed, task_cfg) for _ in range(batch_size)]
         prompts = [[tok.bos_id] + tok.encode(p.prompt) for p in probs]
-        targets = [tok.encode(warm_start_target(p, rng, answer_noise, step_noise, modulus)) + [tok.eos_id]
+        targets = [tok.encode(warm_start_target(p, rng, answer_noise, step_noise, modulus, task_slips)) + [tok.eos_id]
                    for p in probs]
         lp, mask = response_log_probs(model, prompts, targets, 1.0, tok.pad_id)
         loss = -((lp * mask).sum(1) / mask.sum(1)).mean()

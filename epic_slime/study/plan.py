@@ -23,8 +23,9 @@ LADDER_QUICK_CONFIG = REPO / "configs" / "study" / "ladder_quick.yaml"
 STRESS_CONFIG = REPO / "configs" / "study" / "stress.yaml"
 STRESS_QUICK_CONFIG = REPO / "configs" / "study" / "stress_quick.yaml"
 _STUDY_KEYS = {"seeds", "methods", "settings", "test_prompts", "train"}
-_OPTIONAL_KEYS = {"ladder", "stress"}   # ladder: true adds the lag-ladder analysis (study.ladder); stress: its
-# axes (ordered setting names, mildest first) add the stress-ladder analysis (study.stress)
+_OPTIONAL_KEYS = {"ladder", "stress", "contrast"}   # ladder: true adds the lag-ladder analysis (study.ladder); stress: its
+# axes (ordered setting names, mildest first) add the stress-ladder analysis (study.stress); contrast: the
+# pre-registered difference-in-differences (study.contrast)
 # run keys the study sets itself (per run) and a config may not override
 _RESERVED = {"seed", "output_dir", "policy_loss", "save_interval", "save", "load", "progress", "plots",
              "warm_start_cache_dir"}
@@ -44,6 +45,7 @@ class StudyConfig:
     path: str
     ladder: bool = False
     stress: dict | None = None    # {"axes": {axis: [setting, ...]}}, mildest first (study.stress)
+    contrast: dict | None = None  # {"method", "baselines", "target", "reference"} (study.contrast)
 
 
 @dataclass(frozen=True)
@@ -100,8 +102,29 @@ def load_study_config(path: str | Path) -> StudyConfig:
     if not isinstance(ladder, bool):
         raise StudyConfigError(f"{path}: ladder must be true or false, got {ladder!r}")
     stress = _check_stress(path, data.get("stress"), [s["name"] for s in settings])
+    contrast = _check_contrast(path, data.get("contrast"), [s["name"] for s in settings], methods)
     return StudyConfig(seeds=list(seeds), methods=list(methods), settings=[dict(s) for s in settings],
-                       test_prompts=test_prompts, train=dict(train), path=str(path), ladder=ladder, stress=stress)
+                       test_prompts=test_prompts, train=dict(train), path=str(path), ladder=ladder, stress=stress,
+                       contrast=contrast)
+
+
+def _check_contrast(path: Path, contrast, names: list[str], methods: list[str]) -> dict | None:
+    """`contrast: {method: M, baselines: [B, ...], target: S1, reference: S0}`: per seed
+    (M - B)[S1] - (M - B)[S0], the first baseline the primary one."""
+    if contrast is None:
+        return None
+    keys = {"method", "baselines", "target", "reference"}
+    if not isinstance(contrast, dict) or set(contrast) != keys:
+        raise StudyConfigError(f"{path}: contrast must be a mapping with keys {sorted(keys)}, got {contrast!r}")
+    baselines = contrast["baselines"]
+    if contrast["method"] not in methods or not isinstance(baselines, list) or not baselines or \
+            any(b not in methods or b == contrast["method"] for b in baselines):
+        raise StudyConfigError(f"{path}: contrast.method and contrast.baselines must be distinct methods of "
+                               f"{methods}, got {contrast['method']!r}, {baselines!r}")
+    for key in ("target", "reference"):
+        if contrast[key] not in names:
+            raise StudyConfigError(f"{path}: contrast.{key} must be a setting of {names}, got {contrast[key]!r}")
+    return dict(contrast, baselines=list(baselines))
 
 
 def _check_stress(path: Path, stress, names: list[str]) -> dict | None:

@@ -221,6 +221,9 @@ def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: 
     if cfg.stress and results:
         from .stress_report import stress_section
         lines += stress_section(cfg, out, results, metrics, warm, summary, k)
+    if getattr(cfg, "contrast", None) and results:
+        from .contrast import contrast_section
+        lines += contrast_section(cfg, results, metrics, summary)
     for setting in [s["name"] for s in cfg.settings]:
         res = [r for r in results if r["setting"] == setting]
         if not res or not any(r["method"] == "epic" for r in res):

@@ -43,7 +43,7 @@ def evaluate_split(run_cfg, state: dict, version: int, split: str, n_prompts: in
     from dataclasses import replace
 
     from epic_slime.runtime.rollout import PolicyEngine
-    from epic_slime.runtime.task_chain import split_problems
+    from epic_slime.runtime.tasks import split_problems
 
     problems = split_problems(split, replace(run_cfg.task, eval_num_prompts=n_prompts))
     engine = PolicyEngine(run_cfg.model, state, version, seed=run_cfg.seed)
@@ -171,7 +171,7 @@ def measure_warm_start(cfg: StudyConfig, out: Path, log=print, previous: dict | 
     from dataclasses import replace
 
     from epic_slime.runtime.config import parse_config
-    from epic_slime.runtime.task_chain import split_problems
+    from epic_slime.runtime.tasks import split_problems
     from epic_slime.runtime.tasks import train_problem
 
     from .entropy import warm_start_entropy_profile
@@ -234,7 +234,7 @@ def warm_starts_by_setting(cfg: StudyConfig, out: Path, record: dict, only: list
     score is known already (no warm start is trained or evaluated)."""
     from dataclasses import replace
 
-    from epic_slime.runtime.task_chain import split_problems
+    from epic_slime.runtime.tasks import split_problems
     from epic_slime.runtime.tasks import train_problem
 
     cfg = replace(cfg, seeds=_record_seeds(cfg, record))   # every seed of the record, not only this invocation's

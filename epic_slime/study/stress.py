@@ -43,6 +43,8 @@ MECHANISM = {  # summary name: logged metric (late-stage mean)
     "clipfrac_lower": "train/policy/clipfrac_lower",
     "grad_removed_frac": "train/policy/grad_removed_frac",
     "entropy": "train/entropy",
+    "lag_mean": "rollout/staleness/mean",             # the lag actually reached (a buffer ramps up)
+    "train_gap": "train/logprob_abs_diff_step_start",  # the train-inference gap at the step start
 }
 
 

@@ -136,9 +136,14 @@ def _near_lines(rows) -> list[str]:
     return lines
 
 
+def _gap(x) -> str:
+    return "" if x is None else f"{x:.1e}"
+
+
 def _mechanism_table(cells, cfg, methods) -> list[str]:
     lines = ["| setting | method | mean \\|log r\\| / token | \\|L_t\\| at 50% | \\|L_t\\| at 90% | clip (mask) frac | "
-             "upper / lower | gradient removed | entropy | failed runs |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "upper / lower | gradient removed | entropy | lag reached | step-start gap | failed runs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in [x["name"] for x in cfg.settings]:
         for m in methods:
             d = cells.get(s, {}).get(m)
@@ -147,7 +152,7 @@ def _mechanism_table(cells, cfg, methods) -> list[str]:
             lines.append(f"| {s} | {m} | {_f(d['mean_abs_log_ratio'], 4)} | {_f(d['prefix_log_ratio_p50'])} | "
                          f"{_f(d['prefix_log_ratio_p90'])} | {_f(d['clipfrac'], 4)} | {_f(d['clipfrac_upper'], 4)} / "
                          f"{_f(d['clipfrac_lower'], 4)} | {_f(d['grad_removed_frac'])} | {_f(d['entropy'])} | "
-                         f"{d['failed_runs']} |")
+                         f"{_f(d.get('lag_mean'), 2)} | {_gap(d.get('train_gap'))} | {d['failed_runs']} |")
     return lines
 
 

@@ -130,6 +130,20 @@ def test_sync_on_policy_run(root):
     assert json.loads((Path(cfg.output_dir) / "config.json").read_text())["rollout_mode"] == "sync"
 
 
+def test_sync_rollout_lag_generates_every_batch_exactly_l_versions_behind(root):
+    """--rollout-lag 2: batches at steps 1, 2 come from version 0 (lags 0, 1), every later one from
+    version step - 3, i.e. lag exactly 2; with router noise on, the step-start gap is measured per step."""
+    cfg = tiny_config(root, "--num-rollout", "5", "--rollout-mode", "sync", "--max-staleness", "2",
+                      "--rollout-lag", "2", "--rollout-router-noise", "0.5", "--lr-warmup-steps", "3",
+                      name="lag2")
+    run_training(cfg)
+    rows = read_jsonl(Path(cfg.output_dir) / "metrics.jsonl")
+    assert [r["rollout/staleness/max"] for r in rows] == [0, 1, 2, 2, 2]
+    assert [r["rollout/staleness/mean"] for r in rows] == [0, 1, 2, 2, 2]
+    assert all(r["train/logprob_abs_diff_step_start"] > 0 for r in rows)
+    assert rows[0]["train/lr"] < rows[-1]["train/lr"] == cfg.lr
+
+
 def test_sweep_writes_a_comparison_table(root):
     from support.runtime_helpers import TINY_FLAGS
     from epic_slime.runtime.cli import sweep_main

@@ -1,0 +1,114 @@
+"""The mechanism study's design files: the config loads, every planned run's train settings are valid and
+record the paper's optimizer, the stages are exact cuts of the config, and the contrast is checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from epic_slime.runtime.config import parse_config
+from epic_slime.study.plan import REPO, StudyConfigError, load_study_config, plan, run_argv
+
+MECHANISM = REPO / "configs" / "study" / "mechanism.yaml"
+LAG = REPO / "configs" / "study" / "mechanism_lag.yaml"
+STAGES = REPO / "docs" / "study" / "mechanism" / "stages"
+
+
+@pytest.mark.parametrize("path", [MECHANISM, LAG])
+def test_every_planned_run_parses_with_the_papers_optimizer(path, tmp_path):
+    cfg = load_study_config(path)
+    seen = set()
+    for spec in plan(cfg):
+        if spec.setting in seen:
+            continue
+        seen.add(spec.setting)
+        run = parse_config(run_argv(cfg, spec, tmp_path / spec.name, tmp_path / "ws"))
+        assert (run.lr_warmup_steps, run.kl_loss_type, run.adam_beta2, run.weight_decay) == (10, "low_var_kl", 0.98, 0.1)
+        assert run.task_name == "fib" and run.samples_per_step // run.update_depth == 16   # 16 per Adam step
+    assert len(seen) == len(cfg.settings)
+
+
+def test_the_factorial_core_and_its_contrast():
+    cfg = load_study_config(MECHANISM)
+    assert cfg.seeds == [1, 2, 3] and cfg.methods == ["epic", "grpo", "gspo", "ctpo"]
+    assert cfg.contrast == {"method": "epic", "baselines": ["grpo", "gspo", "ctpo"], "target": "long_mis",
+                            "reference": "short_none"}
+    steps = {s["name"]: s.get("task_max_operands", cfg.train["task_max_operands"]) for s in cfg.settings}
+    assert steps["short_none"] == 8 and steps["long_mis"] == 100          # 51 and 603 tokens
+    noise = {s["name"]: s.get("rollout_router_noise", 0.0) for s in cfg.settings}
+    assert noise["short_none"] == noise["long_none"] == 0 < noise["short_mis"] and noise["long_mis"] > 0
+
+
+def test_stages_are_exact_cuts_of_the_config_and_cover_it():
+    full = yaml.safe_load(MECHANISM.read_text())
+    by_name = {s["name"]: s for s in full["settings"]}
+    covered = []
+    for stage in sorted(STAGES.glob("*.yaml")):
+        cut = yaml.safe_load(stage.read_text())
+        assert cut["train"] == full["train"] and cut["seeds"] == full["seeds"] and cut["methods"] == full["methods"]
+        assert all(by_name[s["name"]] == s for s in cut["settings"]), stage
+        covered += [s["name"] for s in cut["settings"]]
+        load_study_config(stage)
+    assert set(covered) == set(by_name)
+    core = [s["name"] for f in ("1_core_short.yaml", "2_core_long.yaml")
+            for s in yaml.safe_load((STAGES / f).read_text())["settings"]]
+    assert core == ["short_none", "short_mis", "long_none", "long_mis"]
+
+
+def test_contrast_errors_name_the_field(tmp_path):
+    data = yaml.safe_load(MECHANISM.read_text())
+    for bad, match in [({"method": "epic", "baselines": ["grpo"], "target": "nowhere", "reference": "short_none"},
+                        "contrast.target"),
+                       ({"method": "epic", "baselines": ["epic"], "target": "long_mis", "reference": "short_none"},
+                        "contrast.method and contrast.baselines"),
+                       ({"method": "epic"}, "contrast must be a mapping")]:
+        path = Path(tmp_path) / "c.yaml"
+        path.write_text(yaml.safe_dump({**data, "contrast": bad}))
+        with pytest.raises(StudyConfigError, match=match):
+            load_study_config(path)
+
+
+def test_contrast_is_the_per_seed_difference_in_differences():
+    from epic_slime.study.contrast import contrast_for, gap_by_setting
+
+    scores = {("long_mis", "epic"): [0.50, 0.60, 0.55], ("long_mis", "grpo"): [0.30, 0.45, 0.35],
+              ("short_none", "epic"): [0.70, 0.72, 0.69], ("short_none", "grpo"): [0.68, 0.70, 0.71]}
+    results = [{"setting": st, "method": m, "seed": s + 1, "test_at_final": v}
+               for (st, m), vals in scores.items() for s, v in enumerate(vals)]
+    c = contrast_for(results, "epic", "grpo", "long_mis", "short_none")
+    per_seed = [(0.50 - 0.30) - (0.70 - 0.68), (0.60 - 0.45) - (0.72 - 0.70), (0.55 - 0.35) - (0.69 - 0.71)]
+    assert c["per_seed"] == pytest.approx(per_seed) and c["mean"] == pytest.approx(sum(per_seed) / 3)
+    import statistics
+    from scipy import stats
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(per_seed) / 3 ** 0.5
+    assert (c["low"], c["high"]) == pytest.approx((c["mean"] - half, c["mean"] + half))
+    assert c["verdict"].startswith("supported") and c["n"] == 3
+    # a seed missing one of its four runs drops out; none left: pending
+    assert contrast_for(results[:-1], "epic", "grpo", "long_mis", "short_none")["n"] == 2
+    assert contrast_for([], "epic", "grpo", "long_mis", "short_none")["verdict"].startswith("pending")
+    gaps = gap_by_setting({("a", "epic", 1): [{"train/logprob_abs_diff_step_start": 0.01},
+                                               {"train/logprob_abs_diff_step_start": 0.03}]})
+    assert gaps["a"] == {"mean": pytest.approx(0.02), "first_step": 0.01, "max": 0.03, "runs": 1}
+
+
+def test_the_gate_passes_a_warm_start_above_chance_by_the_margin_only():
+    from epic_slime.study.gate import decide
+    assert decide({"test_mean": 0.16, "chance": 0.10}) and not decide({"test_mean": 0.15, "chance": 0.10})
+    assert not decide({"test_mean": 0.078, "chance": 0.10})
+
+
+def test_the_on_policy_control_matches_the_stress_cell_but_for_depth_and_batch(tmp_path):
+    stress = load_study_config(REPO / "configs" / "study" / "stress.yaml")
+    control = load_study_config(REPO / "configs" / "study" / "stress_onpolicy.yaml")
+    lr8 = parse_config(run_argv(stress, next(s for s in plan(stress) if s.setting == "lr8"), tmp_path / "a", tmp_path))
+    onp = parse_config(run_argv(control, next(s for s in plan(control) if s.setting == "onp_lr8"), tmp_path / "b",
+                                tmp_path))
+    same = ("lr", "task_name", "task_max_operands", "kl_loss_coef", "kl_loss_type", "adam_beta2", "lr_warmup_steps",
+            "weight_decay", "warm_start_steps", "warm_start_step_noise", "warm_start_seed", "n_samples_per_prompt")
+    assert all(getattr(lr8, k) == getattr(onp, k) for k in same)
+    adam_steps = lambda c: c.num_rollout * c.update_depth   # noqa: E731
+    per_step = lambda c: c.samples_per_step // c.update_depth   # noqa: E731
+    assert adam_steps(lr8) == adam_steps(onp) == 80 and per_step(lr8) == per_step(onp) == 16
+    assert onp.update_depth == 1 and onp.max_staleness == 0 and onp.rollout_mode == "sync"
