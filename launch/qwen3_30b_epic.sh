@@ -161,11 +161,15 @@ if [[ "${MAX_STALENESS}" != 0 && "${MAX_STALENESS}" != 1 ]]; then
   OVERSAMPLE_ARGS=(--oversample-ratio "${OVERSAMPLE_RATIO}")
 fi
 
-# DRY_RUN=1: the simulator's price of these settings (bench/schedsim/launch_predictions.json, precomputed).
+# DRY_RUN=1: the simulator's price of these settings (bench/schedsim/launch_predictions.json, precomputed),
+# at the oversampling the printed command submits: the last --oversample-ratio it passes (Table 2's 0.1
+# from the config at K = 0 and 1, the launcher's own at K >= 2, or the user's after --).
 dry_run_price() {
   echo "# split and engine size: ${PLAN_NOTE}"
-  local over="${OVERSAMPLE_RATIO}"
-  [[ "${MAX_STALENESS}" == 0 || "${MAX_STALENESS}" == 1 ]] && over=0
+  local over=0 i
+  for (( i = 0; i + 1 < ${#DRIVER_ARGS[@]}; i++ )); do
+    [[ "${DRIVER_ARGS[i]}" == --oversample-ratio ]] && over="${DRIVER_ARGS[i + 1]}"
+  done
   "${PYTHON}" "${REPO_DIR}/bench/schedule_sim.py" predict --nodes "${NUM_NODES}" --gpus-per-node "${GPUS_PER_NODE}" \
     --actor-nodes "${ACTOR_NODES}" --gpus-per-engine "${GPUS_PER_ENGINE}" --k "${MAX_STALENESS}" \
     --push-mode "${PUSH_MODE}" --oversample-ratio "${over}" 2>&1 | head -1 || true
