@@ -4,7 +4,8 @@ launch/qwen3_30b_epic.sh can run (nodes x 8 GPUs, train nodes, GPUs per engine, 
 oversampling), and the planner's pick per node count, precomputed (a few minutes) so that
 ``DRY_RUN=1`` prints its price in well under a second: ``python bench/schedule_sim.py predict ...``
 reads ``bench/schedsim/launch_predictions.json`` (rebuilt by ``python bench/schedule_sim.py launch-table``).
-The rows at the pick's split and engine size carry their band (``band``: each uncertain input at each
+The launcher's own command at each K (push abort, the oversampling it submits) at the pick's split and
+engine size carries its band (``band``: each uncertain input at each
 end of its range, the baseline re-simulated under it), so the default dry run prints a range."""
 
 from __future__ import annotations
@@ -83,16 +84,16 @@ def build(rollouts: int = 10, gpus_per_node: int = 8, frontier_json: Path | None
         band = Band(base, rollouts, log=log)
         table["band_ranges"] = ranges_text(base)
         for k in BAND_KS:
-            for push in PUSH_MODES:
-                for over in OVERSAMPLE:
-                    name = key(nodes, gpus_per_node, best["actor_nodes"], best["gpus_per_engine"], k, push, over)
-                    if name not in table["prices"]:
-                        continue
-                    q = dataclasses.replace(split_preset(base, best["actor_nodes"] * gpus_per_node,
-                                                         best["gpus_per_engine"], push), oversample_ratio=float(over))
-                    schedule = "sync split" if k == "0" else f"async K={k}"
-                    b = band.row(q, schedule, warmup=max(2, int(k) + 2))
-                    table["prices"][name]["band"] = [round(b["lo"], 4), round(b["hi"], 4)]
+            # the launcher's own command at each K: push abort, Table 2's 0.1 from the config at K <= 1, its own 0
+            # at K >= 2 (the oversampling it submits); at K = 0 it runs half the nodes and 8-GPU engines (no pick)
+            over = "0.1" if k in ("0", "1") else "0"
+            train_nodes, gpe = (nodes // 2, 8) if k == "0" else (best["actor_nodes"], best["gpus_per_engine"])
+            name = key(nodes, gpus_per_node, train_nodes, gpe, k, "abort", over)
+            q = dataclasses.replace(split_preset(base, train_nodes * gpus_per_node, gpe, "abort"),
+                                    oversample_ratio=float(over))
+            schedule = "sync split" if k == "0" else f"async K={k}"
+            b = band.row(q, schedule, warmup=max(2, int(k) + 2))
+            table["prices"][name]["band"] = [round(b["lo"], 4), round(b["hi"], 4)]
     return table
 
 
