@@ -1,16 +1,30 @@
 """The driver's own schedule loops on a simulated clock: what asynchronous training saves at cluster scale.
 
-    SLIME_PATH=... PYTHONPATH=.:$SLIME_PATH python bench/schedule_sim.py [--preset paper|verl|smoke|all] [--rollouts N]
-        [--no-sensitivity] [--json out.json]
-    python bench/schedule_sim.py frontier [--preset paper] [--out bench/schedsim/frontier_paper]   # the K x push x split table
-    python bench/schedule_sim.py plan --model qwen3-30b-a3b --gpus 32 --gpu H100 --batch 64x8 --lengths 9000,0.6,16384
-    python bench/schedule_sim.py calibrate [--tp-alpha 1]   # the engine model against published decode measurements
-    python bench/schedule_sim.py verl           # verl's 30B setting: phases vs verl's, this schedule vs its 1.72x
-    python bench/schedule_sim.py verl-fit       # refit the verl preset's unstated inputs to verl's phases
-    python bench/schedule_sim.py measure-runtime [--steps 30] [--out bench/runtime_measurement.json]
+Every speedup is against synchronous colocated on all GPUs at its own best engine size (4- or 8-GPU
+engines, the sizes the asynchronous rows may use, under the same assumptions), and the headline and the
+launcher's prices carry a band (bench/schedsim/band.py: tp_alpha over what the calibration allows, push
+5-40 s, batch-1 step 5-20 ms, train MFU 0.12-0.25). None of the commands needs slime: without it the
+simulator uses a stand-in for slime's Sample record (bench/schedsim/sample_standin.py) and says so;
+the committed outputs are made with slime's own (PYTHONPATH=.:$SLIME_PATH).
+
+commands:
+  simulate (default)  the launcher's setting: schedule table, baseline, headline K=2 with its band,
+                      sensitivity table at that setting, best line at the launcher's split
+                          python bench/schedule_sim.py [--preset paper|verl|smoke|all] [--rollouts N]
+                              [--no-sensitivity] [--json out.json] [--text bench/schedsim/paper_run.txt]
+  frontier            the K x push mode x split table     python bench/schedule_sim.py frontier [--preset paper]
+  plan                split and engine size for a model, GPUs, batch and lengths (the fastest steady row)
+                          python bench/schedule_sim.py plan --model qwen3-30b-a3b --gpus 32 --gpu H100 --batch 64x8
+                              --lengths 9000,0.6,16384 [--max-staleness 2] [--push-mode abort]
+  calibrate           the engine model against published decode measurements, and the tp_alpha range
+  launch-table        rebuild bench/schedsim/launch_predictions.json (after frontier) for the dry run
+  predict / pick      the launcher's dry-run price / its split and engine size (read the table)
+  verl                verl's 30B setting: phases vs verl's, this schedule at K = 1, 2, 4 vs its 1.72x
+  verl-fit            refit the verl preset's unstated inputs to verl's phases
+  measure-runtime     time the embedded runtime (needs the project's torch install, not slime)
 
 The simulator is the package bench/schedsim/ (presets with their sources, engine model, stand-ins,
-schedules, bound, report, frontier, planner, calibration); this file is its command line.
+schedules, bound, report, frontier, planner, calibration, band); this file is its command line.
 
 What runs for real (imported, called, not copied):
 - ``epic_slime.slime.train.async_training_loop`` / ``sync_training_loop`` / ``push_initial_weights``
@@ -57,46 +71,56 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from schedsim.sample_standin import use_standin_if_needed  # noqa: E402
+
 from schedsim.bound import bound_for, throughput_bound  # noqa: E402,F401
-from schedsim.calibration import calibrate, format_calibration  # noqa: E402,F401
-from schedsim.frontier import KS, PUSH_MODES, frontier, split_preset, sync_by_engine, write_frontier  # noqa: E402,F401
+from schedsim.calibration import calibrate, format_calibration, format_tp_fits  # noqa: E402,F401
+from schedsim.frontier import KS, PUSH_MODES, best_sync, frontier, split_preset, write_frontier  # noqa: E402,F401
+from schedsim.paper_run import default_run, sensitivity  # noqa: E402,F401
 from schedsim.planner import format_plan, plan, preset_for  # noqa: E402,F401
 from schedsim.presets import PRESETS, Preset, paper_preset, runtime_preset, smoke_preset, verl_preset  # noqa: E402,F401
 from schedsim.report import best_line, format_table, length_deciles  # noqa: E402,F401
 from schedsim.runtime import measure_runtime, runtime_validation  # noqa: E402,F401
 from schedsim.schedules import SCHEDULES, driver_groups_in_flight, run_preset, simulate, split_heading  # noqa: E402,F401
 
-
-def sensitivity(rollouts: int = 8, speeds=(0.5, 1.0, 2.0), sigmas=(0.3, 0.6, 0.9)) -> str:
-    lines = ["async K=2 / sync colocated (async K=2 / sync split), paper preset",
-             f"{'decode x':>8s} | " + " | ".join(f"sigma {s:.1f}".center(15) for s in sigmas)]
-    for speed in speeds:
-        cells = []
-        for sigma in sigmas:
-            p = paper_preset(decode_speed=speed, length_sigma=sigma)
-            rows = {s: simulate(p, s, rollouts)["s_per_rollout"] for s in ("sync colocated", "sync split", "async K=2")}
-            cells.append(f"{rows['sync colocated'] / rows['async K=2']:.2f} ({rows['sync split'] / rows['async K=2']:.2f})".center(15))
-        lines.append(f"{speed:8.1f} | " + " | ".join(cells))
-    return "\n".join(lines)
-
-
-def report_sync(report: dict) -> float:
-    return {r["schedule"]: r for r in report["paper"]}["sync colocated"]["s_per_rollout"]
-
-
 _SKIP = ("trace", "pushes", "trains", "batches", "per_rollout_hist", "groups")
+
+
+class _GroupErrors(logging.Filter):
+    """Counts the stream's per-group error lines (e.g. a group at its abort limit) instead of printing
+    each: a sweep of many simulated runs would print hundreds; ``summary`` is one line."""
+
+    def __init__(self):
+        super().__init__()
+        self.count, self.first = 0, None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            self.count += 1
+            self.first = self.first or record.getMessage()
+            return False
+        return True
+
+    def summary(self) -> str | None:
+        if not self.count:
+            return None
+        return (f"note: {self.count} rollout-group error line(s) in the simulated runs were counted, not printed "
+                f"(first: {self.first})")
 
 
 def main(argv=None) -> int:
     logging.getLogger("epic_slime").setLevel(logging.WARNING)
+    errors = _GroupErrors()
+    logging.getLogger("epic_slime.slime.group_stream").addFilter(errors)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", nargs="?", default="simulate",
                     choices=["simulate", "frontier", "plan", "calibrate", "measure-runtime", "launch-table", "predict",
-                             "pick", "verl", "verl-fit"])
+                             "pick", "verl", "verl-fit"], help="see 'commands' above")
     ap.add_argument("--preset", default="all", choices=[*PRESETS, "all"])
     ap.add_argument("--rollouts", type=int, default=12)
     ap.add_argument("--no-sensitivity", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--text", default=None, help="simulate: also write the printed report to this file")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", default=str(ROOT / "bench" / "runtime_measurement.json"))
     ap.add_argument("--config", default=str(ROOT / "configs" / "local" / "default.yaml"))
@@ -111,9 +135,9 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--actor-nodes", type=int, default=1)
     ap.add_argument("--gpus-per-engine", type=int, default=8)
-    ap.add_argument("--k", default="2", help="predict: the launcher's MAX_STALENESS")
+    ap.add_argument("--k", default="2", help="predict / pick: the launcher's MAX_STALENESS (pick at 0: colocated)")
     ap.add_argument("--oversample-ratio", default="0",
-                    help="plan / frontier / best line: 0 (the launcher's default at K >= 2), Table 2's 0.1 caps groups in flight")
+                    help="plan / frontier / simulate: 0 (the launcher's default at K >= 2), Table 2's 0.1 caps groups in flight")
     ap.add_argument("--tp-alpha", type=float, default=None,
                     help="calibrate / plan / frontier: engine speed-up gpus ** alpha (default: the fitted "
                          "TP_ALPHA_FITTED; 1: the old linear scaling, for the sensitivity comparison)")
@@ -127,12 +151,23 @@ def main(argv=None) -> int:
                   "python bench/schedule_sim.py launch-table builds it)")
             return 0
         if a.command == "pick":
-            best = launch_table.pick(a.nodes, a.gpus_per_node)
+            best = launch_table.pick(a.nodes, a.gpus_per_node, k=a.k)
             print("" if best is None else f"{best['actor_nodes']} {best['gpus_per_engine']}")
         else:
             print(launch_table.predict(a.nodes, a.gpus_per_node, a.actor_nodes, a.gpus_per_engine, a.k,
                                        a.push_mode, a.oversample_ratio))
         return 0
+    note = use_standin_if_needed() if a.command != "calibrate" else None
+    if note:
+        print(note, file=sys.stderr)
+    try:
+        return _run(a, tp)
+    finally:
+        if errors.summary():
+            print(errors.summary(), file=sys.stderr)
+
+
+def _run(a, tp: dict) -> int:
     if a.command == "launch-table":
         from schedsim import launch_table
 
@@ -151,7 +186,9 @@ def main(argv=None) -> int:
         (ROOT / "bench" / "schedsim" / "verl_preset.txt").write_text(text + "\n")
         return 0
     if a.command == "calibrate":
-        print(format_calibration(calibrate(paper_preset(**tp))))
+        p = paper_preset(**tp)
+        print(format_calibration(calibrate(p)))
+        print(format_tp_fits(p))
         return 0
     if a.command == "plan":
         base = PRESETS["paper"](oversample_ratio=float(a.oversample_ratio), **tp)
@@ -163,55 +200,45 @@ def main(argv=None) -> int:
         return 0
     if a.command == "frontier":
         p = PRESETS["paper" if a.preset == "all" else a.preset](oversample_ratio=float(a.oversample_ratio), **tp)
-        out = Path(a.out) if a.out != ap.get_default("out") else ROOT / "bench" / "schedsim" / f"frontier_{p.name.split(':')[0]}"
+        out = Path(a.out) if a.out != str(ROOT / "bench" / "runtime_measurement.json") else \
+            ROOT / "bench" / "schedsim" / f"frontier_{p.name.split(':')[0]}"
         sync, rows = frontier(p, a.rollouts, log=lambda line: print(line, flush=True))
-        print(write_frontier(p, sync, rows, out, sync_by_engine(p, a.rollouts, sync)))
+        print(write_frontier(p, sync, rows, out))
         return 0
     if a.command == "measure-runtime":
         r = measure_runtime(a.steps, Path(a.out), a.config)
         print(json.dumps({k: v for k, v in r.items() if not k.endswith("_samples")}, indent=1))
         return 0
-    report = {}
-    for name in (["paper", "smoke"] if a.preset == "all" else [a.preset]):
-        p = PRESETS[name]()
-        if name == "paper":
-            # the launcher's run: the planner's split and engine size, its oversampling (0 at K >= 2)
-            from schedsim import launch_table
+    lines: list[str] = []
 
-            best = launch_table.pick(4, 8) if launch_table.TABLE.exists() else None
-            if best:
-                p = split_preset(p, best["actor_nodes"] * 8, best["gpus_per_engine"], p.push_mode)
-            p = dataclasses.replace(p, oversample_ratio=float(a.oversample_ratio))
+    def say(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    report = {}
+    if a.preset in ("paper", "all"):
+        paper = default_run(a.rollouts, float(a.oversample_ratio), not a.no_sensitivity, say)
+        report.update(paper=[{k: v for k, v in r.items() if k not in _SKIP} for r in paper["paper"]],
+                      sync=paper["sync"], headline=paper["headline"], best=paper["best"],
+                      sensitivity=paper.get("sensitivity"))
+    for name in (["smoke"] if a.preset == "all" else [a.preset] if a.preset != "paper" else []):
+        p = PRESETS[name]()
         rows = run_preset(p, a.rollouts)
-        print(f"== {p.name}: {p.rollout_batch_size} prompts x {p.n_samples}, D = {p.update_depth}, oversampling "
-              f"{p.oversample_ratio}, mean response {rows[0]['mean_response']:.0f} tokens (cap {p.max_response_len}), "
-              f"{split_heading(p)}, push {p.push_mode} ==")
-        print(f"   source: {p.source}")
-        print(format_table(p, rows))
+        say(f"== {p.name}: {p.rollout_batch_size} prompts x {p.n_samples}, D = {p.update_depth}, oversampling "
+            f"{p.oversample_ratio}, mean response {rows[0]['mean_response']:.0f} tokens (cap {p.max_response_len}), "
+            f"{split_heading(p)}, push {p.push_mode} ==")
+        say(f"   source: {p.source}")
+        say(format_table(p, rows))
         report[name] = [{k: v for k, v in r.items() if k not in _SKIP} for r in rows]
     measurement = ROOT / "bench" / "runtime_measurement.json"
-    if measurement.exists():
+    if measurement.exists() and a.preset == "all":
         m = json.loads(measurement.read_text())
         v = runtime_validation(m)
-        print(f"== validation against the embedded runtime ({measurement.name}): measured async/sync "
-              f"{v['measured']:.2f}, simulated {v['simulated']:.2f} ({v['simulated'] / v['measured'] - 1:+.0%}) ==")
+        say(f"== validation against the embedded runtime ({measurement.name}): measured async/sync "
+            f"{v['measured']:.2f}, simulated {v['simulated']:.2f} ({v['simulated'] / v['measured'] - 1:+.0%}) ==")
         report["validation"] = v
-    if not a.no_sensitivity and a.preset in ("paper", "all"):
-        s = sensitivity()
-        print("== sensitivity ==")
-        print(s)
-        report["sensitivity"] = s
-    if "paper" in report:
-        # the best line: the frontier at the planner's split of the paper preset (K x push mode there)
-        p = PRESETS["paper"](oversample_ratio=float(a.oversample_ratio))
-        pick = plan(p, 2, "abort", rollouts=a.rollouts)["pick"]
-        print(f"planner's split: {pick['rollout_gpus']}:{pick['train_gpus']}, {pick['gpus_per_engine']} GPUs per engine")
-        sync = {"s_per_rollout": report_sync(report)}
-        _, rows = frontier(p, a.rollouts, splits=((pick["train_gpus"], pick["gpus_per_engine"]),), sync=sync)
-        print(best_line(rows))
-        report["best"] = best_line(rows)
-        by = {r["schedule"]: r for r in report["paper"]}
-        print(f"async K=2 / sync: {by['sync colocated']['s_per_rollout'] / by['async K=2']['s_per_rollout']:.2f}x")
+    if a.text:
+        Path(a.text).write_text("\n".join(lines) + "\n")
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1, default=str))
     return 0

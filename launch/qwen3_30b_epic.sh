@@ -138,7 +138,11 @@ esac
 # bench/schedsim/launch_predictions.json) for the split and the engine size of an asynchronous run.
 PLAN_NOTE="ACTOR_NODES / GPUS_PER_ENGINE as given"
 if [[ "${LAYOUT}" == colocate ]]; then
-  ACTOR_NODES="${NUM_NODES}"; GPUS_PER_ENGINE="${GPUS_PER_ENGINE:-8}"
+  ACTOR_NODES="${NUM_NODES}"
+  if [[ -z "${GPUS_PER_ENGINE}" ]]; then   # the sync colocated best engine size, as the simulator prices it
+    PICK=$("${PYTHON}" "${REPO_DIR}/bench/schedule_sim.py" pick --k 0 --nodes "${NUM_NODES}" --gpus-per-node "${GPUS_PER_NODE}" 2>/dev/null || true)
+    GPUS_PER_ENGINE="${PICK#* }"; GPUS_PER_ENGINE="${GPUS_PER_ENGINE:-8}"
+  fi
   PLAN_NOTE="colocated (--layout split for separate train and SGLang nodes): all ${NUM_NODES} nodes train and generate, ${GPUS_PER_ENGINE} GPUs per engine"
 elif [[ -z "${ACTOR_NODES}" || -z "${GPUS_PER_ENGINE}" ]]; then
   PICK=""
@@ -198,11 +202,15 @@ if [[ "${MAX_STALENESS}" != 0 && "${MAX_STALENESS}" != 1 ]]; then
   OVERSAMPLE_ARGS=(--oversample-ratio "${OVERSAMPLE_RATIO}")
 fi
 
-# DRY_RUN=1: the simulator's price of these settings (bench/schedsim/launch_predictions.json, precomputed);
-# at K = 0 also the other layout's. A colocated layout is priced as ACTOR_NODES = NUM_NODES (every node trains).
+# DRY_RUN=1: the simulator's price of these settings (bench/schedsim/launch_predictions.json, precomputed),
+# at the oversampling the printed command submits: the last --oversample-ratio it passes (Table 2's 0.1
+# from the config at K = 0 and 1, the launcher's own at K >= 2, or the user's after --); at K = 0 also the
+# other layout's. A colocated layout is priced as ACTOR_NODES = NUM_NODES (every node trains).
 price_line() {  # $1 = train nodes, $2 = GPUs per engine
-  local over="${OVERSAMPLE_RATIO}"
-  [[ "${MAX_STALENESS}" == 0 || "${MAX_STALENESS}" == 1 ]] && over=0
+  local over=0 i
+  for (( i = 0; i + 1 < ${#DRIVER_ARGS[@]}; i++ )); do
+    [[ "${DRIVER_ARGS[i]}" == --oversample-ratio ]] && over="${DRIVER_ARGS[i + 1]}"
+  done
   "${PYTHON}" "${REPO_DIR}/bench/schedule_sim.py" predict --nodes "${NUM_NODES}" --gpus-per-node "${GPUS_PER_NODE}" \
     --actor-nodes "$1" --gpus-per-engine "$2" --k "${MAX_STALENESS}" \
     --push-mode "${PUSH_MODE}" --oversample-ratio "${over}" 2>&1 | head -1 || true

@@ -1,5 +1,7 @@
 """The frontier: K x push mode x split (GPUs rollout : train, GPUs per engine), each row against the
-synchronous colocated schedule on all GPUs, with its bound, staleness and per-decile counts."""
+synchronous colocated schedule on all GPUs at ITS OWN best engine size (``best_sync``: the same engine
+sizes the asynchronous rows may use, under the same assumptions), with its bound, staleness and
+per-decile counts."""
 
 from __future__ import annotations
 
@@ -29,24 +31,38 @@ def sync_baseline(p: Preset, rollouts: int) -> dict:
     return simulate(p, "sync colocated", rollouts)
 
 
-SYNC_ENGINE_SIZES = (4, 8)
+SYNC_ENGINE_SIZES = (4, 8)    # the engine sizes the planner gives the asynchronous rows (planner.ENGINE_SIZES)
 
 
-def sync_by_engine(p: Preset, rollouts: int, sync: dict | None = None) -> dict[int, float]:
-    """Sync colocated s/rollout at each engine size: with sublinear TP scaling (tp_alpha < 1) the
-    baseline's own 8-GPU engines are not its fastest, so the frontier prints the alternative beside it."""
-    out = {}
+def best_sync(p: Preset, rollouts: int, known: dict | None = None) -> dict:
+    """The baseline: sync colocated on all GPUs at its fastest engine size. With sublinear TP scaling
+    (tp_alpha < 1) smaller engines are faster for the synchronous run too, and a speedup that only comes
+    from choosing the engine size is not asynchrony. ``known``: a simulated sync colocated row at
+    ``p.gpus_per_engine``, reused. Returns s_per_rollout, gpus_per_engine and by_engine {size: s}."""
+    from .presets import GPUS, kv_capacity
+
+    by = {}
     for gpe in SYNC_ENGINE_SIZES:
-        if sync is not None and gpe == p.gpus_per_engine:
-            out[gpe] = sync["s_per_rollout"]
+        if kv_capacity(p.model, GPUS[p.gpu]["hbm_bytes"], gpe, p.mem_fraction) <= 0:
+            continue
+        if known is not None and gpe == p.gpus_per_engine:
+            by[gpe] = known["s_per_rollout"]
         else:
-            out[gpe] = sync_baseline(split_preset(p, p.train_gpus_split, gpe, p.push_mode), rollouts)["s_per_rollout"]
-    return out
+            by[gpe] = sync_baseline(split_preset(p, p.train_gpus_split, gpe, "abort"), rollouts)["s_per_rollout"]
+    gpe = min(by, key=by.get)
+    return dict(s_per_rollout=by[gpe], gpus_per_engine=gpe, by_engine=by)
+
+
+def sync_heading(sync: dict) -> str:
+    """``sync colocated at its best engine size (4 GPUs): 315.9 s/rollout (4: 315.9 s, 8: 346.5 s)``."""
+    by = ", ".join(f"{g}: {s:.1f} s" for g, s in sync["by_engine"].items())
+    return (f"sync colocated at its best engine size ({sync['gpus_per_engine']} GPUs): "
+            f"{sync['s_per_rollout']:.1f} s/rollout (by GPUs per engine: {by})")
 
 
 def frontier(p: Preset, rollouts: int = 12, ks=KS, pushes=PUSH_MODES, splits=SPLITS, sync: dict | None = None,
              log=None) -> tuple[dict, list[dict]]:
-    sync = sync or sync_baseline(p, rollouts)
+    sync = sync or best_sync(p, rollouts)
     rows = []
     for train, gpe in splits:
         if p.total_gpus - train < gpe:
@@ -63,16 +79,15 @@ def frontier(p: Preset, rollouts: int = 12, ks=KS, pushes=PUSH_MODES, splits=SPL
     return sync, rows
 
 
-def write_frontier(p: Preset, sync: dict, rows: list[dict], out: Path, sync_engines: dict | None = None) -> str:
+def write_frontier(p: Preset, sync: dict, rows: list[dict], out: Path) -> str:
     """The frontier as text (table, best line, per-decile counts of the best row and of K = 2) and JSON;
-    ``sync_engines`` (sync_by_engine) adds a line with the baseline at each engine size."""
+    ``sync`` is ``best_sync``'s baseline, which every x sync divides."""
     best = best_line(rows)
     top = best_row(rows)
     k2 = max((r for r in rows if r["schedule"] == "async K=2"), key=lambda r: r["ratio"])
-    text = [f"== frontier, {p.name}: sync colocated {sync['s_per_rollout']:.1f} s/rollout on {p.total_gpus} GPUs ==",
-            f"   source: {p.source}; tp_alpha {p.tp_alpha} (engine speed-up gpus ** tp_alpha)",
-            *(["   sync colocated by GPUs per engine: " + ", ".join(f"{g}: {s:.1f} s" for g, s in sync_engines.items())
-               + f" (x sync below is against the {p.gpus_per_engine}-GPU one)"] if sync_engines else []),
+    text = [f"== frontier, {p.name}: {sync_heading(sync)} on {p.total_gpus} GPUs ==",
+            f"   source: {p.source}; tp_alpha {p.tp_alpha} (engine speed-up gpus ** tp_alpha); x sync: against "
+            f"that baseline",
             format_frontier(rows), best,
             f"-- per response-length decile, best row ({top['schedule']}, {top['push']}, {top['split']}x{top['gpe']}) --",
             format_deciles(top["deciles"]),
@@ -82,6 +97,7 @@ def write_frontier(p: Preset, sync: dict, rows: list[dict], out: Path, sync_engi
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".txt").write_text(body + "\n")
     out.with_suffix(".json").write_text(json.dumps(dict(preset=p.name, sync_colocated_s=sync["s_per_rollout"],
-                                                        sync_colocated_by_engine=sync_engines, tp_alpha=p.tp_alpha,
+                                                        sync_colocated_gpus_per_engine=sync["gpus_per_engine"],
+                                                        sync_colocated_by_engine=sync["by_engine"], tp_alpha=p.tp_alpha,
                                                         rows=rows, best=best), indent=1, default=str))
     return body

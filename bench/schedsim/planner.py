@@ -1,14 +1,18 @@
 """The planner: for a model, a GPU count and type, a batch and a response-length distribution, the
 split (train GPUs : rollout GPUs, whole nodes) and engine size that the simulator finds fastest at a
-staleness bound K and push mode, with its predicted s/rollout and speedup over sync colocated."""
+staleness bound K and push mode, with its predicted s/rollout and speedup over sync colocated at its
+own best engine size (``frontier.best_sync``). The pick is the fastest STEADY row (at most
+``report.STEADY_SHARE_MAX`` of its throughput bound: a row faster than its bound is a window too short,
+docs/cluster.md) with nothing dropped or requeued. Arithmetic on a model: no slime needed."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from .bound import throughput_bound
-from .frontier import MIN_TRAIN_GPUS, split_preset
+from .frontier import MIN_TRAIN_GPUS, best_sync, split_preset
 from .presets import GPUS, MODELS, Preset, kv_capacity
+from .report import STEADY_SHARE_MAX
 from .schedules import simulate
 
 ENGINE_SIZES = (4, 8)
@@ -52,7 +56,7 @@ def candidates(p: Preset, gpus_per_node: int) -> list[tuple[int, int]]:
 
 
 def plan(p: Preset, k: int, push_mode: str, gpus_per_node: int = 8, rollouts: int = 10) -> dict:
-    sync = simulate(p, "sync colocated", rollouts)["s_per_rollout"]
+    sync = best_sync(p, rollouts)
     rows = []
     for train, gpe in candidates(p, gpus_per_node):
         q = split_preset(p, train, gpe, push_mode)
@@ -60,19 +64,16 @@ def plan(p: Preset, k: int, push_mode: str, gpus_per_node: int = 8, rollouts: in
         r = simulate(q, f"async K={k}", max(rollouts, warmup + 8), warmup=warmup)
         b = throughput_bound(q, p.total_gpus - train, train, q.push_s_split)
         rows.append(dict(train_gpus=train, rollout_gpus=p.total_gpus - train, gpus_per_engine=gpe,
-                         s_per_rollout=r["s_per_rollout"], speedup=sync / r["s_per_rollout"],
-                         bound_s=b["bound_s"], dropped=r["dropped_groups"], requeued=r["requeued_groups"]))
+                         s_per_rollout=r["s_per_rollout"], speedup=sync["s_per_rollout"] / r["s_per_rollout"],
+                         bound_s=b["bound_s"], share=b["bound_s"] / r["s_per_rollout"],
+                         dropped=r["dropped_groups"], requeued=r["requeued_groups"]))
     if not rows:
         raise ValueError(f"no split of {p.total_gpus} GPUs leaves {MIN_TRAIN_GPUS}+ train GPUs and a rollout node")
-    best = min(rows, key=lambda r: r["s_per_rollout"])
-    # the baseline at its own fastest engine size: with sublinear TP scaling (tp_alpha < 1) smaller
-    # engines are faster for sync colocated too, and part of the pick's speedup is only that
-    sync_engines = {gpe: (sync if gpe == p.gpus_per_engine else
-                          simulate(split_preset(p, p.train_gpus_split, gpe, push_mode), "sync colocated", rollouts)
-                          ["s_per_rollout"]) for gpe in ENGINE_SIZES
-                    if kv_capacity(p.model, GPUS[p.gpu]["hbm_bytes"], gpe, p.mem_fraction) > 0}
-    return dict(k=k, push_mode=push_mode, sync_colocated_s=sync, sync_colocated_by_engine=sync_engines, rows=rows,
-                pick=best)
+    steady = [r for r in rows if r["share"] <= STEADY_SHARE_MAX and r["dropped"] == 0 and r["requeued"] == 0]
+    best = min(steady, key=lambda r: r["s_per_rollout"]) if steady else None
+    return dict(k=k, push_mode=push_mode, sync_colocated_s=sync["s_per_rollout"],
+                sync_colocated_gpus_per_engine=sync["gpus_per_engine"], sync_colocated_by_engine=sync["by_engine"],
+                rows=rows, pick=best)
 
 
 def preset_for(model: str, gpus: int, gpu: str, batch: str, lengths: str, base: Preset) -> Preset:
@@ -89,17 +90,21 @@ def preset_for(model: str, gpus: int, gpu: str, batch: str, lengths: str, base: 
 
 
 def format_plan(result: dict) -> str:
-    out = [f"plan at K={result['k']} push={result['push_mode']}: sync colocated {result['sync_colocated_s']:.1f} s/rollout",
-           f"{'train':>5s} {'rollout':>7s} {'GPU/eng':>7s} {'s/rollout':>9s} {'x sync':>6s} {'bound':>6s} {'drop':>4s} {'requeue':>7s}"]
+    by = ", ".join(f"{g}: {t:.1f} s" for g, t in result["sync_colocated_by_engine"].items())
+    out = [f"plan at K={result['k']} push={result['push_mode']}: sync colocated at its best engine size "
+           f"({result['sync_colocated_gpus_per_engine']} GPUs) {result['sync_colocated_s']:.1f} s/rollout ({by})",
+           f"{'train':>5s} {'rollout':>7s} {'GPU/eng':>7s} {'s/rollout':>9s} {'x sync':>6s} {'bound':>6s} {'of bnd':>6s} "
+           f"{'drop':>4s} {'requeue':>7s}"]
     for r in result["rows"]:
+        mark = "" if r["share"] <= STEADY_SHARE_MAX else "  not steady (past its bound: window too short)"
         out.append(f"{r['train_gpus']:5d} {r['rollout_gpus']:7d} {r['gpus_per_engine']:7d} {r['s_per_rollout']:9.1f} "
-                   f"{r['speedup']:6.2f} {r['bound_s']:6.1f} {r['dropped']:4d} {r['requeued']:7d}")
+                   f"{r['speedup']:6.2f} {r['bound_s']:6.1f} {r['share']:6.0%} {r['dropped']:4d} {r['requeued']:7d}{mark}")
     b = result["pick"]
-    out.append(f"pick: train_gpus={b['train_gpus']} rollout_gpus={b['rollout_gpus']} gpus_per_engine={b['gpus_per_engine']} "
-               f"push={result['push_mode']} K={result['k']}: {b['s_per_rollout']:.1f} s/rollout, {b['speedup']:.2f}x sync colocated")
-    engines = result.get("sync_colocated_by_engine") or {}
-    if engines:
-        gpe, fastest = min(engines.items(), key=lambda kv: kv[1])
-        out.append("sync colocated by GPUs per engine: " + ", ".join(f"{g}: {t:.1f} s" for g, t in engines.items())
-                   + f"; against the fastest ({gpe}): {fastest / b['s_per_rollout']:.2f}x")
+    if b is None:
+        out.append(f"pick: none (no row steady, at most {STEADY_SHARE_MAX:.0%} of its bound, with nothing dropped or "
+                   "requeued: rerun with more --rollouts)")
+    else:
+        out.append(f"pick: train_gpus={b['train_gpus']} rollout_gpus={b['rollout_gpus']} gpus_per_engine={b['gpus_per_engine']} "
+                   f"push={result['push_mode']} K={result['k']}: {b['s_per_rollout']:.1f} s/rollout, {b['speedup']:.2f}x "
+                   f"sync colocated at its best engine size ({b['share']:.0%} of bound)")
     return "\n".join(out)

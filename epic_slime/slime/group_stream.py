@@ -26,8 +26,15 @@ logger = logging.getLogger("epic_slime.slime.group_stream")
 
 MAX_GROUP_ATTEMPTS = 3
 # A group aborted this many times in a row (each abort resubmits its partial response) fails the
-# run with AbortLoopError: under the admission budget a group meets at most K + 1 pushes.
+# run with AbortLoopError: under the admission budget a group meets at most K + 1 pushes, so the
+# limit is this or K + 2, whichever is larger (``abort_limit``; at K = 16 a long group legitimately
+# meets 17 pushes, which a fixed 16 took for an engine that aborts everything).
 MAX_CONSECUTIVE_ABORTS = 16
+
+
+def abort_limit(max_staleness: int | None) -> int:
+    """Consecutive aborts that fail a group: MAX_CONSECUTIVE_ABORTS, or K + 2 above it."""
+    return max(MAX_CONSECUTIVE_ABORTS, (max_staleness or 0) + 2)
 # A group too stale to train is regenerated from its prompt at most this many times, then dropped
 # (counted): only a group overtaken again and again (a response far longer than the rest) gets there.
 MAX_STALE_REQUEUES = 3
@@ -38,10 +45,10 @@ class AbortLoopError(RuntimeError):
     engine that aborts everything it is given (a pause never continued, a crashing scheduler)
     would otherwise resubmit it forever."""
 
-    def __init__(self, group: int, aborts: int):
+    def __init__(self, group: int, aborts: int, limit: int = MAX_CONSECUTIVE_ABORTS):
         self.group, self.aborts = group, aborts
         super().__init__(
-            f"rollout group {group} was aborted {aborts} times in a row (limit {MAX_CONSECUTIVE_ABORTS}): "
+            f"rollout group {group} was aborted {aborts} times in a row (limit {limit}): "
             "the engines abort every request (a /pause_generation never continued?)"
         )
 
@@ -234,8 +241,9 @@ class GroupStream:
         self._record_versions(group, before, finished=not aborted)
         if aborted:
             self.aborts[key] += 1
-            if self.aborts[key] >= MAX_CONSECUTIVE_ABORTS:
-                self.failures.append(AbortLoopError(key, self.aborts[key]))
+            limit = abort_limit(self.budget.max_staleness)
+            if self.aborts[key] >= limit:
+                self.failures.append(AbortLoopError(key, self.aborts[key], limit))
                 logger.error("rollout group %d aborted %d times in a row", key, self.aborts[key])
                 return
             self.abort_resubmits += 1

@@ -280,6 +280,24 @@ def test_the_paper_launcher_uses_the_planners_pick_and_prints_its_price():
     assert f"{row['s_per_rollout']:.1f} s/rollout" in other.stdout
 
 
+@pytest.mark.skipif(not PREDICTIONS.exists(), reason="python bench/schedule_sim.py launch-table builds it")
+def test_the_price_is_for_the_oversampling_the_command_submits():
+    """At K = 0 and 1 the command submits Table 2's --oversample-ratio 0.1 from the config; the price is
+    for 0.1 too (it was for 0), and against the best synchronous baseline with its band at K = 2."""
+    for k in ("0", "1", "2"):
+        result = dry_run(MAX_STALENESS=k)
+        assert result.returncode == 0, result.stderr
+        submitted = _last_value(submit_command(result), "--oversample-ratio")
+        assert submitted == ("0.1" if k in ("0", "1") else "0")
+        price = [line for line in result.stdout.splitlines() if line.startswith("# simulator")]
+        # at K = 0 the dry run prices this command's layout first, then the other layout
+        assert len(price) == (2 if k == "0" else 1), result.stdout
+        assert f"K={k}, push abort, oversampling {submitted}:" in price[0], result.stdout
+        assert "sync colocated" in price[0] and "at its best engine size" in price[0]
+        if k == "2":
+            assert "over tp_alpha" in price[0], price[0]
+
+
 def test_the_synchronous_paper_run_is_colocated_unless_split_is_asked_for():
     """K = 0 shares the GPUs by default (slime's --colocate, which implies its offload); --layout split
     (or LAYOUT=split) gives the old layout, half the nodes training; the dry run prices both."""

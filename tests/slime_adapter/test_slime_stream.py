@@ -184,6 +184,18 @@ def test_a_group_aborted_again_and_again_fails_with_its_key_and_count(engine):
     assert stream.abort_resubmits == group_stream.MAX_CONSECUTIVE_ABORTS - 1
 
 
+def test_the_abort_limit_leaves_room_for_the_k_plus_1_pushes_a_group_may_meet(engine):
+    """Under the budget a group meets at most K + 1 pushes: at K = 16 the limit is 18, not 16 (the
+    simulator's K = 16 plan failed groups aborted 16 times that the budget still allowed)."""
+    assert [group_stream.abort_limit(k) for k in (None, 0, 14, 15, 16)] == [16, 16, 16, 17, 18]
+    args, data = _args(rollout_batch_size=1, max_staleness=16), DataSource()
+    stream = group_stream.GroupStream(args, data, cap=1)
+    engine.abort_next = {0}
+    with pytest.raises(group_stream.AbortLoopError, match="aborted 18 times in a row [(]limit 18[)]") as caught:
+        _collect(args, stream, 1, 0)
+    assert caught.value.aborts == 18 and stream.abort_resubmits == 17
+
+
 def test_an_abort_then_a_finish_resets_the_count(engine, monkeypatch):
     args, data = _args(rollout_batch_size=1, max_staleness=1), DataSource()
     stream = group_stream.GroupStream(args, data, cap=1)
