@@ -18,6 +18,7 @@ when it may resume a run) and `signals` (SIGINT / SIGTERM).
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import sys
@@ -38,6 +39,7 @@ from .task import Tokenizer
 from .tasks import eval_problems, train_problem
 
 MAX_WORKER_RESTARTS = 20
+RAY_AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
 def _init_ray(num_cpus: int) -> None:
@@ -46,9 +48,11 @@ def _init_ray(num_cpus: int) -> None:
 
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # Ray 2.60 turns token authentication on for a new local cluster and warns so on every run unless
-    # RAY_AUTH_MODE is set: set it to the same choice (token), which Ray then takes without the notice
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # Ray 2.60 turns token authentication on for a new local cluster (RAY_AUTH_MODE unset) and logs a notice
+    # saying so on every run: keep Ray's choice (or the user's RAY_AUTH_MODE) and quiet only that notice.
+    # Setting RAY_AUTH_MODE=token here instead breaks the run: Ray read its config at import, so this
+    # process stays at 'disabled' while the cluster it starts demands a token.
+    logging.getLogger(RAY_AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
     # workers must import this checkout's epic_slime (the project is not necessarily pip-installed)
     root = str(Path(__file__).resolve().parents[2])
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
