@@ -85,6 +85,7 @@ import torch
 
 # run as a script: this folder is sys.path[0]
 from sglang_standin_engine import FLUSH_FAILED, FLUSH_OK, Engine, build_model
+from sglang_standin_weights import ServerDies
 
 
 def make_app(engine: Engine):
@@ -130,9 +131,9 @@ def make_app(engine: Engine):
                 engine.after_update(payload)
             except ValueError as exc:
                 return web.json_response({"success": False, "message": str(exc)}, status=400)
-            except AssertionError as exc:
+            except (AssertionError, ServerDies) as exc:
                 return dying(str(exc))
-            return web.json_response({"success": True, "message": "ok"})
+            return web.json_response({"success": True, "message": "Succeeded to update model weights."})
         return route
 
     async def init_group(request):
@@ -149,11 +150,17 @@ def make_app(engine: Engine):
 
     async def update_version(request):
         payload = await request.json()
-        if payload.get("abort_all_requests", True):
-            await engine.abort_all(counter="version_update_aborts")
         engine.version = str(payload["new_version"])
+        if payload.get("abort_all_requests", True):   # SGLang's abort is fire-and-forget: the aborted
+            await engine.abort_all(counter="version_update_aborts")   # answers come back under the new version
         engine.stats["version_updates"] += 1
-        return web.json_response({"success": True, "new_version": engine.version})
+        return web.json_response({"success": True, "message": f"Weight version updated to {engine.version}",
+                                  "new_version": engine.version})
+
+    async def model_info(request):
+        return web.json_response({"model_path": "tiny-qwen3-moe-standin", "is_generation": True,
+                                  "weight_version": engine.version, "model_type": "qwen3_moe",
+                                  "architectures": ["Qwen3MoeForCausalLM"]})
 
     async def health(request):
         return web.Response(text="ok")
@@ -184,6 +191,8 @@ def make_app(engine: Engine):
         web.post("/flush_cache", flush),
         web.post("/update_weights_from_disk", weight_update_route(engine.load_weights)),
         web.post("/update_weight_version", update_version),
+        web.post("/update_weights_from_tensor", weight_update_route(engine.load_tensors)),
+        web.get("/model_info", model_info),
         web.post("/init_weights_update_group", init_group),
         web.post("/update_weights_from_distributed", weight_update_route(engine.receive_bucket)),
         web.post("/destroy_weights_update_group", destroy_group),
@@ -227,6 +236,8 @@ def main(argv=None) -> int:
     parser.add_argument("--long-every", type=int, default=None,
                         help="one training prompt in about N (by crc32) gets --long-min-new-tokens (see above)")
     parser.add_argument("--long-min-new-tokens", type=int, default=0)
+    parser.add_argument("--abort-poll-seconds", type=float, default=1.0,
+                        help="an abort pause that met requests answers after this long (SGLang polls once a second)")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="wait this long after each decode step")
     parser.add_argument("--long-max-new-tokens", type=int, default=None,
                         help="the training requests' response cap (max_new_tokens + response already in input_ids): "
@@ -240,7 +251,7 @@ def main(argv=None) -> int:
     engine_kwargs = dict(max_batch=args.max_batch, hold_max_new_tokens=args.hold_max_new_tokens,
                          long_every=args.long_every, long_min_new_tokens=args.long_min_new_tokens,
                          long_max_new_tokens=args.long_max_new_tokens, step_seconds=args.step_seconds,
-                         hold_max_seconds=args.hold_max_seconds)
+                         hold_max_seconds=args.hold_max_seconds, abort_poll_seconds=args.abort_poll_seconds)
     asyncio.run(_serve(args.port_file, args.weights, engine_kwargs))
     return 0
 

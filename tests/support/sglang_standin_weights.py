@@ -1,0 +1,174 @@
+"""The SGLang stand-in's weight loads (``sglang_standin_engine.Engine`` mixes this in), as SGLang
+0.5.15.post1 answers them (checked against the real server by tests/slime_adapter/
+test_sglang_conformance*.py):
+
+- ``/update_weights_from_disk``: ``model_path`` is a Hugging Face folder (``*.safetensors``, the
+  real server's format; bf16 files are cast to the stand-in's float32). A torch state-dict file
+  is also taken, a stand-in extension the real server refuses (the e2e harness's stress push). A
+  path that is neither answers 400 with the reason, as the real server does;
+- ``/update_weights_from_distributed``: one bucket by broadcast over the gloo group joined at
+  ``/init_weights_update_group``. A ``group_name`` never joined is an assertion in SGLang's
+  scheduler (``ModelRunner.update_weights_from_distributed``) and the real server dies: so does
+  the stand-in;
+- ``/update_weights_from_tensor``: ``serialized_named_tensors`` (one base64 string per TP rank)
+  of a ``ForkingPickler`` pickle of ``[(name, tensor), ...]``. Names the model does not have are
+  skipped and the answer is still ``success: true`` (the real server's model ``load_weights``
+  skips them); a payload whose tensors cannot be rebuilt (torch's default ``file_descriptor``
+  sharing from another process: ``AuthenticationError``) kills the real server's scheduler, and the
+  stand-in exits likewise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import re
+from datetime import timedelta
+
+import torch
+
+
+# a per-expert weight of the checkpoint (the names SGLang's Qwen3-MoE loads); transformers 5 holds
+# them fused in memory (experts.gate_up_proj [E, 2I, H] = gate over up, experts.down_proj [E, H, I])
+EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+FUSED = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
+
+
+def checkpoint_named(model) -> list[tuple[str, torch.Tensor]]:
+    """The model's weights under the checkpoint's names (what a pusher must send SGLang): experts
+    one by one, and the output head as ``lm_head.weight`` even when tied."""
+    out = []
+    for name, param in model.named_parameters():
+        if name.endswith(FUSED[0]):
+            half = param.shape[1] // 2
+            prefix = name[: -len(".gate_up_proj")]
+            for e in range(param.shape[0]):
+                out += [(f"{prefix}.{e}.gate_proj.weight", param[e, :half]), (f"{prefix}.{e}.up_proj.weight", param[e, half:])]
+        elif name.endswith(FUSED[1]):
+            prefix = name[: -len(".down_proj")]
+            out += [(f"{prefix}.{e}.down_proj.weight", param[e]) for e in range(param.shape[0])]
+        else:
+            out.append((name, param))
+    if "lm_head.weight" not in dict(out):
+        out.append(("lm_head.weight", model.lm_head.weight))
+    return [(n, t.detach()) for n, t in out]
+
+
+class ServerDies(Exception):
+    """SGLang's scheduler raised: the HTTP server answers 500 and the process exits."""
+
+
+def read_hf_folder(path: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise ValueError(f"model_path {path!r}: no *.safetensors file in the folder")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(load_file(os.path.join(path, name)))
+    return state
+
+
+class WeightLoads:
+    """The weight-update endpoints' engine side; needs ``model``, ``pool``, ``groups``, ``stats``."""
+
+    def _target(self, params: dict, name: str):
+        """The parameter (or expert slice) a checkpoint name loads into; None for a name SGLang's
+        Qwen3-MoE cannot map (it skips those, fused in-memory expert names among them)."""
+        m = EXPERT.match(name)
+        if m:
+            prefix, e, part = m.group(1), int(m.group(2)), m.group(3)
+            if part == "down_proj":
+                return params[prefix + ".down_proj"][e]
+            fused = params[prefix + ".gate_up_proj"][e]
+            half = fused.shape[0] // 2
+            return fused[:half] if part == "gate_proj" else fused[half:]
+        if name.endswith(FUSED):
+            return None
+        return params.get(name)
+
+    def _copy_named(self, named) -> int:
+        """Copy checkpoint-named tensors into the model, cast to its dtype; returns how many loaded."""
+        params = dict(self.model.named_parameters())
+        loaded = 0
+        with torch.no_grad():
+            for name, tensor in named:
+                target = self._target(params, name)
+                if target is not None:
+                    target.copy_(tensor.to(target.dtype))
+                    loaded += 1
+        return loaded
+
+    async def load_weights(self, payload: dict) -> None:
+        path = str(payload.get("model_path", ""))
+        if os.path.isdir(path):
+            state = read_hf_folder(path)
+            load = lambda: self._copy_named(state.items())  # noqa: E731
+        elif os.path.isfile(path):
+            state = torch.load(path, weights_only=True)
+            load = lambda: self.model.load_state_dict(state)  # noqa: E731
+        else:
+            raise ValueError(f"model_path {path!r}: no such folder or file")
+        await asyncio.get_running_loop().run_in_executor(self.pool, load)
+        self.stats["weight_loads"] += 1
+
+    async def load_tensors(self, payload: dict) -> None:
+        import pickle
+
+        import torch.multiprocessing  # noqa: F401 - registers the reductions that rebuild shared tensors
+
+        blobs = payload.get("serialized_named_tensors") or []
+        if not blobs:
+            raise ValueError("serialized_named_tensors is empty")
+        try:
+            named = pickle.loads(base64.b64decode(blobs[0]))
+        except Exception as exc:  # noqa: BLE001 - SGLang's scheduler dies on it
+            raise ServerDies(f"could not rebuild the tensors: {type(exc).__name__}: {exc}") from exc
+        loaded = await asyncio.get_running_loop().run_in_executor(self.pool, self._copy_named, named)
+        self.stats["tensor_loads"] += 1
+        self.stats["tensors_skipped"] += len(named) - loaded
+
+    async def join_update_group(self, payload: dict) -> None:
+        """slime's ``connect_rollout_engines_from_distributed``, the engine side: rank
+        ``rank_offset`` of a gloo group whose rank 0 is the trainer (NCCL on a cluster)."""
+        import torch.distributed as dist
+
+        def join():
+            store = dist.TCPStore(payload["master_address"], int(payload["master_port"]), int(payload["world_size"]),
+                                  is_master=False, timeout=timedelta(seconds=120))
+            return dist.ProcessGroupGloo(dist.PrefixStore(payload["group_name"], store), int(payload["rank_offset"]),
+                                         int(payload["world_size"]), timedelta(seconds=120))
+
+        if payload.get("backend") not in (None, "gloo", "nccl"):
+            raise ValueError(f"backend {payload.get('backend')!r}: the stand-in joins with gloo")
+        self.groups[payload["group_name"]] = await asyncio.get_running_loop().run_in_executor(None, join)
+        self.stats["update_groups"] += 1
+
+    async def receive_bucket(self, payload: dict) -> None:
+        """One bucket of ``update_weights_from_distributed``: tensors by broadcast from rank 0, in
+        the order of ``names``, loaded into the model."""
+        import torch.distributed as dist
+
+        group_name = payload.get("group_name", "weight_update_group")
+        group = self.groups.get(group_name)
+        if group is None:
+            raise ServerDies(f"Group {group_name} not in {sorted(self.groups)}. Please call `init_weights_update_group` first.")
+        params = dict(self.model.named_parameters())
+
+        def receive():
+            for name, dtype, shape in zip(payload["names"], payload["dtypes"], payload["shapes"], strict=True):
+                tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+                opts = dist.BroadcastOptions()
+                opts.rootRank, opts.rootTensor = 0, 0
+                group.broadcast([tensor], opts).wait()
+                target = self._target(params, name)
+                if target is None:   # SGLang's load_weights skips it, and the answer is still success
+                    self.stats["tensors_skipped"] += 1
+                    continue
+                with torch.no_grad():
+                    target.copy_(tensor.to(target.dtype))
+
+        await asyncio.get_running_loop().run_in_executor(self.pool, receive)
+        self.stats["weight_buckets"] += 1
