@@ -53,7 +53,7 @@ def _assert_serves(engine, model, prompt=PROMPT) -> None:
     answer = engine.server.submit(prompt, max_new_tokens=6).result(120)
     got = torch.tensor([v for v, _, _ in answer["meta_info"]["output_token_logprobs"]], dtype=torch.float64)
     gap = (got - forward_logprobs(model, prompt, answer["output_ids"])).abs()
-    assert gap.max() < engine.max_gap, gap.tolist()
+    assert gap.max() < engine.pushed_gap, gap.tolist()
 
 
 def _version(engine) -> str:
@@ -95,13 +95,13 @@ def test_disk_update_during_an_in_place_pause_decodes_on_over_the_old_kv(engine,
     assert got["meta_info"]["weight_version"] == "7" and len(got["output_ids"]) == LONG_NEW
     tokens = got["output_ids"]
     reported = torch.tensor([v for v, _, _ in got["meta_info"]["output_token_logprobs"]], dtype=torch.float64)
-    old = (reported - forward_logprobs(initial, PROMPT, tokens)).abs() < engine.max_gap
+    old = (reported - forward_logprobs(initial, PROMPT, tokens)).abs() < engine.pushed_gap
     switch = int(old.logical_not().nonzero()[0]) if not old.all() else LONG_NEW
     assert 1 <= switch < LONG_NEW - 5 and old[:switch].all(), old.tolist()
     sequence = PROMPT + tokens
     spliced = spliced_logprobs(initial, model, sequence, len(PROMPT) + switch - 1, len(PROMPT) + switch)
     gap = (reported[switch:] - spliced).abs()
-    assert gap.max() < engine.max_gap, gap.tolist()
+    assert gap.max() < engine.pushed_gap, gap.tolist()
 
 
 def test_distributed_push_over_gloo_sets_weights_and_version(engine, initial, pushed, restore):

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.sglang_group import sglang_process_group
+
 LONG_NEW = 40   # a request that must still run when a pause comes (prompt + 40 < the model's 64 positions)
 
 
@@ -26,8 +28,9 @@ class Engine:
     server: object         # StandIn or RealServer: url, post, get, submit
     dtype: str             # the served precision: checkpoints for it are saved in it
     original_dir: str      # the checkpoint it serves at start (restored after a test that changed weights)
-    max_gap: float         # |engine log-prob - float32 forward| per token, at most
+    max_gap: float         # |engine log-prob - float32 forward| per token, at most (the initial weights)
     mean_gap: float
+    pushed_gap: float      # the same for the pushed weights (larger: bf16 noise grows with them)
 
 
 def reference_model(seed: int = 0):
@@ -39,7 +42,7 @@ def reference_model(seed: int = 0):
     return build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=seed).eval()
 
 
-def perturbed_checkpoint(folder: Path, dtype: str, scale: float = 0.3, seed: int = 7):
+def perturbed_checkpoint(folder: Path, dtype: str, scale: float = 0.1, seed: int = 7):
     """Weights far from the initial ones, saved as a Hugging Face folder in ``dtype``; returns
     (folder, the float32 model equal to what was saved)."""
     from epic_slime.runtime.hf_export import export_checkpoint
@@ -98,8 +101,7 @@ class GlooPusher:
     engine): what slime's distributed updater does, without Megatron."""
 
     def __init__(self, server, group_name: str = "conformance_push"):
-        import torch.distributed as dist
-
+        # one name per group in this process (torch keeps a registry; destroying one frees its name)
         self.server, self.group_name = server, group_name
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -109,9 +111,7 @@ class GlooPusher:
             "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
             "group_name": group_name, "backend": "gloo"})))
         joined.start()
-        self.store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=120),
-                                   wait_for_workers=False)
-        self.group = dist.ProcessGroupGloo(dist.PrefixStore(group_name, self.store), 0, 2, timedelta(seconds=120))
+        self.group = sglang_process_group("127.0.0.1", port, 0, 2, group_name)
         joined.join(150)
         reply = answer["reply"]
         assert reply.status_code == 200 and reply.json()["success"], reply.text
@@ -137,7 +137,10 @@ class GlooPusher:
         return reply.json()
 
     def close(self) -> None:
+        import torch.distributed as dist
+
         self.server.post("/destroy_weights_update_group", {"group_name": self.group_name})
+        dist.destroy_process_group(self.group)
 
 
 class TensorPayload:
@@ -184,7 +187,8 @@ def engine(request, tmp_path_factory):
     session's real server (``real_engines``: skipped without its venv, a failure in CI)."""
     if request.param == "real":
         engines = request.getfixturevalue("real_engines")
-        yield Engine("real", engines.server, "bfloat16", str(engines.model_dir), max_gap=0.03, mean_gap=0.01)
+        yield Engine("real", engines.server, "bfloat16", str(engines.model_dir), max_gap=0.03, mean_gap=0.01,
+                     pushed_gap=0.08)
         return
     from epic_slime.runtime.hf_export import export_checkpoint
     from support.sglang_client import standin_factory
@@ -192,4 +196,5 @@ def engine(request, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("standin")
     original = export_checkpoint(reference_model(), workdir / "initial", "float32")
     with standin_factory(workdir) as start:
-        yield Engine("standin", start("--step-seconds", "0.05"), "float32", original, max_gap=1e-4, mean_gap=1e-5)
+        yield Engine("standin", start("--step-seconds", "0.05"), "float32", original, max_gap=1e-4, mean_gap=1e-5,
+                     pushed_gap=1e-4)

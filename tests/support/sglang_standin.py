@@ -127,6 +127,7 @@ def make_app(engine: Engine):
             if payload.get("abort_all_requests"):
                 await engine.abort_all(counter="update_aborts")
             try:
+                engine.keep_running_kv()
                 await load(payload)
                 engine.after_update(payload)
             except ValueError as exc:
@@ -145,7 +146,11 @@ def make_app(engine: Engine):
 
     async def destroy_group(request):
         payload = await request.json()
-        engine.groups.pop(payload["group_name"], None)
+        group = engine.groups.pop(payload["group_name"], None)
+        if group is not None:   # its name can be joined again, as in SGLang
+            import torch.distributed as dist
+
+            dist.destroy_process_group(group)
         return web.json_response({"success": True, "message": "ok"})
 
     async def update_version(request):

@@ -73,6 +73,7 @@ class Request:
         self.retractions = 0
         self.want_routing = bool(payload.get("return_routed_experts"))
         self.routing: list[torch.Tensor] = []   # sglang_standin_routing: rows per computed position
+        self.kv_segments: list[tuple[int, int]] = []   # (weights, up to position): KV kept across loads
 
 
 class PrefixCache:
@@ -263,6 +264,22 @@ class Engine(WeightLoads):
         own temperature and top_p."""
         from epic_slime.runtime.model import _top_p_filter
 
+        logits = self.last_logits(batch)   # sglang_standin_weights: old-weight KV of in-place requests
+        for i, r in enumerate(batch):
+            if len(r.tokens) < r.min_new_tokens:   # SGLang's min_new_tokens: no stop yet
+                logits[i, [self.tok.eos_id, *r.stop_ids]] = float("-inf")
+            logp = torch.log_softmax(logits[i : i + 1] / r.temperature, dim=-1)
+            t = int(torch.multinomial(_top_p_filter(logp, r.top_p).exp(), 1, generator=self.generator))
+            r.tokens.append(t)
+            r.logprobs.append(float(logp[0, t]))
+            if not r.ignore_eos and (t == self.tok.eos_id or t in r.stop_ids):
+                r.finish, r.matched = STOP, t
+            elif len(r.tokens) >= r.max_new_tokens:
+                r.finish = LENGTH
+        self.stats["decode_steps"] += 1
+
+    def batch_logits(self, batch: list[Request]) -> torch.Tensor:
+        """The next-token logits of each request, one forward over the left-padded full sequences."""
         pad = self.tok.pad_id
         seqs = [r.input_ids + r.tokens for r in batch]
         B, P = len(seqs), max(len(q) for q in seqs)
@@ -277,19 +294,7 @@ class Engine(WeightLoads):
                          output_router_logits=want_routing)
         if want_routing:
             routing.record(batch, [len(q) for q in seqs], out.router_logits, self.model.config.num_experts_per_tok)
-        logits = out.logits[:, -1].float()
-        for i, r in enumerate(batch):
-            if len(r.tokens) < r.min_new_tokens:   # SGLang's min_new_tokens: no stop yet
-                logits[i, [self.tok.eos_id, *r.stop_ids]] = float("-inf")
-            logp = torch.log_softmax(logits[i : i + 1] / r.temperature, dim=-1)
-            t = int(torch.multinomial(_top_p_filter(logp, r.top_p).exp(), 1, generator=self.generator))
-            r.tokens.append(t)
-            r.logprobs.append(float(logp[0, t]))
-            if not r.ignore_eos and (t == self.tok.eos_id or t in r.stop_ids):
-                r.finish, r.matched = STOP, t
-            elif len(r.tokens) >= r.max_new_tokens:
-                r.finish = LENGTH
-        self.stats["decode_steps"] += 1
+        return out.logits[:, -1].float()
 
     # -- pause, continue, flush
 
@@ -313,6 +318,7 @@ class Engine(WeightLoads):
             if mode == "retract":
                 for r in self.running:
                     r.retractions += 1
+                    r.kv_segments = []   # prefilled again on the weights of the day
                 self.stats["retracted"] += len(self.running)
                 self.pending.extend(self.running)
                 self.running.clear()

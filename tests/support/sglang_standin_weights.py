@@ -72,7 +72,44 @@ def read_hf_folder(path: str) -> dict[str, torch.Tensor]:
 
 
 class WeightLoads:
-    """The weight-update endpoints' engine side; needs ``model``, ``pool``, ``groups``, ``stats``."""
+    """The weight-update endpoints' engine side; needs ``model``, ``pool``, ``groups``, ``stats``,
+    ``running``, ``weights`` and ``batch_logits``.
+
+    A request that is running when weights load (paused in place) keeps the KV its positions so far
+    were computed with, as SGLang does: the loaded weights decode on over it. The stand-in keeps a
+    copy of the weights each such segment was computed by and recomputes the request through them
+    (``last_logits``); every other request is one batched forward of its whole sequence. (Not
+    modelled: a prefix-cache hit on KV of older weights is recomputed on the current ones; it is
+    counted as ``stale_prefix_hits`` in ``/stats``. Routed experts of such a request are not recorded.)"""
+
+    def keep_running_kv(self) -> None:
+        """Before a load: the running requests' computed positions stay on the current weights."""
+        import copy
+
+        if not self.running:
+            return
+        snapshots = self.__dict__.setdefault("snapshots", {})
+        snapshots.setdefault(self.weights, copy.deepcopy(self.model))
+        for r in self.running:
+            r.kv_segments.append((self.weights, len(r.input_ids) + len(r.tokens) - 1))
+
+    def last_logits(self, batch) -> torch.Tensor:
+        plain = [r for r in batch if not r.kv_segments]
+        rows = dict(zip(map(id, plain), self.batch_logits(plain))) if plain else {}
+        for r in batch:
+            if r.kv_segments:
+                rows[id(r)] = self._spliced_logits(r)
+        return torch.stack([rows[id(r)] for r in batch])
+
+    def _spliced_logits(self, req) -> torch.Tensor:
+        seq = torch.tensor([req.input_ids + req.tokens])
+        cache, start = None, 0
+        for weights, upto in req.kv_segments:
+            if upto > start:
+                cache = self.snapshots[weights](input_ids=seq[:, start:upto], past_key_values=cache,
+                                                use_cache=True).past_key_values
+                start = upto
+        return self.model(input_ids=seq[:, start:], past_key_values=cache, use_cache=True).logits[0, -1].float()
 
     def _target(self, params: dict, name: str):
         """The parameter (or expert slice) a checkpoint name loads into; None for a name SGLang's
@@ -133,13 +170,12 @@ class WeightLoads:
     async def join_update_group(self, payload: dict) -> None:
         """slime's ``connect_rollout_engines_from_distributed``, the engine side: rank
         ``rank_offset`` of a gloo group whose rank 0 is the trainer (NCCL on a cluster)."""
-        import torch.distributed as dist
 
-        def join():
-            store = dist.TCPStore(payload["master_address"], int(payload["master_port"]), int(payload["world_size"]),
-                                  is_master=False, timeout=timedelta(seconds=120))
-            return dist.ProcessGroupGloo(dist.PrefixStore(payload["group_name"], store), int(payload["rank_offset"]),
-                                         int(payload["world_size"]), timedelta(seconds=120))
+        def join():   # as SGLang's init_custom_process_group: a trainer group built otherwise never connects
+            from sglang_group import sglang_process_group   # this folder is sys.path[0]
+
+            return sglang_process_group(payload["master_address"], int(payload["master_port"]),
+                                        int(payload["rank_offset"]), int(payload["world_size"]), payload["group_name"])
 
         if payload.get("backend") not in (None, "gloo", "nccl"):
             raise ValueError(f"backend {payload.get('backend')!r}: the stand-in joins with gloo")
