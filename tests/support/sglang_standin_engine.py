@@ -214,6 +214,8 @@ class Engine(WeightLoads):
             if oldest < submitted:
                 self.stats["stale_prefix_hits"] += 1
                 self.stats["stale_prefix_tokens"] += length
+            if oldest < self.weights:   # SGLang reuses that KV as it is: the prefix stays on its old weights
+                req.kv_segments = [(oldest, length)]
         if req.retractions:
             self.stats["reprefill_tokens"] += len(seq) - length
         req.computed_weights = self.weights if req.computed_weights is None else min(req.computed_weights, self.weights)

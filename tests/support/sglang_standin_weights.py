@@ -78,15 +78,17 @@ class WeightLoads:
     A request that is running when weights load (paused in place) keeps the KV its positions so far
     were computed with, as SGLang does: the loaded weights decode on over it. The stand-in keeps a
     copy of the weights each such segment was computed by and recomputes the request through them
-    (``last_logits``); every other request is one batched forward of its whole sequence. (Not
-    modelled: a prefix-cache hit on KV of older weights is recomputed on the current ones; it is
-    counted as ``stale_prefix_hits`` in ``/stats``. Routed experts of such a request are not recorded.)"""
+    (``last_logits``); every other request is one batched forward of its whole sequence. A prefix-cache
+    hit on KV that older weights computed (a push without a flush) is read the same way, as the
+    oldest weights along the prefix computed all of it. (Routed experts of such requests are not
+    recorded.)"""
 
     def keep_running_kv(self) -> None:
-        """Before a load: the running requests' computed positions stay on the current weights."""
+        """Before a load: the running requests' computed positions, and the cached prefixes, stay on
+        the current weights (a copy of them is kept while either may still be read)."""
         import copy
 
-        if not self.running:
+        if not self.running and not self.cache.trees:
             return
         snapshots = self.__dict__.setdefault("snapshots", {})
         snapshots.setdefault(self.weights, copy.deepcopy(self.model))
