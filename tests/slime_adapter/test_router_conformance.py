@@ -1,9 +1,10 @@
 """The router stand-in (tests/support/router_standin.py) and the real sglang-router 0.3.2, each in front
 of the same two SGLang stand-ins (engines that count what they serve, which the real SGLang server
 cannot): ``POST /workers`` and ``DELETE /workers/{id}`` answer 202 (queued: the real router lists the
-change a moment later), ``GET /workers`` lists them, and the default ``cache_aware`` policy keeps
-each group's samples on one engine while the groups spread over both. The real router needs only
-the real SGLang venv, not a real server."""
+change a moment later), ``GET /workers`` lists them, and the default ``cache_aware`` policy routes
+by the request's text: requests with ``input_ids`` only, as slime sends them, all go to the first
+worker (the stand-in runs with ``--route-by text``; its default, by ``input_ids``, spreads new
+prompts, which the real router does not). The real router needs only the real SGLang venv."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class _RouterStandIn:
         port_file = workdir / "router_port"
         self.log = open(workdir / "router_standin.log", "ab")
         self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "router_standin.py"),
-                                      "--port-file", str(port_file)], stdout=self.log, stderr=subprocess.STDOUT)
+                                      "--port-file", str(port_file), "--route-by", "text"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while not port_file.exists():
             assert self.proc.poll() is None and time.monotonic() < deadline, "router stand-in did not start"
@@ -93,12 +95,14 @@ def test_workers_register_route_by_prefix_and_leave(routed):
             replies = list(pool.map(lambda _: http.post(f"{url}/generate", json=body(tokens_of(text)), timeout=120),
                                     range(4)))
             assert all(r.status_code == 200 for r in replies)
-    served = sorted(e.stats()["requests"] for e in engines)
-    assert served == [4, 8], f"each group on one engine, the groups on both: {served}"
+    # the cache-aware tree keys on the request's text: input_ids-only requests (slime's) all match nothing
+    # and go to the smallest tree, the first worker, while the loads stay balanced (within 64)
+    served = [e.stats().get("requests", 0) for e in engines]
+    assert served == [12, 0], f"every input_ids request on the first worker: {served}"
 
     gone = next(w for w in workers if w["url"] == engines[0].url)
     assert http.delete(f"{url}/workers/{gone['id']}", timeout=30).status_code == 202
     assert [w["url"] for w in _listed(url, [engines[1].url])] == [engines[1].url]
-    before = engines[1].stats()["requests"]
+    before = engines[1].stats().get("requests", 0)
     assert http.post(f"{url}/generate", json=body(tokens_of("1+1=")), timeout=120).status_code == 200
     assert engines[1].stats()["requests"] == before + 1

@@ -109,6 +109,7 @@ def test_disk_update_during_an_in_place_pause_decodes_on_over_the_old_kv(engine,
 
 def test_distributed_push_over_gloo_sets_weights_and_version(engine, initial, pushed, restore):
     _, model = pushed
+    _assert_serves(engine, initial)   # the prompt is now in the prefix cache, on the initial weights
     pusher = GlooPusher(engine.server)
     try:
         named = _named(model)
