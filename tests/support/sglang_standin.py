@@ -2,35 +2,42 @@
 backed by the embedded runtime's tiny Qwen3-MoE on CPU (so behaviour log-probs are real). Paths
 cited below are under ``sglang/srt``.
 
+Checked against the real server, test by test, by tests/slime_adapter/test_sglang_conformance*.py.
+
 Endpoints: ``POST /generate`` (``input_ids``, ``sampling_params`` with temperature / top_p /
-max_new_tokens / stop_token_ids, ``return_logprob``, ``extra_key``; answers ``text``,
+max_new_tokens / stop_token_ids / ignore_eos, ``return_logprob``, ``extra_key``; answers ``text``,
 ``output_ids`` and ``meta_info`` with ``output_token_logprobs`` ``[[logprob, token, None], ...]``,
-``finish_reason`` ``{"type": "stop" | "length" | "abort"}``, ``weight_version``,
+``finish_reason`` as SGLang's dicts (``{"type": "length", "length": n}``, ``{"type": "stop",
+"matched": token}``, ``{"type": "abort", "message": "Aborted", "status_code": None, "err_type":
+None}``), ``weight_version``,
 ``cached_tokens``, token counts; with ``return_routed_experts`` also ``routed_experts``, see
 ``sglang_standin_routing.py``), ``POST /pause_generation`` and ``/continue_generation`` (the
 three modes below), ``GET|POST /flush_cache``, ``POST /update_weights_from_disk``
-(``model_path``: a torch state dict), slime's distributed push (``POST
+(``model_path``: a Hugging Face folder; also a torch state dict), ``POST /update_weights_from_tensor``
+(see ``sglang_standin_weights.py``), slime's distributed push (``POST
 /init_weights_update_group`` joins a gloo group with the trainer's rank 0 from
 ``master_address`` / ``master_port`` / ``rank_offset`` / ``world_size``; ``POST
 /update_weights_from_distributed`` receives one bucket: ``names`` / ``dtypes`` / ``shapes`` as
 metadata, the tensors by broadcast from rank 0, then ``weight_version`` when given, as SGLang does
 per bucket; ``POST /destroy_weights_update_group``), ``POST /update_weight_version``
 (``new_version``; aborts every request first unless ``abort_all_requests`` is false),
-``POST /abort_request`` (``abort_all``), ``GET /v1/loads``, ``GET /health_generate``, ``GET
-/workers`` (router view), ``GET /stats`` (counters for tests).
+``POST /abort_request`` (``abort_all``), ``GET /v1/loads`` (``{"loads": [{"num_running_reqs", "num_waiting_reqs", ...}]}``),
+``GET /model_info`` (``weight_version``; ``/get_weight_version`` is 404, as in 0.5.15), ``GET
+/health_generate``, ``GET /workers`` (router view), ``GET /stats`` (counters for tests: the real
+server has no such endpoint). The output head is a weight of its own, as in SGLang's Qwen3-MoE.
 
 Pause modes (``PauseGenerationReqInput.mode``, default abort; requests that arrive while paused
 wait before the scheduler, as in ``TokenizerManager.generate_request``'s ``is_pause_cond``):
 
 - ``abort`` (``TokenizerManager.pause_generation``): every request ends now with finish_reason
   abort, the running ones with the tokens generated so far (after the step in progress), waiting
-  ones with none (SGLang answers the pause only at its next once-a-second check that all have
-  returned; the stand-in answers as soon as they have);
+  ones with none; with requests in flight the pause answers after ``--abort-poll-seconds``
+  (default 1: SGLang sees them gone only at its next once-a-second check), idle at once;
 - ``retract`` (``Scheduler.pause_generation``): running requests go back to the waiting queue with
   their tokens and are prefilled again (prompt + output) after ``/continue_generation``;
 - ``in_place``: nothing moves; after ``/continue_generation`` the running requests decode on with
-  whatever weights were loaded meanwhile (the stand-in recomputes whole sequences each step, so
-  unlike SGLang their earlier positions are not old-weight KV).
+  whatever weights were loaded meanwhile, over the KV the old weights computed (the stand-in
+  keeps a copy of those weights and recomputes through them: ``sglang_standin_weights.py``).
 
 ``/flush_cache`` succeeds only with no running and no waiting request (``Scheduler.flush_cache``
 needs ``is_fully_idle``): else 400 "Flush cache failed." (``http_server.flush_cache``); with

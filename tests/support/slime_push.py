@@ -23,7 +23,6 @@ from __future__ import annotations
 import concurrent.futures
 import socket
 import time
-from datetime import timedelta
 
 import torch
 
@@ -149,10 +148,10 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3):
             joined = [e.init_weights_update_group.remote(master_address="127.0.0.1", master_port=port, rank_offset=i + 1,
                                                          world_size=world, group_name=GROUP_NAME, backend="gloo")
                       for i, e in enumerate(rollout_engines)]
-            self._store = dist.TCPStore("127.0.0.1", port, world, is_master=True, timeout=timedelta(seconds=120),
-                                        wait_for_workers=False)
-            self._model_update_groups = dist.ProcessGroupGloo(dist.PrefixStore(GROUP_NAME, self._store), 0, world,
-                                                              timedelta(seconds=120))
+            # built as SGLang builds the engine's side (a bare ProcessGroupGloo never connects to a real server)
+            from support.sglang_group import sglang_process_group
+
+            self._model_update_groups = sglang_process_group("127.0.0.1", port, 0, world, GROUP_NAME)
             RayStandIn.get(joined)
 
         def _send_weights(self, pbar) -> None:
@@ -160,7 +159,11 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3):
             waits for the tensors), the tensors by broadcast from rank 0."""
             import torch.distributed as dist
 
-            named = list(self.model[0].named_parameters())
+            from support.sglang_standin_weights import checkpoint_named
+
+            # the checkpoint's names, experts one by one and the output head (as slime's converter sends
+            # them): SGLang skips transformers 5's fused in-memory expert names and keeps its own head
+            named = checkpoint_named(self.model[0])
             size = -(-len(named) // buckets)
             for chunk in (named[i:i + size] for i in range(0, len(named), size)):
                 refs = [e.update_weights_from_distributed.remote(
