@@ -96,9 +96,10 @@ def test_workers_register_route_by_prefix_and_leave(routed):
                                     range(4)))
             assert all(r.status_code == 200 for r in replies)
     # the cache-aware tree keys on the request's text: input_ids-only requests (slime's) all match nothing
-    # and go to the smallest tree, the first worker, while the loads stay balanced (within 64)
+    # and go to the smallest tree, one worker (the real router breaks the tie by its own order), while
+    # the loads stay balanced (within 64)
     served = [e.stats().get("requests", 0) for e in engines]
-    assert served == [12, 0], f"every input_ids request on the first worker: {served}"
+    assert sorted(served) == [0, 12], f"every input_ids request on one worker: {served}"
 
     gone = next(w for w in workers if w["url"] == engines[0].url)
     assert http.delete(f"{url}/workers/{gone['id']}", timeout=30).status_code == 202
