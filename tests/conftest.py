@@ -51,6 +51,9 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/evaluation/test_evaluate_real_sglang.py": 900,     # two starts of sglang.Engine on CPU, 2 x 256 samples
     # one e2e session against the real server (plus its start when this file runs first)
     "tests/slime_adapter/test_slime_e2e_real.py": 1200,
+    "tests/slime_adapter/test_sglang_conformance.py": 600,
+    "tests/slime_adapter/test_sglang_conformance_weights.py": 600,
+    "tests/slime_adapter/test_router_conformance.py": 300,   # a real router (~30 s to start) before two stand-ins
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {
@@ -85,6 +88,7 @@ def time_limit_s(item, default_s: float) -> float:
 
 
 
+@pytest.hookimpl(trylast=True)   # after -k / -m deselection: no server for tests not run
 def pytest_collection_modifyitems(config, items):
     _launch_real_engines_if_needed(items)
     _ANNOUNCE.clear()
@@ -146,12 +150,21 @@ def pytest_configure(config):
 _REAL: dict = {}
 
 
+def _needs_real_engines(item) -> bool:
+    """Asks for ``real_engines``, or is the real-server half of a conformance test (``engine``
+    parametrised over the stand-in and the real server, tests/support/conformance.py)."""
+    if "real_engines" in getattr(item, "fixturenames", ()):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("engine") == "real"
+
+
 def _launch_real_engines_if_needed(items) -> None:
     import tempfile
 
     from support import real_sglang
 
-    if _REAL or not any("real_engines" in getattr(item, "fixturenames", ()) for item in items):
+    if _REAL or not any(_needs_real_engines(item) for item in items):
         return
     reason = real_sglang.unavailable_reason()
     if reason is not None:

@@ -144,7 +144,7 @@ def test_groups_share_an_engine_and_slimes_abort_reaches_both(two_engines):
         long = {"sampling_params": {"max_new_tokens": ROLLOUT_MAX_RESPONSE_LEN, "temperature": 1.0}}
         running = [asyncio.ensure_future(http.post(f"{router.url}/generate", {"input_ids": p, **long})) for p in prompts]
         deadline = asyncio.get_running_loop().time() + 30
-        while sum([(await http.get(f"{e.url}/v1/loads"))["num_running_reqs"] for e in engines]) < len(prompts):
+        while sum([(await http.get(f"{e.url}/v1/loads"))["loads"][0]["num_running_reqs"] for e in engines]) < len(prompts):
             assert asyncio.get_running_loop().time() < deadline, "the requests never ran on the engines"
             await asyncio.sleep(0.02)
         urls = [w["url"] for w in (await http.get(f"{router.url}/workers"))["workers"]]   # slime's abort()

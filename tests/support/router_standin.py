@@ -22,6 +22,14 @@ worker's tree. So the samples of one group (one prompt) share an engine's prefix
 prompts spread over the engines. ``round_robin`` is there too (``--policy``). No eviction, no
 health checks (slime disables them), no retries.
 
+**What the real router does instead** (tests/slime_adapter/test_router_conformance.py, sglang-router
+0.3.2 in front of two SGLang stand-ins): its cache-aware tree keys on the request's ``text``. slime
+sends ``input_ids`` only, so every such request matches nothing and goes to the smallest tree, the
+same (first) worker each time, while the loads stay within the balance thresholds: one engine serves
+all, groups and new prompts alike. ``--route-by text`` does the same; the default (``input_ids``)
+keeps the per-prompt spread the e2e runs (tests/slime_adapter/test_slime_e2e.py) were written
+against, which the real router does not give.
+
 ``GET /stats``: per-worker routed requests, the decisions taken, and ``inputs_on_several_workers``
 (identical ``input_ids``, e.g. the samples of one group, sent to more than one worker) for tests.
 
@@ -38,6 +46,7 @@ import sys
 from collections import Counter
 
 POLICIES = ("cache_aware", "round_robin")
+ROUTE_BY = ("input_ids", "text")
 FORWARDED_HEADERS = ("x-smg-routing-key", "content-type")
 
 
@@ -67,10 +76,13 @@ class PrefixTree:
 
 class Router:
     def __init__(self, policy: str = "cache_aware", cache_threshold: float = 0.3,
-                 balance_abs_threshold: int = 64, balance_rel_threshold: float = 1.5):
+                 balance_abs_threshold: int = 64, balance_rel_threshold: float = 1.5, route_by: str = "input_ids"):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.policy, self.cache_threshold = policy, cache_threshold
+        if route_by not in ROUTE_BY:
+            raise ValueError(f"route_by must be one of {ROUTE_BY}, got {route_by!r}")
+        self.route_by = route_by
         self.balance_abs, self.balance_rel = balance_abs_threshold, balance_rel_threshold
         self.workers: dict[str, dict] = {}   # id -> {"url", "worker_type"}
         self.trees: dict[str, PrefixTree] = {}
@@ -157,7 +169,8 @@ def make_app(router: Router):
     async def generate(request):
         payload = await request.json()
         try:
-            worker_id = router.choose(payload.get("input_ids") or [])
+            key = (payload.get("text") or "") if router.route_by == "text" else (payload.get("input_ids") or [])
+            worker_id = router.choose(key)
         except LookupError as exc:
             return web.json_response({"error": str(exc)}, status=503)
         url = router.workers[worker_id]["url"]
@@ -218,8 +231,11 @@ def main(argv=None) -> int:
     parser.add_argument("--cache-threshold", type=float, default=0.3)
     parser.add_argument("--balance-abs-threshold", type=int, default=64)
     parser.add_argument("--balance-rel-threshold", type=float, default=1.5)
+    parser.add_argument("--route-by", choices=ROUTE_BY, default="input_ids",
+                        help="the prefix the cache_aware tree keys on; the real router 0.3.2 keys on text (see above)")
     args = parser.parse_args(argv)
-    router = Router(args.policy, args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold)
+    router = Router(args.policy, args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold,
+                    args.route_by)
     asyncio.run(_serve(args.port_file, router))
     return 0
 

@@ -2,35 +2,42 @@
 backed by the embedded runtime's tiny Qwen3-MoE on CPU (so behaviour log-probs are real). Paths
 cited below are under ``sglang/srt``.
 
+Checked against the real server, test by test, by tests/slime_adapter/test_sglang_conformance*.py.
+
 Endpoints: ``POST /generate`` (``input_ids``, ``sampling_params`` with temperature / top_p /
-max_new_tokens / stop_token_ids, ``return_logprob``, ``extra_key``; answers ``text``,
+max_new_tokens / stop_token_ids / ignore_eos, ``return_logprob``, ``extra_key``; answers ``text``,
 ``output_ids`` and ``meta_info`` with ``output_token_logprobs`` ``[[logprob, token, None], ...]``,
-``finish_reason`` ``{"type": "stop" | "length" | "abort"}``, ``weight_version``,
+``finish_reason`` as SGLang's dicts (``{"type": "length", "length": n}``, ``{"type": "stop",
+"matched": token}``, ``{"type": "abort", "message": "Aborted", "status_code": None, "err_type":
+None}``), ``weight_version``,
 ``cached_tokens``, token counts; with ``return_routed_experts`` also ``routed_experts``, see
 ``sglang_standin_routing.py``), ``POST /pause_generation`` and ``/continue_generation`` (the
 three modes below), ``GET|POST /flush_cache``, ``POST /update_weights_from_disk``
-(``model_path``: a torch state dict), slime's distributed push (``POST
+(``model_path``: a Hugging Face folder; also a torch state dict), ``POST /update_weights_from_tensor``
+(see ``sglang_standin_weights.py``), slime's distributed push (``POST
 /init_weights_update_group`` joins a gloo group with the trainer's rank 0 from
 ``master_address`` / ``master_port`` / ``rank_offset`` / ``world_size``; ``POST
 /update_weights_from_distributed`` receives one bucket: ``names`` / ``dtypes`` / ``shapes`` as
 metadata, the tensors by broadcast from rank 0, then ``weight_version`` when given, as SGLang does
 per bucket; ``POST /destroy_weights_update_group``), ``POST /update_weight_version``
 (``new_version``; aborts every request first unless ``abort_all_requests`` is false),
-``POST /abort_request`` (``abort_all``), ``GET /v1/loads``, ``GET /health_generate``, ``GET
-/workers`` (router view), ``GET /stats`` (counters for tests).
+``POST /abort_request`` (``abort_all``), ``GET /v1/loads`` (``{"loads": [{"num_running_reqs", "num_waiting_reqs", ...}]}``),
+``GET /model_info`` (``weight_version``; ``/get_weight_version`` is 404, as in 0.5.15), ``GET
+/health_generate``, ``GET /workers`` (router view), ``GET /stats`` (counters for tests: the real
+server has no such endpoint). The output head is a weight of its own, as in SGLang's Qwen3-MoE.
 
 Pause modes (``PauseGenerationReqInput.mode``, default abort; requests that arrive while paused
 wait before the scheduler, as in ``TokenizerManager.generate_request``'s ``is_pause_cond``):
 
 - ``abort`` (``TokenizerManager.pause_generation``): every request ends now with finish_reason
   abort, the running ones with the tokens generated so far (after the step in progress), waiting
-  ones with none (SGLang answers the pause only at its next once-a-second check that all have
-  returned; the stand-in answers as soon as they have);
+  ones with none; with requests in flight the pause answers after ``--abort-poll-seconds``
+  (default 1: SGLang sees them gone only at its next once-a-second check), idle at once;
 - ``retract`` (``Scheduler.pause_generation``): running requests go back to the waiting queue with
   their tokens and are prefilled again (prompt + output) after ``/continue_generation``;
 - ``in_place``: nothing moves; after ``/continue_generation`` the running requests decode on with
-  whatever weights were loaded meanwhile (the stand-in recomputes whole sequences each step, so
-  unlike SGLang their earlier positions are not old-weight KV).
+  whatever weights were loaded meanwhile, over the KV the old weights computed (the stand-in
+  keeps a copy of those weights and recomputes through them: ``sglang_standin_weights.py``).
 
 ``/flush_cache`` succeeds only with no running and no waiting request (``Scheduler.flush_cache``
 needs ``is_fully_idle``): else 400 "Flush cache failed." (``http_server.flush_cache``); with
@@ -85,6 +92,7 @@ import torch
 
 # run as a script: this folder is sys.path[0]
 from sglang_standin_engine import FLUSH_FAILED, FLUSH_OK, Engine, build_model
+from sglang_standin_weights import ServerDies
 
 
 def make_app(engine: Engine):
@@ -126,13 +134,14 @@ def make_app(engine: Engine):
             if payload.get("abort_all_requests"):
                 await engine.abort_all(counter="update_aborts")
             try:
+                engine.keep_running_kv()
                 await load(payload)
                 engine.after_update(payload)
             except ValueError as exc:
                 return web.json_response({"success": False, "message": str(exc)}, status=400)
-            except AssertionError as exc:
+            except (AssertionError, ServerDies) as exc:
                 return dying(str(exc))
-            return web.json_response({"success": True, "message": "ok"})
+            return web.json_response({"success": True, "message": "Succeeded to update model weights."})
         return route
 
     async def init_group(request):
@@ -144,16 +153,26 @@ def make_app(engine: Engine):
 
     async def destroy_group(request):
         payload = await request.json()
-        engine.groups.pop(payload["group_name"], None)
+        group = engine.groups.pop(payload["group_name"], None)
+        if group is not None:   # its name can be joined again, as in SGLang
+            import torch.distributed as dist
+
+            dist.destroy_process_group(group)
         return web.json_response({"success": True, "message": "ok"})
 
     async def update_version(request):
         payload = await request.json()
-        if payload.get("abort_all_requests", True):
-            await engine.abort_all(counter="version_update_aborts")
         engine.version = str(payload["new_version"])
+        if payload.get("abort_all_requests", True):   # SGLang's abort is fire-and-forget: the aborted
+            await engine.abort_all(counter="version_update_aborts")   # answers come back under the new version
         engine.stats["version_updates"] += 1
-        return web.json_response({"success": True, "new_version": engine.version})
+        return web.json_response({"success": True, "message": f"Weight version updated to {engine.version}",
+                                  "new_version": engine.version})
+
+    async def model_info(request):
+        return web.json_response({"model_path": "tiny-qwen3-moe-standin", "is_generation": True,
+                                  "weight_version": engine.version, "model_type": "qwen3_moe",
+                                  "architectures": ["Qwen3MoeForCausalLM"]})
 
     async def health(request):
         return web.Response(text="ok")
@@ -184,6 +203,8 @@ def make_app(engine: Engine):
         web.post("/flush_cache", flush),
         web.post("/update_weights_from_disk", weight_update_route(engine.load_weights)),
         web.post("/update_weight_version", update_version),
+        web.post("/update_weights_from_tensor", weight_update_route(engine.load_tensors)),
+        web.get("/model_info", model_info),
         web.post("/init_weights_update_group", init_group),
         web.post("/update_weights_from_distributed", weight_update_route(engine.receive_bucket)),
         web.post("/destroy_weights_update_group", destroy_group),
@@ -227,6 +248,8 @@ def main(argv=None) -> int:
     parser.add_argument("--long-every", type=int, default=None,
                         help="one training prompt in about N (by crc32) gets --long-min-new-tokens (see above)")
     parser.add_argument("--long-min-new-tokens", type=int, default=0)
+    parser.add_argument("--abort-poll-seconds", type=float, default=1.0,
+                        help="an abort pause that met requests answers after this long (SGLang polls once a second)")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="wait this long after each decode step")
     parser.add_argument("--long-max-new-tokens", type=int, default=None,
                         help="the training requests' response cap (max_new_tokens + response already in input_ids): "
@@ -240,7 +263,7 @@ def main(argv=None) -> int:
     engine_kwargs = dict(max_batch=args.max_batch, hold_max_new_tokens=args.hold_max_new_tokens,
                          long_every=args.long_every, long_min_new_tokens=args.long_min_new_tokens,
                          long_max_new_tokens=args.long_max_new_tokens, step_seconds=args.step_seconds,
-                         hold_max_seconds=args.hold_max_seconds)
+                         hold_max_seconds=args.hold_max_seconds, abort_poll_seconds=args.abort_poll_seconds)
     asyncio.run(_serve(args.port_file, args.weights, engine_kwargs))
     return 0
 

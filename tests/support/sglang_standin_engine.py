@@ -8,11 +8,11 @@ import asyncio
 import zlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 
 import torch
 
 import sglang_standin_routing as routing  # this folder is sys.path[0] (sglang_standin.py runs as a script)
+from sglang_standin_weights import WeightLoads
 
 STOP, LENGTH, ABORT = "stop", "length", "abort"
 PAUSE_MODES = ("abort", "retract", "in_place")
@@ -30,8 +30,22 @@ def build_model(weights_path: str | None):
     model = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=0)
     if weights_path:
         model.load_state_dict(torch.load(weights_path, weights_only=True))
+    # SGLang's Qwen3-MoE ignores tie_word_embeddings: its output head is a weight of its own, loaded
+    # only under the name lm_head.weight (a push of the tied trainer's parameters leaves it as it was)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
     model.eval()
     return model, tok
+
+
+def finish_reason(req) -> dict:
+    """SGLang's ``finish_reason`` dicts (``managers/schedule_batch.py``: FINISH_LENGTH,
+    FINISH_MATCHED_TOKEN, FINISH_ABORT ``to_json``)."""
+    if req.finish == LENGTH:
+        return {"type": LENGTH, "length": len(req.tokens)}
+    if req.finish == STOP:
+        return {"type": STOP, "matched": req.matched}
+    return {"type": ABORT, "message": "Aborted", "status_code": None, "err_type": None}
 
 
 class Request:
@@ -46,17 +60,20 @@ class Request:
         self.top_p = float(params.get("top_p", 1.0))
         self.max_new_tokens = int(params.get("max_new_tokens", 16))
         self.stop_ids = set(params.get("stop_token_ids") or [])
+        self.ignore_eos = bool(params.get("ignore_eos", False))   # SGLang: no stop token ends it
         self.min_new_tokens = 0           # set by the engine for the long prompts
         self.future = future
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.finish: str | None = None
+        self.matched: int | None = None   # the stop token that ended it
         self.arrived_weights, self.arrived_version = weights, version   # what the submission saw
         self.computed_weights: int | None = None   # the oldest weights any of its KV was computed with
         self.cached_tokens = 0
         self.retractions = 0
         self.want_routing = bool(payload.get("return_routed_experts"))
         self.routing: list[torch.Tensor] = []   # sglang_standin_routing: rows per computed position
+        self.kv_segments: list[tuple[int, int]] = []   # (weights, up to position): KV kept across loads
 
 
 class PrefixCache:
@@ -91,11 +108,12 @@ class PrefixCache:
         self.trees.clear()
 
 
-class Engine:
+class Engine(WeightLoads):
     def __init__(self, model, tokenizer, max_batch: int, hold_max_new_tokens: int | None = None,
                  long_every: int | None = None, long_min_new_tokens: int = 0, long_max_new_tokens: int | None = None,
-                 step_seconds: float = 0.0, hold_max_seconds: float | None = None):
+                 step_seconds: float = 0.0, hold_max_seconds: float | None = None, abort_poll_seconds: float = 1.0):
         self.model, self.tok, self.max_batch = model, tokenizer, max_batch
+        self.abort_poll_seconds = abort_poll_seconds   # an abort pause with requests in flight answers after this
         self.step_seconds = step_seconds   # a slower engine on demand (tests that must meet a request mid-decode)
         self.hold_max_new_tokens = hold_max_new_tokens
         self.hold_armed = hold_max_new_tokens is not None
@@ -159,7 +177,7 @@ class Engine:
             "text": self.tok.decode(req.tokens, stop_at_eos=False),
             "output_ids": req.tokens,
             "meta_info": {
-                "finish_reason": {"type": req.finish},
+                "finish_reason": finish_reason(req),
                 "prompt_tokens": len(req.input_ids),
                 "completion_tokens": len(req.tokens),
                 "cached_tokens": req.cached_tokens,
@@ -196,6 +214,8 @@ class Engine:
             if oldest < submitted:
                 self.stats["stale_prefix_hits"] += 1
                 self.stats["stale_prefix_tokens"] += length
+            if oldest < self.weights:   # SGLang reuses that KV as it is: the prefix stays on its old weights
+                req.kv_segments = [(oldest, length)]
         if req.retractions:
             self.stats["reprefill_tokens"] += len(seq) - length
         req.computed_weights = self.weights if req.computed_weights is None else min(req.computed_weights, self.weights)
@@ -246,6 +266,22 @@ class Engine:
         own temperature and top_p."""
         from epic_slime.runtime.model import _top_p_filter
 
+        logits = self.last_logits(batch)   # sglang_standin_weights: old-weight KV of in-place requests
+        for i, r in enumerate(batch):
+            if len(r.tokens) < r.min_new_tokens:   # SGLang's min_new_tokens: no stop yet
+                logits[i, [self.tok.eos_id, *r.stop_ids]] = float("-inf")
+            logp = torch.log_softmax(logits[i : i + 1] / r.temperature, dim=-1)
+            t = int(torch.multinomial(_top_p_filter(logp, r.top_p).exp(), 1, generator=self.generator))
+            r.tokens.append(t)
+            r.logprobs.append(float(logp[0, t]))
+            if not r.ignore_eos and (t == self.tok.eos_id or t in r.stop_ids):
+                r.finish, r.matched = STOP, t
+            elif len(r.tokens) >= r.max_new_tokens:
+                r.finish = LENGTH
+        self.stats["decode_steps"] += 1
+
+    def batch_logits(self, batch: list[Request]) -> torch.Tensor:
+        """The next-token logits of each request, one forward over the left-padded full sequences."""
         pad = self.tok.pad_id
         seqs = [r.input_ids + r.tokens for r in batch]
         B, P = len(seqs), max(len(q) for q in seqs)
@@ -260,19 +296,7 @@ class Engine:
                          output_router_logits=want_routing)
         if want_routing:
             routing.record(batch, [len(q) for q in seqs], out.router_logits, self.model.config.num_experts_per_tok)
-        logits = out.logits[:, -1].float()
-        for i, r in enumerate(batch):
-            if len(r.tokens) < r.min_new_tokens:   # SGLang's min_new_tokens: no stop yet
-                logits[i, [self.tok.eos_id, *r.stop_ids]] = float("-inf")
-            logp = torch.log_softmax(logits[i : i + 1] / r.temperature, dim=-1)
-            t = int(torch.multinomial(_top_p_filter(logp, r.top_p).exp(), 1, generator=self.generator))
-            r.tokens.append(t)
-            r.logprobs.append(float(logp[0, t]))
-            if t == self.tok.eos_id or t in r.stop_ids:
-                r.finish = STOP
-            elif len(r.tokens) >= r.max_new_tokens:
-                r.finish = LENGTH
-        self.stats["decode_steps"] += 1
+        return out.logits[:, -1].float()
 
     # -- pause, continue, flush
 
@@ -287,12 +311,16 @@ class Engine:
         self.paused = mode
         self.unpaused.clear()
         if mode == "abort":
+            in_flight = bool(self.running or self.pending)
             await self.abort_all(counter="pauses_abort")
+            if in_flight:   # SGLang sees them gone only at its next once-a-second check
+                await asyncio.sleep(self.abort_poll_seconds)
             return
         async with self.step_lock:   # takes effect after the step in progress
             if mode == "retract":
                 for r in self.running:
                     r.retractions += 1
+                    r.kv_segments = []   # prefilled again on the weights of the day
                 self.stats["retracted"] += len(self.running)
                 self.pending.extend(self.running)
                 self.running.clear()
@@ -353,52 +381,7 @@ class Engine:
             self.version = str(payload["weight_version"])
 
     def load(self) -> dict:
-        return {"num_running_reqs": len(self.running), "num_waiting_reqs": len(self.pending)}
-
-    # -- weight loads
-
-    async def load_weights(self, payload: dict) -> None:
-        state = torch.load(payload["model_path"], weights_only=True)
-        await asyncio.get_running_loop().run_in_executor(self.pool, self.model.load_state_dict, state)
-        self.stats["weight_loads"] += 1
-
-    async def join_update_group(self, payload: dict) -> None:
-        """slime's ``connect_rollout_engines_from_distributed``, the engine side: rank
-        ``rank_offset`` of a gloo group whose rank 0 is the trainer (NCCL on a cluster)."""
-        import torch.distributed as dist
-
-        def join():
-            store = dist.TCPStore(payload["master_address"], int(payload["master_port"]), int(payload["world_size"]),
-                                  is_master=False, timeout=timedelta(seconds=120))
-            return dist.ProcessGroupGloo(dist.PrefixStore(payload["group_name"], store), int(payload["rank_offset"]),
-                                         int(payload["world_size"]), timedelta(seconds=120))
-
-        if payload.get("backend") not in (None, "gloo", "nccl"):
-            raise ValueError(f"backend {payload.get('backend')!r}: the stand-in joins with gloo")
-        self.groups[payload["group_name"]] = await asyncio.get_running_loop().run_in_executor(None, join)
-        self.stats["update_groups"] += 1
-
-    async def receive_bucket(self, payload: dict) -> None:
-        """One bucket of ``update_weights_from_distributed``: tensors by broadcast from rank 0, in
-        the order of ``names``, loaded into the model."""
-        import torch.distributed as dist
-
-        group = self.groups.get(payload["group_name"])
-        if group is None:
-            raise ValueError(f"group_name {payload['group_name']!r} was never initialised (/init_weights_update_group)")
-        params = dict(self.model.named_parameters())
-        unknown = [n for n in payload["names"] if n not in params]
-        if unknown:
-            raise ValueError(f"names not in the model: {unknown[:3]}")
-
-        def receive():
-            for name, dtype, shape in zip(payload["names"], payload["dtypes"], payload["shapes"], strict=True):
-                tensor = torch.empty(shape, dtype=getattr(torch, dtype))
-                opts = dist.BroadcastOptions()
-                opts.rootRank, opts.rootTensor = 0, 0
-                group.broadcast([tensor], opts).wait()
-                with torch.no_grad():
-                    params[name].copy_(tensor)
-
-        await asyncio.get_running_loop().run_in_executor(self.pool, receive)
-        self.stats["weight_buckets"] += 1
+        """``GET /v1/loads``: one entry per DP rank under ``loads`` (the core fields; a request held
+        before the scheduler by a pause is in neither count)."""
+        core = {"dp_rank": 0, "num_running_reqs": len(self.running), "num_waiting_reqs": len(self.pending)}
+        return {"version": "0.5.15.post1-standin", "loads": [core]}

@@ -146,8 +146,7 @@ class CpuTrainGroup:
 
             self.manager.get_updatable_engines_and_lock.remote().result()
             if self.updater is None:
-                self.updater = make_updater(self.args, self.model, [EngineActorStandIn(u) for u in self.engine_urls],
-                                            checkpoint_names=self.real_engines)
+                self.updater = make_updater(self.args, self.model, [EngineActorStandIn(u) for u in self.engine_urls])
             self.updater.weight_version = self.weight_version
             self.updater.update_weights()
             self.weight_version = self.updater.weight_version

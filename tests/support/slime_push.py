@@ -141,18 +141,15 @@ def use_ray_stand_in() -> None:
     updater_module().ray = RayStandIn
 
 
-def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3, checkpoint_names: bool = False):
-    """A ``CpuDistributedUpdater`` over ``engines`` for ``model`` (slime's class, imported here).
-    ``checkpoint_names``: push the checkpoint's names and layout (``hf_export.checkpoint_tensors``:
-    per-expert weights, ``lm_head.weight`` untied), as the real SGLang server maps them; the stand-in
-    takes the in-memory parameter names."""
+def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3):
+    """A ``CpuDistributedUpdater`` over ``engines`` for ``model`` (slime's class, imported here). It pushes
+    the checkpoint's names and layout (``hf_export.checkpoint_tensors``: per-expert weights,
+    ``lm_head.weight`` untied), as the real SGLang server and the stand-in map them."""
     base = updater_module().UpdateWeightFromDistributed
 
     class CpuDistributedUpdater(base):
         def connect_rollout_engines(self, rollout_engines, rollout_engine_lock, **kwargs):
             """slime's connect, one GPU per engine: the trainer is rank 0, engine i rank i + 1, over gloo."""
-            import torch.distributed as dist
-
             self.rollout_engines, self.rollout_engine_lock = rollout_engines, rollout_engine_lock
             self._is_pp_src_rank, self._group_name = True, GROUP_NAME
             world = len(rollout_engines) + 1
@@ -162,17 +159,13 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3, 
             joined = [e.init_weights_update_group.remote(master_address="127.0.0.1", master_port=port, rank_offset=i + 1,
                                                          world_size=world, group_name=GROUP_NAME, backend="gloo")
                       for i, e in enumerate(rollout_engines)]
-            if checkpoint_names:   # the real server: slime's own group set-up, whose store keys SGLang's match
-                from slime.utils.distributed_utils import init_process_group
+            # slime's own group set-up (slime.utils.distributed_utils), whose store keys match the engine side as
+            # SGLang builds it: a bare ProcessGroupGloo never connects to a real server (or to the stand-in)
+            from slime.utils.distributed_utils import init_process_group
 
-                self._model_update_groups = init_process_group(
-                    backend="gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=0,
-                    group_name=GROUP_NAME, timeout=timedelta(seconds=120))
-            else:   # the stand-in joins a plain PrefixStore(group) gloo group
-                self._store = dist.TCPStore("127.0.0.1", port, world, is_master=True, timeout=timedelta(seconds=120),
-                                            wait_for_workers=False)
-                self._model_update_groups = dist.ProcessGroupGloo(dist.PrefixStore(GROUP_NAME, self._store), 0, world,
-                                                                  timedelta(seconds=120))
+            self._model_update_groups = init_process_group(
+                backend="gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=0,
+                group_name=GROUP_NAME, timeout=timedelta(seconds=120))
             RayStandIn.get(joined)
 
         def _send_weights(self, pbar) -> None:
@@ -180,12 +173,11 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3, 
             waits for the tensors), the tensors by broadcast from rank 0."""
             import torch.distributed as dist
 
-            if checkpoint_names:
-                from epic_slime.runtime.hf_export import checkpoint_tensors
+            from epic_slime.runtime.hf_export import checkpoint_tensors
 
-                named = list(checkpoint_tensors(self.model[0]).items())
-            else:
-                named = list(self.model[0].named_parameters())
+            # the checkpoint's names, experts one by one and the output head (as slime's converter sends
+            # them): SGLang skips transformers 5's fused in-memory expert names and keeps its own head
+            named = list(checkpoint_tensors(self.model[0]).items())
             size = -(-len(named) // buckets)
             for chunk in (named[i:i + size] for i in range(0, len(named), size)):
                 refs = [e.update_weights_from_distributed.remote(
