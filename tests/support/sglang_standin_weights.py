@@ -24,7 +24,6 @@ import asyncio
 import base64
 import os
 import re
-from datetime import timedelta
 
 import torch
 
