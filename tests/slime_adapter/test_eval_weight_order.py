@@ -183,7 +183,7 @@ def test_an_eval_before_its_push_is_refused_by_the_report(tmp_path, process, cap
         read_records(str(path))
     from epic_slime.evaluation import report
 
-    assert report.main(["--records", str(path), "--out", str(tmp_path / "rep"), "--no-plots"]) == 1
+    assert report.main(["--records", str(path), "--out", str(tmp_path / "rep"), "--no-plots"]) == 2   # bad input: exit 2, as every command
     err = capsys.readouterr().err
     assert str(path) in err and "step 0" in err and "weight version -1" in err
 

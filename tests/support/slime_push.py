@@ -161,8 +161,12 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3):
                       for i, e in enumerate(rollout_engines)]
             # slime's own group set-up (slime.utils.distributed_utils), whose store keys match the engine side as
             # SGLang builds it: a bare ProcessGroupGloo never connects to a real server (or to the stand-in)
+            import torch.distributed.distributed_c10d as c10d
             from slime.utils.distributed_utils import init_process_group
 
+            for group, name in list(c10d._world.pg_names.items()):   # an earlier updater's group in this process:
+                if name == GROUP_NAME:                                # torch refuses to register the name twice
+                    c10d.destroy_process_group(group)
             self._model_update_groups = init_process_group(
                 backend="gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=0,
                 group_name=GROUP_NAME, timeout=timedelta(seconds=120))
