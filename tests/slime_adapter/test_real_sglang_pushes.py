@@ -15,7 +15,6 @@ Every test leaves the server on the exported initial weights at its launch versi
 from __future__ import annotations
 
 import sys
-import time
 from argparse import Namespace
 
 import pytest
@@ -175,12 +174,21 @@ def test_in_place_disk_update_is_sent_without_flush_and_the_server_survives(engi
     server = engines.server
     actor = RefusesFlushingUpdates(server.url)
     view = HoldingEngine(actor, lambda: None)
+    from support.conformance import wait_running
+
     prompt = _prompt("1+2=")
-    held = server.submit(prompt, sampling_params={"max_new_tokens": MAX_NEW - len(prompt), "temperature": 1.0,
-                                          "ignore_eos": True})
-    time.sleep(1.0)
-    assert not held.done(), "the request finished before the pause: nothing was held"
-    view.pause_generation.remote().result(60)
+    # an idle CPU decodes the whole request in a fraction of a second: pause as soon as it runs, and try
+    # again (after a continue) when it still finished first
+    for _ in range(10):
+        held = server.submit(prompt, sampling_params={"max_new_tokens": MAX_NEW - len(prompt), "temperature": 1.0,
+                                                      "ignore_eos": True})
+        wait_running(server, 1)
+        view.pause_generation.remote().result(60)
+        if not held.done():
+            break
+        view.continue_generation.remote().result(60)
+        actor.calls.clear()
+    assert not held.done(), "the request finished before the pause in 10 tries: nothing was held"
     try:
         view.update_weights_from_disk.remote(model_path=engines.model_dir, weight_version="in-place-disk").result(120)
     finally:

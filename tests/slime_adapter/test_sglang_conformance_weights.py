@@ -21,6 +21,7 @@ if importlib.util.find_spec("aiohttp") is None or importlib.util.find_spec("requ
 import torch  # noqa: E402
 
 from support.conformance import (  # noqa: E402
+    never_left_paused,
     LONG_NEW, GlooPusher, TensorPayload, engine, forward_logprobs, long_request, perturbed_checkpoint, reference_model,
     spliced_logprobs, wait_running,
 )
