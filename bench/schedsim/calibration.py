@@ -83,13 +83,18 @@ def fit_tp_alpha(base: Preset, point: tuple = TP_FIT_POINT, tol: float = 1e-6) -
     def model(alpha: float) -> float:
         return modelled_tok_s(dataclasses.replace(base, tp_alpha=alpha), gpu, tp, conc, isl, osl)[0]
 
-    lo, hi = 0.0, 1.0
-    if not model(lo) <= measured <= model(hi):
+    if not model(0.0) <= measured <= model(1.0):
         raise ValueError(f"fit_tp_alpha: measured {measured} tok/s is outside the model's range "
-                         f"{model(lo):.1f}..{model(hi):.1f} at tp_alpha 0..1")
+                         f"{model(0.0):.1f}..{model(1.0):.1f} at tp_alpha 0..1")
+    return _bisect_rising(model, measured, tol)
+
+
+def _bisect_rising(model, target: float, tol: float) -> float:
+    """The alpha in [0, 1] where the rising ``model(alpha)`` meets ``target`` (checked to lie in range)."""
+    lo, hi = 0.0, 1.0
     while hi - lo > tol:
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if model(mid) < measured else (lo, mid)
+        lo, hi = (mid, hi) if model(mid) < target else (lo, mid)
     return (lo + hi) / 2
 
 
@@ -101,14 +106,10 @@ def fit_tp_alpha_ratio(base: Preset, isl: int, osl: int, ratio: float, tol: floa
     def model(alpha: float) -> float:
         return modelled_tok_s(dataclasses.replace(base, tp_alpha=alpha), "H20", 4, None, isl, osl)[0] / tp1
 
-    lo, hi = 0.0, 1.0
-    if not model(lo) <= ratio <= model(hi):
+    if not model(0.0) <= ratio <= model(1.0):
         raise ValueError(f"fit_tp_alpha_ratio: TP4/TP1 ratio {ratio:.3f} is outside the model's range "
-                         f"{model(lo):.3f}..{model(hi):.3f} at tp_alpha 0..1")
-    while hi - lo > tol:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if model(mid) < ratio else (lo, mid)
-    return (lo + hi) / 2
+                         f"{model(0.0):.3f}..{model(1.0):.3f} at tp_alpha 0..1")
+    return _bisect_rising(model, ratio, tol)
 
 
 def tp_alpha_fits(base: Preset) -> list[dict]:
