@@ -1,0 +1,74 @@
+"""`bench/runtime_cpu_bench.py` in an older tree and in this one, interleaved (old, new, old, new, ...), and the
+new / old ratio of each call's CPU time per pair (issue 34: why is today's async half 4-6% slower?).
+
+    python bench/runtime_cpu_pairs.py [--old-commit 69105eb | --old-tree DIR] [--pairs 4] [-- BENCH ARGS]
+
+Each run is a fresh process of this tree's bench script with PYTHONPATH set to the tree it measures. With
+--old-commit a temporary detached worktree is made and removed again. Prints every run's lines, then per
+call the median over runs of each tree and the per-pair ratios new / old.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NEW = HERE.parent
+
+
+def _run(tree: Path, extra: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "r.json"
+        env = {**os.environ, "PYTHONPATH": str(tree), "EPIC_SLIME_TORCH_THREADS": "1"}
+        proc = subprocess.run([sys.executable, str(HERE / "runtime_cpu_bench.py"), "--json", str(out), *extra],
+                              env=env, cwd=tree, capture_output=True, text=True)
+        print(proc.stdout, end="", flush=True)
+        if proc.returncode:
+            raise SystemExit(f"bench failed in {tree}:\n{proc.stderr[-2000:]}")
+        return json.loads(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--old-commit", default="69105eb")
+    ap.add_argument("--old-tree", default=None, help="an existing checkout of the old code (instead of a worktree)")
+    ap.add_argument("--pairs", type=int, default=4)
+    args, extra = ap.parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]
+    made = None
+    old = Path(args.old_tree) if args.old_tree else None
+    if old is None:
+        made = Path(tempfile.mkdtemp(prefix="epic_slime_old_"))
+        subprocess.run(["git", "-C", str(NEW), "worktree", "add", "--detach", str(made), args.old_commit],
+                       check=True, capture_output=True)
+        old = made
+    try:
+        runs: dict[str, list[dict]] = {"old": [], "new": []}
+        for i in range(args.pairs):
+            for name, tree in (("old", old), ("new", NEW)):
+                print(f"== pair {i + 1} {name} load {os.getloadavg()[0]:.1f}", flush=True)
+                runs[name].append(_run(tree, extra))
+    finally:
+        if made is not None:
+            subprocess.run(["git", "-C", str(NEW), "worktree", "remove", "--force", str(made)], check=False)
+    hashes = {r["inputs_sha256"] for rs in runs.values() for r in rs}
+    print(f"\n{args.pairs} pairs, old {runs['old'][0]['commit']}, new {runs['new'][0]['commit']}, "
+          f"same inputs in every run: {len(hashes) == 1}")
+    print(f"{'call':16s} {'old ms':>9s} {'new ms':>9s}  new/old per pair")
+    for call in ("generate", "train_step", "loss", "loss_no_metrics", "select_batch"):
+        o = [r[call]["median_ms"] for r in runs["old"]]
+        n = [r[call]["median_ms"] for r in runs["new"]]
+        ratios = ", ".join(f"{b / a:.3f}" for a, b in zip(o, n))
+        print(f"{call:16s} {statistics.median(o):9.2f} {statistics.median(n):9.2f}  {ratios}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
