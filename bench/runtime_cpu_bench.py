@@ -50,6 +50,39 @@ def _line(name: str, ms: list[float]) -> dict:
     return {"median_ms": med, "min_ms": min(ms), "max_ms": max(ms), "n": len(ms)}
 
 
+def _metrics_only(lp, behavior, adv, mask, cfg, params, repeats: int) -> dict:
+    """`policy_loss_metrics` alone on the minibatch's inputs, and (where the tree has them) the parts issue 34
+    asked about: abs_L_p50/p90_position and grad_removed_frac."""
+    import torch
+
+    from epic_slime.losses import metrics as lm
+    from epic_slime.losses import policy_loss as pl
+
+    seen = {}
+    real = pl.policy_loss_metrics
+
+    def grab(batch, terms, clipped, *a, **k):   # the arguments compute_policy_loss passes, kept for the timing
+        seen.update(batch=batch, terms=terms, clipped=clipped, a=a, k=k)
+        return real(batch, terms, clipped, *a, **k)
+    pl.policy_loss_metrics = grab
+    try:
+        pl.compute_policy_loss(cfg.policy_loss, lp, behavior, adv, mask, aggregation=cfg.policy_loss_aggregation,
+                               **params)
+    finally:
+        pl.policy_loss_metrics = real
+    b, t, c = seen["batch"], seen["terms"], seen["clipped"]
+    out = {}
+    with torch.no_grad():
+        out["all"] = _line("metrics", _cpu_ms(lambda: real(b, t, c, *seen["a"], **seen["k"]), repeats))
+        if hasattr(lm, "_prefix_at_positions"):
+            def new_parts():
+                lm._prefix_at_positions(b)
+                removed, total = (x.to(torch.float64) for x in lm._removed_gradient_sums(b, t))
+                torch.where(total > 0, removed / total.clamp(min=1e-300), 0.0)
+            out["new_parts"] = _line("metrics_new", _cpu_ms(new_parts, repeats))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5, help="repeats of generate and train_step")
@@ -125,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         loss(True)()
     res["loss"] = _line("loss", _cpu_ms(loss(True), args.loss_repeats))
     res["loss_no_metrics"] = _line("loss_no_metrics", _cpu_ms(loss(False), args.loss_repeats))
+    res["metrics"] = _metrics_only(lp, behavior, adv, mask, cfg, params, args.loss_repeats)
 
     buffer = collections.deque(groups + [copy.copy(g) for g in groups])
     start_order = "first_unfinished" in inspect.signature(select_batch).parameters

@@ -1,4 +1,4 @@
-"""`bench/runtime_cpu_bench.py` in an older tree and in this one, interleaved (old, new, old, new, ...), and the
+"""`bench/runtime_cpu_bench.py` in an older tree and in this one, interleaved (old, new, new, old, ...: ABBA), and the
 new / old ratio of each call's CPU time per pair (issue 34: why is today's async half 4-6% slower?).
 
     python bench/runtime_cpu_pairs.py [--old-commit 69105eb | --old-tree DIR] [--pairs 4] [-- BENCH ARGS]
@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs: dict[str, list[dict]] = {"old": [], "new": []}
         for i in range(args.pairs):
-            for name, tree in (("old", old), ("new", NEW)):
+            order = (("old", old), ("new", NEW))
+            for name, tree in (order if i % 2 == 0 else order[::-1]):   # ABBA: a drift in load hits both alike
                 print(f"== pair {i + 1} {name} load {os.getloadavg()[0]:.1f}", flush=True)
                 runs[name].append(_run(tree, extra))
     finally:
@@ -62,11 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.pairs} pairs, old {runs['old'][0]['commit']}, new {runs['new'][0]['commit']}, "
           f"same inputs in every run: {len(hashes) == 1}")
     print(f"{'call':16s} {'old ms':>9s} {'new ms':>9s}  new/old per pair")
-    for call in ("generate", "train_step", "loss", "loss_no_metrics", "select_batch"):
-        o = [r[call]["median_ms"] for r in runs["old"]]
-        n = [r[call]["median_ms"] for r in runs["new"]]
+    def fig(r: dict, call: str) -> float:
+        return r["metrics"]["all"]["median_ms"] if call == "metrics" else r[call]["median_ms"]
+    for call in ("generate", "train_step", "loss", "loss_no_metrics", "metrics", "select_batch"):
+        o = [fig(r, call) for r in runs["old"]]
+        n = [fig(r, call) for r in runs["new"]]
         ratios = ", ".join(f"{b / a:.3f}" for a, b in zip(o, n))
         print(f"{call:16s} {statistics.median(o):9.2f} {statistics.median(n):9.2f}  {ratios}")
+    parts = [r["metrics"]["new_parts"]["median_ms"] for r in runs["new"] if "new_parts" in r["metrics"]]
+    if parts:
+        print(f"{'metrics_new':16s} {'':9s} {statistics.median(parts):9.2f}  (abs_L_p50/p90_position + "
+              f"grad_removed_frac, new tree only)")
     return 0
 
 
