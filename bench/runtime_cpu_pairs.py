@@ -62,14 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     hashes = {r["inputs_sha256"] for rs in runs.values() for r in rs}
     print(f"\n{args.pairs} pairs, old {runs['old'][0]['commit']}, new {runs['new'][0]['commit']}, "
           f"same inputs in every run: {len(hashes) == 1}")
-    print(f"{'call':16s} {'old ms':>9s} {'new ms':>9s}  new/old per pair")
-    def fig(r: dict, call: str) -> float:
-        return r["metrics"]["all"]["median_ms"] if call == "metrics" else r[call]["median_ms"]
+    print("per call: the median over runs of each run's median CPU ms, the smallest call of any run (the least"
+          " disturbed by the load), and new / old of the runs' medians per pair")
+    print(f"{'call':16s} {'old ms':>9s} {'new ms':>9s} {'old min':>9s} {'new min':>9s}  new/old per pair")
+    def fig(r: dict, call: str, key: str = "median_ms") -> float:
+        return r["metrics"]["all"][key] if call == "metrics" else r[call][key]
     for call in ("generate", "train_step", "loss", "loss_no_metrics", "metrics", "select_batch"):
         o = [fig(r, call) for r in runs["old"]]
         n = [fig(r, call) for r in runs["new"]]
         ratios = ", ".join(f"{b / a:.3f}" for a, b in zip(o, n))
-        print(f"{call:16s} {statistics.median(o):9.2f} {statistics.median(n):9.2f}  {ratios}")
+        lo_o = min(fig(r, call, "min_ms") for r in runs["old"])
+        lo_n = min(fig(r, call, "min_ms") for r in runs["new"])
+        print(f"{call:16s} {statistics.median(o):9.2f} {statistics.median(n):9.2f} {lo_o:9.2f} {lo_n:9.2f}  {ratios}")
     parts = [r["metrics"]["new_parts"]["median_ms"] for r in runs["new"] if "new_parts" in r["metrics"]]
     if parts:
         print(f"{'metrics_new':16s} {'':9s} {statistics.median(parts):9.2f}  (abs_L_p50/p90_position + "
