@@ -6,12 +6,15 @@ Runs `epic-slime train` in async mode (default config, no eval, no checkpoints) 
 decisions observed, not changed, and counts, in whichever tree is on PYTHONPATH:
   - worker checks: each time the loop looked at an idle rollout worker, whether it started a request,
     or was held back by the memory cap (`rollout_buffer_batches`) or, with the cap leaving room, by the
-    admission budget alone (trees with the budget: `Run._room`);
+    admission budget alone, or got a smaller request from the budget (trees with the budget: `Run._room`);
   - start-order waits: `_take_batch` calls that found no batch although B trainable groups were buffered
     (the batch waited for the oldest group still generating), and their total wall time;
   - trainer idle: wall time between a step's end and the next step's start (the trainer is the
     bottleneck here, so this is the time the loop made it wait);
-  - at each step's end: the requests in flight and the batches buffered.
+  - at each step's end: the requests in flight and the batches buffered;
+  - CPU seconds per step of the trainer actor, the rollout workers (summed) and the driver, from the
+    first step's end to the last one's (/proc/<pid>/stat of the actors, whose pids the actors report):
+    the whole run's work, its content included (which groups share a minibatch, the response lengths).
 Counts are structural (what the loop decided), so they hold under load; the wall times do not.
 """
 
@@ -24,8 +27,27 @@ import tempfile
 import time
 
 COUNTS = {"worker_started": 0, "worker_held_by_cap": 0, "worker_held_by_budget": 0,
-          "start_order_waits": 0}
+          "request_cut_by_budget": 0, "start_order_waits": 0}
 WALL = {"start_order_wait_s": 0.0, "trainer_idle_s": []}
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process on this machine, in seconds."""
+    import os
+
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pids(self) -> dict:
+    import os
+
+    import ray
+
+    def pid(actor) -> int:
+        return ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()))
+    return {"trainer": [pid(self.trainer)], "workers": [pid(w) for w in self.workers], "driver": [os.getpid()]}
 
 
 def _instrument(Run, trainable_groups) -> None:
@@ -42,6 +64,8 @@ def _instrument(Run, trainable_groups) -> None:
                 COUNTS["worker_held_by_cap"] += 1
             elif budgeted and self._room(i) == 0:
                 COUNTS["worker_held_by_budget"] += 1
+            elif budgeted and self._room(i) < self.prompts_per_request:
+                COUNTS["request_cut_by_budget"] += 1
         before = len(self.pending_gen)
         real_fill(self)
         COUNTS["worker_started"] += len(self.pending_gen) - before
@@ -65,6 +89,9 @@ def _instrument(Run, trainable_groups) -> None:
 
     def finish(self, metrics):
         state["finished_at"] = time.perf_counter()
+        if "pids" not in state:
+            state["pids"] = _pids(self)
+        WALL.setdefault("cpu", []).append({k: sum(_cpu_s(p) for p in v) for k, v in state["pids"].items()})
         m = real_finish(self, metrics)
         WALL.setdefault("at_step_end", []).append(
             (m["accounting/in_flight_requests"], m["accounting/buffered"] / self.cfg.samples_per_step))
@@ -99,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"start-order waits: {COUNTS['start_order_waits']} ({WALL['start_order_wait_s'] * 1e3:.1f} ms in all)")
     print(f"trainer idle between steps: median {statistics.median(idle) * 1e3:.1f} ms, max {max(idle) * 1e3:.1f} ms, "
           f"sum {sum(idle) * 1e3:.1f} ms over {len(idle)} gaps")
+    cpu = WALL["cpu"]
+    steps = len(cpu) - 1
+    print(f"CPU per step, steps 2-{len(cpu)}: " + ", ".join(
+        f"{k} {(cpu[-1][k] - cpu[0][k]) / steps * 1e3:.1f} ms" for k in cpu[0]))
     print(f"at step ends: requests' samples in flight {sorted({e[0] for e in ends})}, "
           f"batches buffered {sorted({e[1] for e in ends})}")
     return 0
