@@ -2,6 +2,7 @@
 new / old ratio of each call's CPU time per pair (issue 34: why is today's async half 4-6% slower?).
 
     python bench/runtime_cpu_pairs.py [--old-commit 69105eb | --old-tree DIR] [--pairs 4] [-- BENCH ARGS]
+    python bench/runtime_cpu_pairs.py --read bench/runtime_cpu_pairs.log    # the summary of a saved log
 
 Each run is a fresh process of this tree's bench script with PYTHONPATH set to the tree it measures. With
 --old-commit a temporary detached worktree is made and removed again. Prints every run's lines, then per
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -21,6 +23,28 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 NEW = HERE.parent
+
+
+ROW = re.compile(r"^(\w+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+((?:\d+\.\d+, )*\d+\.\d+)$")
+NEW_PARTS = re.compile(r"^metrics_new\s+(\d+\.\d+)\s+\(")
+HEAD = re.compile(r"^(\d+) pairs, old (\w+), new (\w+), same inputs in every run: (True|False)$")
+
+
+def read_summary(text: str) -> dict:
+    """The summary table of a saved log: {"pairs", "old", "new", "same_inputs", "calls": {call: {"old", "new",
+    "old_min", "new_min", "ratios"}}, "metrics_new"}; a log without the table is an error."""
+    out: dict = {"calls": {}}
+    for line in text.splitlines():
+        if m := HEAD.match(line):
+            out.update(pairs=int(m[1]), old=m[2], new=m[3], same_inputs=m[4] == "True")
+        elif m := ROW.match(line):
+            out["calls"][m[1]] = {"old": float(m[2]), "new": float(m[3]), "old_min": float(m[4]),
+                                  "new_min": float(m[5]), "ratios": [float(r) for r in m[6].split(", ")]}
+        elif m := NEW_PARTS.match(line):
+            out["metrics_new"] = float(m[1])
+    if "pairs" not in out or not out["calls"]:
+        raise ValueError("runtime_cpu_pairs log: no summary table (did the run finish?)")
+    return out
 
 
 def _run(tree: Path, extra: list[str]) -> dict:
@@ -40,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--old-commit", default="69105eb")
     ap.add_argument("--old-tree", default=None, help="an existing checkout of the old code (instead of a worktree)")
     ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--read", default=None, help="print the summary of a saved log instead of measuring")
     args, extra = ap.parse_known_args(argv)
+    if args.read:
+        print(json.dumps(read_summary(Path(args.read).read_text()), indent=1))
+        return 0
     extra = [a for a in extra if a != "--"]
     made = None
     old = Path(args.old_tree) if args.old_tree else None

@@ -187,3 +187,38 @@ def test_the_runtimes_async_over_sync_figures_are_the_measurement_files():
     lo, hi = pairs["new_range"]
     assert f"today's median {new} ({lo:.2f}-{hi:.2f}), the old code's {old}" in results
     assert f"new - old per pair {diffs}" in results
+
+
+def test_the_runtimes_cpu_time_finding_is_the_bench_logs():
+    """The CPU-time answer to issue 34's async gap (old 69105eb against today's code) quotes the interleaved bench's
+    summary (bench/runtime_cpu_pairs.log) and the stall probe's counts (bench/runtime_stall_probe.log) as printed."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from runtime_cpu_pairs import read_summary
+
+    s = read_summary(_read(REPO / "bench" / "runtime_cpu_pairs.log"))
+    assert s["same_inputs"] and s["old"] == "69105eb", s
+    calls = s["calls"]
+    results = " ".join(_read(DOCS / "results.md").split())
+    step = calls["train_step"]
+    assert (f"the trainer's step on one batch (512 samples, D = 8) {step['old']:.0f} ms old, {step['new']:.0f} ms new "
+            f"(new/old per pair {', '.join(f'{r:.3f}' for r in step['ratios'])})") in results
+    gen = calls["generate"]
+    assert f"a rollout worker's request (256 samples) {gen['old']:.0f} ms old, {gen['new']:.0f} ms new" in results
+    m = calls["metrics"]
+    per_step = (m["new"] - m["old"]) * 8
+    assert (f"the loss metrics per minibatch {m['old']:.2f} ms old, {m['new']:.2f} ms new, of which the three new "
+            f"ones (abs_L_p50/p90_position, grad_removed_frac) {s['metrics_new']:.2f} ms: 8 minibatches make it "
+            f"{per_step:.1f} ms a step, {100 * per_step / step['old']:.2f}% of the step") in results
+    probe = _read(REPO / "bench" / "runtime_stall_probe.log")
+    held = re.findall(r"worker_held_by_budget (\d+), request_cut_by_budget (\d+)", probe)
+    waits = re.findall(r"start-order waits: (\d+) ", probe)
+    assert held and waits and all(h == ("0", "0") for h in held) and set(waits) == {"0"}, (held, waits)
+    assert f"counted 0 workers held by the budget, 0 requests cut by it and 0 start-order waits" in results
+    cpu = re.findall(r"^== pair \d+ (\S+) .*?CPU per step, steps 2-\d+: trainer (\d+\.\d) ms", probe, flags=re.M | re.S)
+    old = [float(c) for t, c in cpu if "old" in t]
+    new = [float(c) for t, c in cpu if "old" not in t]
+    assert old and new, cpu
+    assert (f"the trainer actor's CPU per step over the whole run {', '.join(f'{c:.0f}' for c in old)} ms old, "
+            f"{', '.join(f'{c:.0f}' for c in new)} ms new") in results
