@@ -1,7 +1,7 @@
 """CPU time of the embedded runtime's per-step work, in whichever tree is first on PYTHONPATH (issue 34).
 
     PYTHONPATH=TREE python bench/runtime_cpu_bench.py [--repeats 5] [--loss-repeats 200] [--json OUT]
-    bash bench/runtime_cpu_pairs.sh [OLD_COMMIT=69105eb] [PAIRS=3]   # this tree interleaved with an older one
+    python bench/runtime_cpu_pairs.py [--old-tree DIR] [--pairs 5]     # this tree interleaved with an older one
 
 Why CPU time: on 2 shared cores a wall-clock A/B of the async loop is at the mercy of the load; the
 CPU seconds a call burns on one thread (torch threads 1, `time.process_time`) barely move with it.
@@ -27,7 +27,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 

@@ -215,7 +215,7 @@ def test_the_runtimes_cpu_time_finding_is_the_bench_logs():
     held = re.findall(r"worker_held_by_budget (\d+), request_cut_by_budget (\d+)", probe)
     waits = re.findall(r"start-order waits: (\d+) ", probe)
     assert held and waits and all(h == ("0", "0") for h in held) and set(waits) == {"0"}, (held, waits)
-    assert f"counted 0 workers held by the budget, 0 requests cut by it and 0 start-order waits" in results
+    assert "counted 0 workers held by the budget, 0 requests cut by it and 0 start-order waits" in results
     cpu = re.findall(r"^== pair \d+ (\S+) .*?CPU per step, steps 2-\d+: trainer (\d+\.\d) ms", probe, flags=re.M | re.S)
     old = [float(c) for t, c in cpu if "old" in t]
     new = [float(c) for t, c in cpu if "old" not in t]
