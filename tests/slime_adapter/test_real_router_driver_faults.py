@@ -73,6 +73,23 @@ def test_router_answers_an_empty_pool_at_once_and_lets_a_removed_workers_request
     assert probe["after"]["status"] == 200, probe["after"]
 
 
+def test_slimes_client_waits_about_a_minute_per_request_for_an_empty_router():
+    """What bounds an outage (docs/cluster.md, Router and driver faults): slime 624b824a's HTTP client tries a
+    failed request 60 times, a second apart, before it raises; only then does GroupStream regenerate the
+    group (at most MAX_GROUP_ATTEMPTS tries). With the empty router's 503 in ~0.4 s, that is about 85 s per
+    attempt and over 4 minutes before a run without workers fails."""
+    import inspect
+
+    from slime.utils import http_utils
+
+    from epic_slime.slime.group_stream import MAX_GROUP_ATTEMPTS
+
+    assert inspect.signature(http_utils._post).parameters["max_retries"].default == 60
+    assert inspect.signature(http_utils.post).parameters["max_retries"].default == 60
+    assert "await asyncio.sleep(1)" in inspect.getsource(http_utils._post)
+    assert MAX_GROUP_ATTEMPTS == 3
+
+
 def test_every_prompt_trained_once_over_a_router_outage(outage_run):
     """slime's client retries the empty router's 503 (once a second, up to 60 times per request), so an
     outage shorter than that costs no group attempt: every prompt is trained once, none dropped, none
