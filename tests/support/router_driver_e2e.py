@@ -6,7 +6,7 @@
   loses the worker through slime's own ``SGLangEngine.shutdown`` calls and regains it ``down_s`` later
   through slime's ``_register_to_router`` (``slime_worker_calls.py``); the run must train every prompt once.
 - ``driver_kill_in_push``: the whole driver is SIGKILLed in the push after training rollout
-  ``KILL_IN_PUSH_AFTER`` (between two tensors of its second bucket), on an engine of the caller's own; what
+  ``KILL_IN_PUSH_AFTER`` (between two tensors of its last bucket), on an engine of the caller's own; what
   the engine serves then, and a resumed session from the last checkpoint.
 """
 
@@ -86,8 +86,8 @@ def outage_counts(result: dict) -> dict:
             "dropped_groups": last_generate.get("rollout/staleness/total_dropped_groups")}
 
 
-def checkpoint_model(workdir: str, rollout_id: int):
-    """The trained model of the harness's checkpoint ``actor_<rollout_id>.pt``."""
+def checkpoint_model(workdir: str, rollout_id: int | None, path: str | None = None):
+    """The trained model of the harness's checkpoint ``actor_<rollout_id>.pt`` (or of a state dict at ``path``)."""
     import torch
 
     from epic_slime.runtime.model import ModelConfig, build_policy
@@ -95,7 +95,10 @@ def checkpoint_model(workdir: str, rollout_id: int):
 
     tok = Tokenizer()
     model = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=0).eval()
-    model.load_state_dict(torch.load(os.path.join(workdir, "ckpt", f"actor_{rollout_id}.pt"), weights_only=False)["model"])
+    if path is not None:
+        model.load_state_dict(torch.load(path))
+    else:
+        model.load_state_dict(torch.load(os.path.join(workdir, "ckpt", f"actor_{rollout_id}.pt"), weights_only=False)["model"])
     return model
 
 
@@ -129,6 +132,8 @@ def driver_kill_in_push(engines, workdir: str) -> dict:
     saved = checkpoint_model(workdir, KILL_IN_PUSH_AFTER - 1)
     after_kill["gap_to_last_checkpoint"] = mean_gap(served, model_logprobs(saved, probe))
     after_kill["gap_to_initial"] = mean_gap(served, model_logprobs(engines.model, probe))
+    torn = checkpoint_model(workdir, None, os.path.join(workdir, "torn_push_model.pt"))
+    after_kill["gap_to_killed_push"] = mean_gap(served, model_logprobs(torn, probe))
     resumed = os.path.join(workdir, "resumed.jsonl")
     rc_resumed = h.run_session({**common, "trace": resumed, "dist_file": os.path.join(workdir, "dist2"),
                                 "argv": h.standard_argv(workdir, load=os.path.join(workdir, "ckpt"), **argv)},

@@ -102,6 +102,7 @@ class _CountingHandler(logging.Handler):
 
 class Trace:
     def __init__(self, path: str, counter: _CountingHandler | None = None):
+        self.path = path
         self._f = open(path, "a")
         self._lock = threading.Lock()
         self.counter = counter

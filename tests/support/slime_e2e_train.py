@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 PUSH_MODES = ("distributed", "disk-unserialised")
+KILL_BUCKET = 2   # kill_during_push: in the last of the push's 3 buckets (two loaded, lm_head's not)
 
 
 def _session():
@@ -53,7 +54,7 @@ class CpuTrainGroup:
         # scoring a fixed probe on each engine (it answers success for names it cannot map)
         self.real_engines = real_engines
         # SIGKILL of the whole driver in the push after training this rollout, between two tensors of
-        # its second bucket (issue 35 item 4); the rollout last trained decides which push it is
+        # its last bucket (issue 35 item 4); the rollout last trained decides which push it is
         self.kill_during_push, self.last_trained = kill_during_push, None
         self.last_pushed: dict | None = None
         self.steps_done = 0
@@ -180,7 +181,9 @@ class CpuTrainGroup:
     def _maybe_kill_in_push(self, bucket: int, index: int, of: int) -> None:
         if self.kill_during_push is None or self.last_trained != self.kill_during_push:
             return
-        if bucket == 1 and index == of // 2:   # the first bucket loaded, half of the second sent
+        if bucket == KILL_BUCKET and index == of // 2:   # the buckets before it loaded, half of it sent
+            # the weights being pushed, for the caller's check of what the engine serves after the kill
+            torch.save(self.model.state_dict(), Path(self.trace.path).parent / "torn_push_model.pt")
             self.trace.write("kill_in_push", self.last_trained, bucket=bucket, tensors_sent=index + 1, of=of,
                              weight_version=self.updater.weight_version)
             os.kill(os.getpid(), signal.SIGKILL)
