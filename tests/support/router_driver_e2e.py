@@ -26,7 +26,9 @@ from support.fault_probes import SLIME_ROUTER_FLAGS, slime_worker_call
 from support.real_sglang import RealRouter
 
 ROLLOUTS = 4
-OUTAGE_AFTER_TRAIN = 1   # the worker leaves the router once rollout 1 trained (groups of 2 and 3 in flight)
+# the worker leaves the router once rollout 0's batch is generated (groups of rollout 1 on in flight): the
+# router drops it 7-14 s after slime's call, so most of the run is still ahead on a fast machine too
+OUTAGE_AFTER = ("generate", 0)
 DOWN_S = 8.0             # seconds without a worker
 KILL_IN_PUSH_AFTER = 2   # saves after rollouts 1 and 3: the resume starts from 1, the killed push was 2's
 SAVE_INTERVAL = 2
@@ -53,7 +55,7 @@ def router_outage_run(engines, workdir: str, down_s: float = DOWN_S) -> dict:
     trace, stop, outage = os.path.join(workdir, "trace.jsonl"), threading.Event(), {}
 
     def fault() -> None:
-        if not _wait_for_event(trace, "train", OUTAGE_AFTER_TRAIN, stop):
+        if not _wait_for_event(trace, *OUTAGE_AFTER, stop):
             return
         outage["removed_at"] = time.time()
         outage["remove_call"] = slime_worker_call("remove", router.url, engines.server.url)
