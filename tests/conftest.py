@@ -54,6 +54,9 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/slime_adapter/test_sglang_conformance.py": 600,
     "tests/slime_adapter/test_sglang_conformance_weights.py": 600,
     "tests/slime_adapter/test_router_conformance.py": 300,   # a real router (~30 s to start) before two stand-ins
+    # a real server of its own (started beside the router outage session) and three real-engine sessions
+    # [209 s the outage session's set-up; the whole file 510-596 s at load average 15-25 on 2026-12-06]
+    "tests/slime_adapter/test_real_router_driver_faults.py": 1500,
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {

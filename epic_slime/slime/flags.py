@@ -193,6 +193,8 @@ def add_read_slime_arguments(parser: argparse.ArgumentParser) -> argparse.Argume
     slime.add_argument("--update-weight-transport", choices=("nccl", "disk"), default="nccl")  # slime's choices
     slime.add_argument("--data-source-path", default=None)
     slime.add_argument("--custom-megatron-init-path", default=None)
+    # engines that outlive the driver: the train hook clears a killed driver's update group (push_recovery)
+    slime.add_argument("--rollout-external-engine-addrs", nargs="+", default=None)
     slime.add_argument("--lr-warmup-iters", type=int, default=None)
     slime.add_argument("--lr-warmup-fraction", type=float, default=None)
     return parser

@@ -239,6 +239,9 @@ def install_train_hook(args) -> None:
 
         install_r3(args)
     install_push_hook(args)
+    from epic_slime.slime.push_recovery import install_stale_group_reset
+
+    install_stale_group_reset()   # a resumed driver's connect after one killed mid-push (engines that outlived it)
 
 
 def install_push_hook(args) -> bool:

@@ -67,12 +67,16 @@ def test_check_names_a_bad_mode_from_a_config_file():
 def test_the_train_hook_chains_r3_in_either_mode(monkeypatch):
     from epic_slime.slime import routing
 
+    from epic_slime.slime import push_recovery
+
     calls = []
     monkeypatch.setattr(routing, "install_train_hook", lambda args: calls.append(args))
+    # and the reset of a killed driver's leftover update group before slime's connect (push_recovery)
+    monkeypatch.setattr(push_recovery, "install_stale_group_reset", lambda: calls.append("stale group reset"))
     args = argparse.Namespace(use_rollout_routing_replay=True, rollout_function_path=ROLLOUT_FUNCTION_PATH,
                               weight_push_mode="abort")
     push_mode.install_train_hook(args)
-    assert calls == [args]
+    assert calls == [args, "stale group reset"]
 
 
 # ---- the train hook on slime's own update_weights, against the stand-in
@@ -103,6 +107,8 @@ def slime_updater(monkeypatch, tmp_path):
     monkeypatch.setattr(module, "dist", _OneRank)
     monkeypatch.setattr(module, "get_gloo_group", lambda: None)
     monkeypatch.setattr(module.UpdateWeightFromDistributed, "update_weights", module.UpdateWeightFromDistributed.update_weights)
+    # the train hook also wraps slime's connect (push_recovery): restored afterwards as well
+    monkeypatch.setattr(module, "connect_rollout_engines_from_distributed", module.connect_rollout_engines_from_distributed)
 
     with standin_factory(tmp_path) as start_server:
         def start(mode):

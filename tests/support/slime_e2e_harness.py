@@ -102,6 +102,7 @@ class _CountingHandler(logging.Handler):
 
 class Trace:
     def __init__(self, path: str, counter: _CountingHandler | None = None):
+        self.path = path
         self._f = open(path, "a")
         self._lock = threading.Lock()
         self.counter = counter
@@ -230,7 +231,8 @@ def session(config: dict) -> None:
     actor = CpuTrainGroup(args, f"http://127.0.0.1:{config['port']}", trace, config.get("kill_after_train"),
                           manager=manager, push=config.get("push", "distributed"), save_window=window,
                           store=store, dp_size=config.get("dp_size", DP_SIZE), engine_urls=config.get("engine_urls"),
-                          real_engines=config.get("real_engines", False))
+                          real_engines=config.get("real_engines", False),
+                          kill_during_push=config.get("kill_during_push"))
     # slime's train_actor.set_rollout_manager: rank 0 tells the manager the DP layout
     manager.set_train_parallel_config.remote(actor.train_parallel_config).result()
     # slime's create_training_models: the checkpoint sets the start rollout, then the data source loads

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 PUSH_MODES = ("distributed", "disk-unserialised")
+KILL_BUCKET = 2   # kill_during_push: in the last of the push's 3 buckets (two loaded, lm_head's not)
 
 
 def _session():
@@ -37,7 +38,8 @@ class CpuTrainGroup:
 
     def __init__(self, args, server_url: str, trace, kill_after_train: int | None = None, manager=None,
                  push: str = "distributed", save_window=None, store=None, dp_size: int = 2,
-                 engine_urls: list[str] | None = None, real_engines: bool = False):
+                 engine_urls: list[str] | None = None, real_engines: bool = False,
+                 kill_during_push: int | None = None):
         from epic_slime.runtime.model import ModelConfig, build_policy
         from epic_slime.runtime.task import Tokenizer
 
@@ -51,6 +53,9 @@ class CpuTrainGroup:
         # the real SGLang server: pushes name the checkpoint's tensors, and every push is confirmed by
         # scoring a fixed probe on each engine (it answers success for names it cannot map)
         self.real_engines = real_engines
+        # SIGKILL of the whole driver in the push after training this rollout, between two tensors of
+        # its last bucket (issue 35 item 4); the rollout last trained decides which push it is
+        self.kill_during_push, self.last_trained = kill_during_push, None
         self.last_pushed: dict | None = None
         self.steps_done = 0
         # slime's MegatronTrainRayActor.train_parallel_config at TP = PP = CP = 1
@@ -77,6 +82,7 @@ class CpuTrainGroup:
     # -- driver interface
     def async_train(self, rollout_id, data_refs):
         before = dict(self.forwards)
+        self.last_trained = rollout_id
         ranks, fetched = self._fetch(data_refs)
         r3_log = {"routing_bytes": [0] * self.dp_size, "replayed_rows": [0] * self.dp_size, "agreement": []}
         metrics = self._train(ranks, r3_log)
@@ -146,7 +152,8 @@ class CpuTrainGroup:
 
             self.manager.get_updatable_engines_and_lock.remote().result()
             if self.updater is None:
-                self.updater = make_updater(self.args, self.model, [EngineActorStandIn(u) for u in self.engine_urls])
+                self.updater = make_updater(self.args, self.model, [EngineActorStandIn(u) for u in self.engine_urls],
+                                            after_tensor=self._maybe_kill_in_push)
             self.updater.weight_version = self.weight_version
             self.updater.update_weights()
             self.weight_version = self.updater.weight_version
@@ -170,6 +177,16 @@ class CpuTrainGroup:
         os.remove(path)
         s.post(f"{self.url}/continue_generation", json={}).raise_for_status()
         self.trace.write("update_weights", self.weight_version)
+
+    def _maybe_kill_in_push(self, bucket: int, index: int, of: int) -> None:
+        if self.kill_during_push is None or self.last_trained != self.kill_during_push:
+            return
+        if bucket == KILL_BUCKET and index == of // 2:   # the buckets before it loaded, half of it sent
+            # the weights being pushed, for the caller's check of what the engine serves after the kill
+            torch.save(self.model.state_dict(), Path(self.trace.path).parent / "torn_push_model.pt")
+            self.trace.write("kill_in_push", self.last_trained, bucket=bucket, tensors_sent=index + 1, of=of,
+                             weight_version=self.updater.weight_version)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _confirm_push(self) -> float:
         """Each engine scores the probe as the pushed model does (``served_weights.confirm_push``),

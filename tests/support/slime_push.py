@@ -111,7 +111,13 @@ class EngineActorStandIn:
         return self._post("init_weights_update_group", payload)
 
     def _do_destroy_weights_update_group(self, group_name):
-        return self._post("destroy_weights_update_group", {"group_name": group_name})
+        """slime's: an HTTP error (no such group: 400) is swallowed, the answer is then None."""
+        import requests
+
+        try:
+            return self._post("destroy_weights_update_group", {"group_name": group_name})
+        except requests.RequestException:
+            return None
 
 
 class RayStandIn:
@@ -141,10 +147,12 @@ def use_ray_stand_in() -> None:
     updater_module().ray = RayStandIn
 
 
-def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3):
+def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3, after_tensor=None):
     """A ``CpuDistributedUpdater`` over ``engines`` for ``model`` (slime's class, imported here). It pushes
     the checkpoint's names and layout (``hf_export.checkpoint_tensors``: per-expert weights,
-    ``lm_head.weight`` untied), as the real SGLang server and the stand-in map them."""
+    ``lm_head.weight`` untied), as the real SGLang server and the stand-in map them. ``after_tensor``
+    (optional): called as ``after_tensor(bucket, index, of)`` after each tensor's broadcast (a fault
+    test kills the driver there, between two tensors of a bucket)."""
     base = updater_module().UpdateWeightFromDistributed
 
     class CpuDistributedUpdater(base):
@@ -153,6 +161,11 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3):
             self.rollout_engines, self.rollout_engine_lock = rollout_engines, rollout_engine_lock
             self._is_pp_src_rank, self._group_name = True, GROUP_NAME
             world = len(rollout_engines) + 1
+            # the project's reset before slime's connect (epic_slime.slime.push_recovery): a driver killed
+            # mid-push left its group on the engines, and a group of the same name cannot be made again
+            from epic_slime.slime.push_recovery import clear_stale_update_group
+
+            self.stale_group_answers = clear_stale_update_group(rollout_engines, GROUP_NAME, RayStandIn.get)
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
                 port = sock.getsockname()[1]
@@ -183,16 +196,18 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3):
             # them): SGLang skips transformers 5's fused in-memory expert names and keeps its own head
             named = list(checkpoint_tensors(self.model[0]).items())
             size = -(-len(named) // buckets)
-            for chunk in (named[i:i + size] for i in range(0, len(named), size)):
+            for bucket, chunk in enumerate(named[i:i + size] for i in range(0, len(named), size)):
                 refs = [e.update_weights_from_distributed.remote(
                             names=[n for n, _ in chunk], dtypes=[p.dtype for _, p in chunk],
                             shapes=[p.shape for _, p in chunk], group_name=self._group_name,
                             weight_version=str(self.weight_version))
                         for e in self.rollout_engines]
-                for _, param in chunk:
+                for index, (_, param) in enumerate(chunk):
                     opts = dist.BroadcastOptions()
                     opts.rootRank, opts.rootTensor = 0, 0
                     self._model_update_groups.broadcast([param.detach().contiguous()], opts).wait()
+                    if after_tensor is not None:
+                        after_tensor(bucket, index, len(chunk))
                 RayStandIn.get(refs)
 
     updater = CpuDistributedUpdater(args, [model], weights_getter=lambda: {}, model_name="qwen3_moe",
