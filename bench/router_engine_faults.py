@@ -6,18 +6,22 @@ otherwise; default policy cache_aware). Feeds docs/cluster.md "When an engine fa
     EPIC_SLIME_SGLANG_PYTHON=... PYTHONPATH=.:tests python bench/router_engine_faults.py [--requests 8]
 
 The victim serves weight version "99", the survivor "default": each reply's ``meta_info.weight_version``
-says which worker answered. For each phase (healthy, victim SIGSTOPped, victim SIGKILLed) it sends
-``--requests`` distinct prompts one after another through the router and prints, per request, the HTTP
-status, the seconds to the answer and who answered, then whether the router still lists the victim
-(``GET /workers``) over ``--watch`` seconds. One JSON line per phase.
+says which worker answered. For each phase (healthy; victim SIGSTOPped; resumed;
+SIGSTOPped and then SIGKILLed during a burst, as slime's health monitor kills a hung engine; dead) it sends
+a burst of ``--requests`` distinct prompts at once through each of two routers (slime's default policy
+cache_aware, and round_robin) and prints who answered (survivor, victim, or an error status) with the
+seconds to the answer, then whether the routers still list the victim (``GET /workers``) over ``--watch``
+seconds. One JSON line per phase.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -43,25 +47,52 @@ def send(router_url: str, prompt: list[int], timeout: float) -> dict:
         return {"status": None, "s": round(time.monotonic() - started, 2), "by": None, "error": type(exc).__name__}
 
 
-def phase(name: str, router: RealRouter, victim: RealServer, n: int, timeout: float, watch: float, offset: int) -> dict:
-    replies = [send(router.url, [1, 5 + (offset + i) % 40, 7, 9 + i % 7], timeout) for i in range(n)]
-    listed, t0 = [], time.monotonic()
+def burst(router_url: str, n: int, timeout: float, offset: int) -> list[dict]:
+    """``n`` distinct prompts at once (slime keeps many requests in flight), the replies in order."""
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(send, router_url, [1, 5 + (offset + i) % 40, 7, 9 + i % 7], timeout) for i in range(n)]
+        return [f.result() for f in futures]
+
+
+def summary(replies: list[dict]) -> dict:
+    by = {}
+    for r in replies:
+        key = r["by"] or f"status {r['status'] or r.get('error')}"
+        by.setdefault(key, []).append(r["s"])
+    return {k: {"n": len(v), "s_min": min(v), "s_max": max(v)} for k, v in by.items()}
+
+
+def phase(name: str, routers: dict, victim: RealServer, n: int, timeout: float, watch: float, offset: int,
+          during=None) -> dict:
+    out = {"phase": name}
+    for policy, router in routers.items():
+        if during is not None:   # an action while the burst is in flight (a kill of the hung victim)
+            timer = threading.Timer(during[0], during[1])
+            timer.start()
+        replies = burst(router.url, n, timeout, offset)
+        out[policy] = summary(replies)
+        out[policy + "_errors"] = sorted({r.get("body") or r.get("error") or "" for r in replies if r["status"] != 200})[:3]
+        if during is not None:
+            timer.join()
+            during = None   # once: the second router meets the state it left
+    listed, t0 = {p: [] for p in routers}, time.monotonic()
     while time.monotonic() - t0 < watch:
-        listed.append(victim.url in router.workers())
+        for policy, router in routers.items():
+            listed[policy].append(victim.url in router.workers())
         time.sleep(1.0)
-    out = {"phase": name, "replies": replies, "victim_listed_throughout": all(listed) if listed else None,
-           "watched_s": watch}
+    out["victim_listed_throughout_watch"] = {p: all(v) for p, v in listed.items()} if watch else None
+    out["watched_s"] = watch
     print(json.dumps(out), flush=True)
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=8)
-    parser.add_argument("--timeout", type=float, default=30.0, help="the client's timeout per request (s)")
+    parser.add_argument("--requests", type=int, default=8, help="requests in flight at once per burst")
+    parser.add_argument("--timeout", type=float, default=20.0, help="the client's timeout per request (s)")
     parser.add_argument("--request-timeout", type=int, default=14400, help="the router's --request-timeout-secs")
-    parser.add_argument("--watch", type=float, default=20.0, help="seconds to watch /workers after each phase")
-    parser.add_argument("--policy", default="cache_aware")
+    parser.add_argument("--watch", type=float, default=15.0, help="seconds to watch /workers after a fault phase")
+    parser.add_argument("--kill-after", type=float, default=5.0, help="hung victim: SIGKILL this long into a burst")
     a = parser.parse_args()
     from epic_slime.runtime.hf_export import export_initial_checkpoint
 
@@ -69,26 +100,30 @@ def main() -> int:
     model_dir, _ = export_initial_checkpoint(workdir / "tiny")
     survivor = RealServer(model_dir, workdir)
     victim = RealServer(model_dir, workdir, weight_version=VICTIM_VERSION)
-    router = None
+    routers = {}
     try:
         survivor.wait_healthy()
         victim.wait_healthy()
-        router = RealRouter([survivor.url, victim.url], workdir, "--policy", a.policy, "--disable-circuit-breaker",
-                            "--disable-health-check", "--request-timeout-secs", str(a.request_timeout)).wait_ready()
-        router.wait_workers([survivor.url, victim.url])
-        phase("healthy", router, victim, a.requests, a.timeout, 0, 0)
+        for policy in ("cache_aware", "round_robin"):   # slime's default policy, and the even spread
+            routers[policy] = RealRouter([survivor.url, victim.url], workdir, "--policy", policy,
+                                         "--disable-circuit-breaker", "--disable-health-check",
+                                         "--request-timeout-secs", str(a.request_timeout)).wait_ready()
+            routers[policy].wait_workers([survivor.url, victim.url])
+        n, t = a.requests, a.timeout
+        phase("healthy", routers, victim, n, t, 0, 0)
         victim.process.signal(signal.SIGSTOP)
-        phase("victim SIGSTOP", router, victim, a.requests, a.timeout, a.watch, 100)
+        phase("victim SIGSTOP", routers, victim, n, t, a.watch, 100)
         victim.process.signal(signal.SIGCONT)
-        time.sleep(2)
-        phase("victim SIGCONT", router, victim, a.requests, a.timeout, 0, 200)
-        victim.process.signal(signal.SIGKILL)
+        time.sleep(3)
+        phase("victim SIGCONT (resumed)", routers, victim, n, t, 0, 200)
+        victim.process.signal(signal.SIGSTOP)
+        phase(f"victim SIGSTOP, then SIGKILL {a.kill_after:.0f} s into the burst", routers, victim, n, 120, 0, 300,
+              during=(a.kill_after, lambda: victim.process.signal(signal.SIGKILL)))
         time.sleep(0.5)
-        phase("victim SIGKILL", router, victim, a.requests, a.timeout, a.watch, 300)
+        phase("victim dead (SIGKILL)", routers, victim, n, t, a.watch, 400)
     finally:
-        for part in (router, victim, survivor):
-            if part is not None:
-                part.stop()
+        for part in (*routers.values(), victim, survivor):
+            part.stop()
     print(json.dumps({"logs": str(workdir)}))
     return 0
 
