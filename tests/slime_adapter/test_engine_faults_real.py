@@ -5,7 +5,7 @@ rollout path (``rollout._collect``: ``GroupStream`` with slime's own ``generate_
 ``StreamingDataSource`` ledger, the staleness gate) and slime's own failure detection
 (``RolloutHealthMonitor`` over ``SGLangEngine.health_generate`` / ``shutdown``, ``support/slime_health.py``).
 
-The three tests run in order on one rig; each one's engine is the one the previous left:
+The four tests run in order on one rig; each one's engine is the one the previous left:
 
 1. the victim is SIGSTOPped while groups are in flight with ``--use-fault-tolerance``: slime's monitor
    detects it (the time is printed and bounded), kills it and takes it out of the router; the run goes
@@ -14,8 +14,9 @@ The three tests run in order on one rig; each one's engine is the one the previo
    /workers`` (slime's ``_register_to_router``) before the push: the behind-version guard regenerates
    every group it answers, none is trained with version 0; after the push it serves the current version
    and takes work;
-3. that engine SIGKILLed mid-rollout without fault tolerance: one line names it and the checkpoint to
-   resume from; nothing was trained twice.
+3. that engine SIGKILLed mid-rollout: the router moves its requests, the run goes on, every prompt trained once;
+4. no engine left alive, no fault tolerance: one line names the dead engine and the checkpoint to resume
+   from; nothing was trained twice.
 
 Weight pushes are the version step a push makes (``/update_weights_from_disk`` of the initial checkpoint
 with the next ``weight_version``): these tests are about versions and routing, not about tensors (the
@@ -47,8 +48,12 @@ if _MISSING:
 from support.real_sglang import RealRouter, RealServer  # noqa: E402
 
 # how slime 624b824a starts its router (slime/ray/rollout.py): no circuit breaker, no router health
-# check, its --sglang-router-request-timeout-secs default; the policy stays the router's default
-SLIME_ROUTER_FLAGS = ("--disable-circuit-breaker", "--disable-health-check", "--request-timeout-secs", "14400")
+# check, its --sglang-router-request-timeout-secs default. Policy round_robin (slime's --router-policy): under
+# slime's default cache_aware, at this scale every prompt goes to the engine whose prefix cache matches it,
+# so a new engine would take no work; what cache_aware does with a dead or hung worker:
+# bench/router_engine_faults.py, docs/cluster.md
+SLIME_ROUTER_FLAGS = ("--disable-circuit-breaker", "--disable-health-check", "--request-timeout-secs", "14400",
+                      "--policy", "round_robin")
 CHECK_INTERVAL_S, CHECK_TIMEOUT_S = 1.0, 3.0   # --rollout-health-check-interval / -timeout here (30 / 30 default)
 DETECTION_SLACK_S = 10.0                       # the monitor's own thread, shutdown and a loaded CI machine
 
@@ -207,25 +212,39 @@ def test_a_hung_engine_is_detected_by_slimes_monitor_and_the_run_goes_on(rig, mo
 
 
 def test_a_restarted_engine_is_never_trained_on_before_its_push_then_takes_work(rig):
+    """slime's order: ``recover_updatable_engines`` starts the new engine, which registers with the router in
+    its init, and the push follows while the stream generates; here the push lands once the guard has
+    regenerated a group the new engine answered at its initial weights (or after 120 s: then the test fails)."""
     from support.slime_health import make_engine, slime_sglang_engine_class
 
     fresh = RealServer(rig.engines.model_dir, rig.workdir)   # slime's recover: a new engine, initial weights
     rig.restarted = [fresh]
     fresh.wait_healthy()
+    counts = rig.stream.faults.counts
+    behind_before, fresh_before = counts["behind_version_regenerations"], _prefills(fresh)
     with slime_sglang_engine_class() as engine_class:   # slime's own registration, in the engine's init
         make_engine(engine_class, fresh.url, rig.router.url, fresh.process.proc.pid)._register_to_router({})
     rig.router.wait_workers([rig.server.url, fresh.url])
-    counts = rig.stream.faults.counts
-    behind_before, fresh_before = counts["behind_version_regenerations"], _prefills(fresh)
-    rig.rollout()   # the push has not reached the fresh engine: whatever it answers is regenerated
-    assert "default" not in rig.last_versions and min(int(v) for v in rig.last_versions) >= 1
+    pushed_at: list[float] = []
+
+    def push_once_behind():
+        deadline = time.monotonic() + 120
+        while counts["behind_version_regenerations"] == behind_before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rig.push(fresh)   # the same version as the other engine: every engine now holds it
+        pushed_at.append(time.monotonic())
+
+    pusher = threading.Thread(target=push_once_behind, daemon=True)
+    pusher.start()
+    rig.rollout()
+    pusher.join(130)
     regenerated = counts["behind_version_regenerations"] - behind_before
-    print(f"\nrestarted engine before its push: {regenerated} groups it answered regenerated, "
+    print(f"\nrestarted engine before its push: {regenerated} group replies at its initial weights regenerated, "
           f"{_prefills(fresh) - fresh_before} prefill batches there")
-    assert regenerated >= 1 or _prefills(fresh) == fresh_before
-    rig.push(rig.server, fresh)   # recover_updatable_engines, then update_weights: every engine at the version
-    taken_before = _prefills(fresh)
-    behind_after_push = counts["behind_version_regenerations"]
+    assert regenerated >= 1, "the restarted engine answered no group before its push"
+    assert "default" not in rig.last_versions and min(int(v) for v in rig.last_versions) >= 1
+    rig.push(rig.server, fresh)
+    taken_before, behind_after_push = _prefills(fresh), counts["behind_version_regenerations"]
     for _ in range(2):
         rig.rollout()
         rig.push(rig.server, fresh)
@@ -234,32 +253,55 @@ def test_a_restarted_engine_is_never_trained_on_before_its_push_then_takes_work(
     _check_trained_once(rig)
 
 
-def test_without_fault_tolerance_a_killed_engine_ends_the_run_naming_it_and_the_checkpoint(rig):
-    from epic_slime.slime.engine_faults import EngineFailedError, EngineFaults
-
+def test_a_killed_engine_mid_rollout_costs_nothing_the_router_moves_its_requests(rig):
+    """SIGKILL while groups are in flight there, no health monitor: the router keeps listing the dead engine,
+    its retries of a refused request go to the other one (round_robin), and the run goes on; every prompt
+    trained once."""
     fresh = rig.restarted[0]
-    rig.args.use_fault_tolerance = False
-    rig.stream.faults = EngineFaults(rig.args)
     before = _prefills(fresh)
+    killed_at: list[float] = []
 
-    def kill():
+    def kill():   # once it has taken work of this rollout
         deadline = time.monotonic() + 60
         while _prefills(fresh) == before and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.02)
         fresh.process.signal(signal.SIGKILL)
+        killed_at.append(time.monotonic())
 
     killer = threading.Thread(target=kill, daemon=True)
     killer.start()
+    started = time.monotonic()
+    for _ in range(3):
+        rig.rollout()
+        rig.push(rig.server)
+    killer.join(5)
+    print(f"\nkilled engine: 3 rollouts in {time.monotonic() - started:.0f} s, killed {killed_at[0] - started:.1f} s in; "
+          f"faults {rig.stream.faults.metrics()}")
+    assert killed_at and not fresh.alive() and _prefills(fresh) > before
+    assert fresh.url in rig.router.workers()       # nothing removed it: the router's retries moved its requests
+    _check_trained_once(rig)
+
+
+def test_without_fault_tolerance_a_dead_only_engine_ends_the_run_naming_it_and_the_checkpoint(rig):
+    """A run whose engines are all dead (here: the other engine taken out of the router), no fault tolerance:
+    slime's client gives up after its retries, the stream probes the router and the engines and stops the
+    run with one line naming the dead engine and the checkpoint to resume from."""
+    from epic_slime.slime.engine_faults import EngineFailedError, EngineFaults
+
+    fresh = rig.restarted[0]
+    listed = rig.router.http.get(rig.router.url + "/workers", timeout=10).json()["workers"]
+    other = next(w["id"] for w in listed if w["url"] == rig.server.url)
+    rig.router.http.delete(f"{rig.router.url}/workers/{other}", timeout=10).raise_for_status()
+    rig.router.wait_workers([fresh.url])
+    rig.args.use_fault_tolerance = False
+    rig.stream.faults = EngineFaults(rig.args)
     trained_before = list(rig.trained)
     started = time.monotonic()
     with pytest.raises(EngineFailedError) as caught:
-        for _ in range(6):
-            rig.rollout(timeout=400)
-            rig.push(rig.server)
-    print(f"\nkilled engine without fault tolerance: the run stopped {time.monotonic() - started:.0f} s into the "
-          f"rollouts: {caught.value}")
+        rig.rollout(timeout=400)
+    print(f"\ndead engine without fault tolerance: the run stopped after {time.monotonic() - started:.0f} s: {caught.value}")
     message = str(caught.value)
-    assert fresh.url in message and "\n" not in message and "--use-fault-tolerance" in message
-    assert "No checkpoint" in message or "--ckpt-step" in message
-    assert rig.trained[:len(trained_before)] == trained_before
+    assert f"SGLang engine {fresh.url} does not answer /health" in message and "\n" not in message
+    assert "No checkpoint in" in message   # this rig saves none; the named checkpoint: test_engine_faults.py
+    assert rig.trained == trained_before
     _check_trained_once(rig)
