@@ -57,6 +57,8 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     # a real server of its own (started beside the router outage session) and three real-engine sessions
     # [209 s the outage session's set-up; the whole file 510-596 s at load average 15-25 on 2026-12-06]
     "tests/slime_adapter/test_real_router_driver_faults.py": 1500,
+    # a second real server's start (when this file runs first), a restart of one, rollouts across faults
+    "tests/slime_adapter/test_engine_faults_real.py": 900,
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {
@@ -179,6 +181,14 @@ def _launch_real_engines_if_needed(items) -> None:
         _REAL["engines"] = real_sglang.engines_for_session(workdir)
     except Exception as exc:  # noqa: BLE001 - reported by the fixture, where a test asks for it
         _REAL["reason"] = f"could not launch the real SGLang server: {exc!r} (logs in {workdir})"
+        return
+    # a second server, the victim the engine-fault tests kill (test_engine_faults_real.py): launched now
+    # too, so its start overlaps the tests before it
+    if any("victim_server" in getattr(item, "fixturenames", ()) for item in items):
+        try:
+            _REAL["victim"] = real_sglang.RealServer(_REAL["engines"].model_dir, workdir, weight_version="1")
+        except Exception as exc:  # noqa: BLE001 - reported by the fixture
+            _REAL["victim_reason"] = f"could not launch the victim SGLang server: {exc!r} (logs in {workdir})"
 
 
 @pytest.fixture(scope="session")
@@ -199,9 +209,30 @@ def real_engines():
         pytest.fail(f"the real SGLang server did not come up: {exc}", pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def victim_server(real_engines):
+    """A second real server at weight version "1", behind no router yet, for the tests that kill it (they
+    own it: it may be dead after them); a skip or, in CI, a failure as for ``real_engines``."""
+    from support import real_sglang
+
+    victim = _REAL.get("victim")
+    if victim is None:
+        reason = _REAL.get("victim_reason") or "the victim server was not launched"
+        if real_sglang.required():
+            pytest.fail(f"{real_sglang.REQUIRE_ENV}=1 and {reason}", pytrace=False)
+        pytest.skip(reason)
+    try:
+        return victim.wait_healthy()
+    except RuntimeError as exc:
+        pytest.fail(f"the victim SGLang server did not come up: {exc}", pytrace=False)
+
+
 def pytest_sessionfinish(session, exitstatus):
     import shutil
 
+    victim = _REAL.pop("victim", None)
+    if victim is not None:
+        victim.stop()
     engines = _REAL.pop("engines", None)
     if engines is not None:
         engines.stop()

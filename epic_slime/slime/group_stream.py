@@ -3,8 +3,9 @@ budget and taken in start order (the asynchronous schedule's rollout, ``epic_sli
 
 Its event loop and its generate call are passed in: slime's global loop and slime's own
 ``generate_and_rm_group`` by default (what a cluster run uses), a simulated loop and engine in
-``bench/schedsim``. A group whose generation raises is regenerated from its fresh prompt (counted, at
-most ``MAX_GROUP_ATTEMPTS`` tries, then an error); a group that SGLang aborted (a weight push pauses
+``bench/schedsim``. A group whose generation raises, or that an engine behind the current weights
+answered, is regenerated from its fresh prompt as ``epic_slime.slime.engine_faults`` decides (with and
+without ``--use-fault-tolerance``; counted in ``rollout/faults/*``); a group that SGLang aborted (a weight push pauses
 generation in SGLang's abort mode) is resubmitted as prompt plus partial response, which SGLang
 recomputes on the new weights (its samples carry both weight versions; the oldest sets the staleness;
 a call aborted before its first token adds none). A group aborted ``MAX_CONSECUTIVE_ABORTS`` times in
@@ -20,11 +21,12 @@ import logging
 from collections import Counter, deque
 
 from epic_slime.slime.data_source import StreamingDataSource, group_key
+from epic_slime.slime.engine_faults import MAX_GROUP_ATTEMPTS, EngineFailedError, EngineFaults
 from epic_slime.staleness import AdmissionBudget, parse_weight_version, sample_oldest_version
 
 logger = logging.getLogger("epic_slime.slime.group_stream")
 
-MAX_GROUP_ATTEMPTS = 3
+__all__ = ["MAX_GROUP_ATTEMPTS", "AbortLoopError", "GroupStream", "abort_limit"]
 # A group aborted this many times in a row (each abort resubmits its partial response) fails the
 # run with AbortLoopError: under the admission budget a group meets at most K + 1 pushes, so the
 # limit is this or K + 2, whichever is larger (``abort_limit``; at K = 16 a long group legitimately
@@ -123,6 +125,7 @@ class GroupStream:
         self.stale_requeues = 0
         self.empty_call_versions = 0
         self.failures: list = []
+        self.faults = EngineFaults(args)   # engine death, hang, restart (engine_faults.py)
         self.trainer_version = 1
         # (mean response length, lag, outcome) per group decision: this rollout's, and the run's in
         # steady state (from trainer version K + 2 on: before it the budget is still filling up)
@@ -179,6 +182,7 @@ class GroupStream:
         for sample in group:   # the version known at the first submission of this attempt
             metadata = _metadata(sample)
             metadata.setdefault("epic_submitted_version", self.engine_version)
+            metadata["epic_call_version"] = self.engine_version   # this call's: the behind-version guard
             if not self.held_across_push:
                 metadata.setdefault("token_version_spans", [])
         before = [(s.response_length, len(s.weight_versions)) for s in group]
@@ -224,19 +228,17 @@ class GroupStream:
         try:
             group = task.result()
         except Exception as exc:  # noqa: BLE001 - any failure: regenerate the prompt, never drop it
-            if attempt >= MAX_GROUP_ATTEMPTS:
-                self.failures.append(RuntimeError(f"group {key}: {attempt} attempts, last error {exc!r}"))
-                logger.error("rollout group %d failed %d times: %r", key, attempt, exc)
-                return
-            self.crash_retries += 1
             self.aborts.pop(key, None)
-            logger.warning("rollout group %d raised %r; regenerating it from its prompt (attempt %d)", key, exc, attempt + 1)
-            # keeps its place in the start order: it restarts at a version >= the one it was admitted at
-            self._submit(self.data_source.fresh_group(key), attempt + 1)
+            # engine_faults decides (it may wait or probe the engines): held in `active` meanwhile
+            handler = asyncio.ensure_future(self._after_failure(key, attempt, exc))
+            self.active[handler] = (key, attempt, before)
+            handler.add_done_callback(lambda done: self.active.pop(done, None))
             return
         from epic_slime.slime.routing import finish_group_routing, remember_partial_routing
 
         self._forget_empty_calls(group, before)
+        if self._answered_behind(key, attempt, group, before):
+            return
         aborted = any(getattr(s, "status", None) == Sample.Status.ABORTED for s in group)
         self._record_versions(group, before, finished=not aborted)
         if aborted:
@@ -251,9 +253,43 @@ class GroupStream:
             self._submit(group, attempt)   # prompt + partial response, continued on the new weights
             return
         self.aborts.pop(key, None)
+        self.faults.succeeded(key)
         finish_group_routing(self.args, group)
         self.finished[key] = group
         self.top_up()
+
+    async def _after_failure(self, key, attempt: int, exc: BaseException) -> None:
+        error = await self.faults.after_failure(key, attempt, exc)
+        if error is not None:
+            self.failures.append(error)
+            logger.error("rollout group %d failed (attempt %d): %s", key, attempt, error)
+            return
+        self.crash_retries += 1
+        logger.warning("rollout group %d raised %r; regenerating it from its prompt (attempt %d)", key, exc, attempt + 1)
+        # keeps its place in the start order: it restarts at a version >= the one it was admitted at
+        self._submit(self.data_source.fresh_group(key), attempt + 1)
+
+    def _answered_behind(self, key, attempt: int, group, before) -> bool:
+        """An engine behind the weights every healthy engine holds answered (engine_faults): its tokens
+        are never trained; the group is regenerated from its prompt, keeping its place and attempt."""
+        submitted = _metadata(group[0]).get("epic_call_version", self.engine_version)
+        reported = self.faults.behind_version(group, before, submitted)
+        if reported is None:
+            return False
+        self.aborts.pop(key, None)
+        error = self.faults.behind_error(key, reported, submitted)
+        if error is not None:
+            self.failures.append(error)
+            return True
+
+        async def later():
+            await asyncio.sleep(self.faults.behind_delay_s)
+            self._submit(self.data_source.fresh_group(key), attempt)
+
+        handler = asyncio.ensure_future(later())
+        self.active[handler] = (key, attempt, [])
+        handler.add_done_callback(lambda done: self.active.pop(done, None))
+        return True
 
     def start_rollout(self, trainer_version: int) -> None:
         """Rollout ``trainer_version`` is asked for: the push before it landed (see the class
@@ -303,6 +339,8 @@ class GroupStream:
             first = self.failures[0]
             if isinstance(first, AbortLoopError):
                 raise first
+            if isinstance(first, EngineFailedError):
+                raise first   # one line that names the engine and the checkpoint to resume from
             raise RuntimeError("rollout groups failed after retries: " + "; ".join(map(str, self.failures)))
         out = []
         while self.order and len(out) < limit and self.order[0] in self.finished:
