@@ -47,3 +47,13 @@ def tis_diagnostics(weights: torch.Tensor, mask: torch.Tensor, clip: float) -> d
     mask = mask.bool()
     count = mask.sum().clamp(min=1)
     return {"tis_weight_mean": weights.sum() / count, "tis_truncated_frac": ((weights >= clip) & mask).sum() / count}
+
+
+def tis_weighted_loss(per_token_loss: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor,
+                      aggregation: str) -> torch.Tensor:
+    """The mode's loss with each token's per-token loss times its TIS weight, aggregated as the mode
+    aggregates (the runtime's loss under --use-tis; the slime adapter weights the same per-token loss
+    before slime's reducer)."""
+    from .core import aggregate_loss
+
+    return aggregate_loss(per_token_loss * weights, mask, aggregation)

@@ -14,7 +14,7 @@ import random
 import torch
 
 from epic_slime import metric_names as names
-from epic_slime.losses.tis import tis_diagnostics, tis_weights
+from epic_slime.losses.tis import tis_diagnostics, tis_weighted_loss, tis_weights
 from .model import ModelConfig, build_policy, response_log_probs
 from .task import Tokenizer
 
@@ -184,8 +184,7 @@ class PolicyTrainer:
             topk_kwargs = topk_loss_inputs(mb, responses, behavior, all_lp[0]) if needs_topk else {}
             out = compute_policy_loss(self.policy_loss, log_probs, behavior, adv, mask, aggregation=self.aggregation,
                                       **topk_kwargs, **self.bad_tokens, **self.policy_loss_params)
-            loss = out.loss if weights is None else aggregate_loss(out.per_token_loss * weights, mask,
-                                                                    out.aggregation)
+            loss = out.loss if weights is None else tis_weighted_loss(out.per_token_loss, weights, mask, out.aggregation)
             bad_tokens += int(out.metrics["bad_tokens"])
             checked_tokens += int(mask.sum())
             if not torch.isfinite(loss):
