@@ -100,7 +100,8 @@ def _slime_loss(args, data):
     scaled, _, log = loss_function(args, _batch(data), 1, len(data), torch.cat(leaves)[None])
     scaled.backward()
     factor = 1.0 if args.calculate_per_token_loss else 1.0 / len(data)
-    return float(scaled.detach()) / factor, [leaf.grad / factor for leaf in leaves], dict(zip(log["keys"], log["values"][1:].tolist()))
+    metrics = dict(zip(log["keys"], log["values"][1:].tolist()))
+    return float(scaled.detach()) / factor, [leaf.grad / factor for leaf in leaves], metrics
 
 
 def _common(**attrs):
