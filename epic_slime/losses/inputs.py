@@ -208,6 +208,13 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
     return batch
 
 
+def bad_log_probs(log_probs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[same shape] bool: the valid tokens whose log-prob is no log-prob (non-finite, or > the
+    bound above): the rule ``prepare_batch`` applies to its log-prob inputs, for inputs it does not
+    see (the TIS weights' rollout log-probs)."""
+    return (~torch.isfinite(log_probs) | (log_probs > _MAX_LOG_PROB)) & valid.bool()
+
+
 def _value_checks(lp, blp, adv, valid):
     """(field, tensor, [B, T] bool bad-and-valid, what) for each per-token value check, on the
     compute-dtype inputs (not zeroed: padding may hold anything, hence `& valid`)."""

@@ -14,6 +14,7 @@ import random
 import torch
 
 from epic_slime import metric_names as names
+from epic_slime.losses.tis import tis_diagnostics, tis_weighted_loss, tis_weights
 from .model import ModelConfig, build_policy, response_log_probs
 from .task import Tokenizer
 
@@ -73,14 +74,6 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     if warmup_steps <= 0 or step >= warmup_steps:
         return 1.0
     return (step + 1) / warmup_steps
-
-
-def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor,
-                clip: float) -> torch.Tensor:
-    """Truncated importance weights min(pi_old / mu_rollout, C) per token (0 off the mask), no gradient:
-    they correct for the rollout engine sampling from mu rather than the trainer's pi_old."""
-    w = torch.exp((old_log_probs - rollout_log_probs).masked_fill(~mask, 0.0)).clamp(max=clip)
-    return (w * mask).detach()
 
 
 def _scalar(v) -> float:
@@ -185,14 +178,13 @@ class PolicyTrainer:
                 rollout = behavior
                 behavior = pad_rows([old_lp[id(s)] for s in mb], T)
                 weights = tis_weights(behavior, rollout, mask, self.tis_clip)
-                add("train/tis_weight_mean", (weights.sum() / mask.sum().clamp(min=1)))
-                add("train/tis_truncated_frac", ((weights >= self.tis_clip) & mask).sum() / mask.sum().clamp(min=1))
+                for k, v in tis_diagnostics(weights, mask, self.tis_clip).items():
+                    add(f"train/{k}", v)
             adv = torch.tensor([s["advantage"] for s in mb], dtype=torch.float32)
             topk_kwargs = topk_loss_inputs(mb, responses, behavior, all_lp[0]) if needs_topk else {}
             out = compute_policy_loss(self.policy_loss, log_probs, behavior, adv, mask, aggregation=self.aggregation,
                                       **topk_kwargs, **self.bad_tokens, **self.policy_loss_params)
-            loss = out.loss if weights is None else aggregate_loss(out.per_token_loss * weights, mask,
-                                                                    out.aggregation)
+            loss = out.loss if weights is None else tis_weighted_loss(out.per_token_loss, weights, mask, out.aggregation)
             bad_tokens += int(out.metrics["bad_tokens"])
             checked_tokens += int(mask.sum())
             if not torch.isfinite(loss):

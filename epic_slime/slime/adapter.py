@@ -36,7 +36,8 @@ from torch.nn.utils.rnn import pad_sequence
 
 from epic_slime.metric_names import POLICY_PREFIX, SLIME_LOG_PREFIX
 from epic_slime.slime.cp import Gather, gather_full_responses, with_live_local_entries, zigzag_response_positions
-from epic_slime.slime.flags import BEHAVIOR_LOGPROBS, TOKEN_MEAN
+from epic_slime.slime.flags import TOKEN_MEAN, resolve_behavior_logprobs
+from epic_slime.slime.tis import TisSettings, local_tis_weights, tis_ratio_base, tis_settings_from_args
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
 # slime logs a loss metric "x" as "train/x": "policy/x" becomes the shared name train/policy/x
@@ -107,7 +108,9 @@ def local_policy_loss(
     ]
     topk_kwargs = {}
     if topk is not None:
-        _check_topk_inputs(topk, local_counts, response_lengths)
+        from epic_slime.slime.topk import check_topk_local_inputs
+
+        check_topk_local_inputs(topk, local_counts, response_lengths)
         local_rows = [
             torch.cat([rows, current.detach().to(device, dtype)], dim=1)
             for rows, current in zip(local_rows, topk.current_log_probs)
@@ -160,27 +163,6 @@ def local_policy_loss(
     return LocalPolicyLoss(per_token_loss, clipped, dict(out.metrics), out, bad)
 
 
-def _check_topk_inputs(topk: TopKLocalInputs, local_counts: list[int], response_lengths: list[int]) -> None:
-    n = len(local_counts)
-    fields = (("current_topk_log_probs", topk.current_log_probs), ("rollout_topk_log_probs", topk.behavior_topk_log_probs),
-              ("topk set masks", topk.set_masks))
-    for name, values in fields:
-        if len(values) != n:
-            raise ValueError(f"{name}: {len(values)} samples, expected {n}")
-    for i, (current, lps, mask) in enumerate(zip(topk.current_log_probs, topk.behavior_topk_log_probs, topk.set_masks)):
-        width = int(mask.shape[-1]) if mask.dim() == 2 else -1
-        if mask.dim() != 2 or mask.shape[0] != response_lengths[i]:
-            raise ValueError(f"topk set mask [{i}] has shape {tuple(mask.shape)}, expected ({response_lengths[i]}, K)")
-        if tuple(current.shape) != (local_counts[i], width):
-            raise ValueError(
-                f"current_topk_log_probs[{i}] has shape {tuple(current.shape)}, expected ({local_counts[i]}, {width})"
-            )
-        if tuple(lps.shape) != (response_lengths[i], width - 1):
-            raise ValueError(
-                f"rollout_topk_log_probs[{i}] has shape {tuple(lps.shape)}, expected ({response_lengths[i]}, {width - 1})"
-            )
-
-
 def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str) -> torch.Tensor:
     """slime's ``--kl-loss-type`` estimators of KL(pi || ref): the core's `kl_penalty`."""
     from epic_slime.losses.kl import KL_KINDS, kl_penalty
@@ -201,8 +183,9 @@ class LossSettings:
     mode: str
     params: dict[str, Any]  # the mode's parameters as set on the command line (the core fills defaults)
     aggregation: str
-    behavior: str  # --behavior-logprobs
+    behavior: str  # --behavior-logprobs, resolved (``flags.resolve_behavior_logprobs``)
     bad_tokens: dict[str, Any]  # the core's on_bad_tokens / max_bad_token_frac keywords
+    tis: TisSettings | None = None  # --use-tis (``epic_slime.slime.tis``)
 
 
 # (args, its settings): slime hands every micro-batch of a run the same args object, which does not
@@ -218,10 +201,9 @@ def loss_settings(args: Any) -> LossSettings:
     from epic_slime.losses.flags import bad_token_config_from_args, policy_loss_config_from_args
 
     mode, params, aggregation = policy_loss_config_from_args(args)
-    behavior = getattr(args, "behavior_logprobs", None) or "rollout"
-    if behavior not in BEHAVIOR_LOGPROBS:
-        raise ValueError(f"--behavior-logprobs must be one of {BEHAVIOR_LOGPROBS}, got {behavior!r}")
-    settings = LossSettings(mode, dict(params), aggregation, behavior, bad_token_config_from_args(args))
+    behavior = resolve_behavior_logprobs(args)
+    settings = LossSettings(mode, dict(params), aggregation, behavior, bad_token_config_from_args(args),
+                            tis_settings_from_args(args, mode))
     _resolved = (args, settings)
     return settings
 
@@ -285,6 +267,9 @@ def slime_policy_loss_from_log_probs(
         zigzag_response_positions(total, resp, cp_rank, cp_size) for total, resp in zip(total_lengths, response_lengths)
     ]
     behavior_lp = behavior_log_probs_from_batch(batch, behavior)
+    if settings.tis is not None:   # the ratio is to pi_old (the recompute); mu only weights the tokens
+        behavior_lp, tis_mu = tis_ratio_base(batch, behavior_lp, loss_masks, positions,
+                                             settings.bad_tokens.get("on_bad_tokens", "raise"))
     topk = None
     if needs_topk(mode):
         from epic_slime.slime.topk import TOPK_LOG_PROBS_KEY, topk_token_sets
@@ -324,6 +309,9 @@ def slime_policy_loss_from_log_probs(
         lp = torch.where(keep, lp, 0.0)
         mu = torch.where(keep, mu, 0.0)
     pg_tokens = _cat(result.per_token_loss, lp)
+    if settings.tis is not None:
+        tis_w = _cat(local_tis_weights(settings.tis, behavior_lp, tis_mu, loss_masks, positions, result.bad), lp).to(lp)
+        pg_tokens = pg_tokens * tis_w
     if aggregation == "seq-mean-token-sum":
         sums = batch.get("rollout_mask_sums")
         denoms = [
@@ -395,6 +383,9 @@ def slime_policy_loss_from_log_probs(
         compare = lp if (getattr(args, "use_rollout_logprobs", False) or not recomputed) else _cat(recomputed, lp)
         gap = (compare.detach() - _cat(rollout, lp)).abs()
         reported["train_rollout_logprob_abs_diff"] = sum_of_sample_mean(gap if keep is None else torch.where(keep, gap, 0.0))
+    if settings.tis is not None:   # sample means of the weight and of the tokens truncated at --tis-clip
+        reported["tis_weight_mean"] = sum_of_sample_mean(tis_w)
+        reported["tis_truncated_frac"] = sum_of_sample_mean((tis_w >= settings.tis.clip).to(lp.dtype))
     reported.update(core_metrics)
     return loss, {k: v.detach().clone().float() for k, v in reported.items()}
 

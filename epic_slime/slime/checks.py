@@ -15,7 +15,6 @@ from typing import Any
 
 from epic_slime.slime.flags import (
     ASYNCHRONOUS,
-    BEHAVIOR_LOGPROBS,
     DATA_SOURCE_PATH,
     DEFAULT_POLICY_LOSS_TOPK,
     GENERATE_FUNCTION_PATH,
@@ -27,6 +26,7 @@ from epic_slime.slime.flags import (
     ProjectConfig,
     ProjectFlagError,
     project_option_kinds,
+    resolve_behavior_logprobs,
 )
 
 
@@ -52,9 +52,10 @@ def validate_project_args(args: Any) -> ProjectConfig:
     stale_policy = _get(args, "stale_policy", "drop")
     if stale_policy not in STALE_POLICIES:
         raise ProjectFlagError(f"--stale-policy must be one of {STALE_POLICIES}, got {stale_policy!r}")
-    behavior = _get(args, "behavior_logprobs", "rollout")
-    if behavior not in BEHAVIOR_LOGPROBS:
-        raise ProjectFlagError(f"--behavior-logprobs must be one of {BEHAVIOR_LOGPROBS}, got {behavior!r}")
+    behavior = resolve_behavior_logprobs(args)   # --use-tis: recompute (pi_old), see epic_slime.slime.tis
+    from epic_slime.slime.tis import tis_settings_from_args
+
+    tis_settings_from_args(args, mode)   # raises for what does not compose with --use-tis
 
     in_flight = _get(args, "async_groups_in_flight")
     if in_flight is not None and in_flight < 1:
@@ -107,7 +108,7 @@ def check_topk_flags(args: Any, mode: str) -> int | None:
             f"--policy-loss {mode} needs --rollout-top-p 1.0 (got {top_p}): with top-p sampling slime "
             "renormalises the trainer's log-probs over the nucleus, which the Top-K set does not follow"
         )
-    if _get(args, "behavior_logprobs", "rollout") != "rollout":
+    if resolve_behavior_logprobs(args) != "rollout":
         raise ProjectFlagError(
             f"--policy-loss {mode} needs --behavior-logprobs rollout: the top-k log-probs come from "
             "SGLang, so the sampled token's log mu must too"
@@ -275,7 +276,9 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--buffer-filter-path": "picks which groups slime's own data-source buffer hands out again; the "
     f"project's data source ({DATA_SOURCE_PATH}) hands back the groups given to add_samples oldest first "
     "and never consults it",
-    "--use-tis": _SLIME_POLICY_LOSS + "; the project's loss applies no truncated importance-sampling correction",
+    # --use-tis composes with the project's loss (epic_slime.slime.tis); slime's TIS hook does not
+    "--custom-tis-function-path": _SLIME_POLICY_LOSS + "; --use-tis weights the project's loss by min(pi_old / mu, "
+    "--tis-clip) itself (epic_slime.slime.tis)",
     "--use-opsm": _SLIME_POLICY_LOSS,
     "--custom-pg-loss-reducer-function-path": _SLIME_POLICY_LOSS + "; aggregation is --policy-loss-aggregation",
     "--eps-clip": _SLIME_POLICY_LOSS,

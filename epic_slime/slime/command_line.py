@@ -29,6 +29,7 @@ from epic_slime.slime.flags import (
     add_project_arguments,
     add_read_slime_arguments,
     default_aggregation,
+    resolve_behavior_logprobs,
 )
 
 
@@ -159,8 +160,8 @@ def needs_old_logprob_forward(behavior_logprobs: str, use_routing_replay: bool, 
     """Whether slime's per-rollout forward that recomputes the old log-probs is needed.
 
     The project's loss takes log mu from SGLang (``--behavior-logprobs rollout``); the forward is
-    needed only for ``recompute`` and for R2 (``--use-routing-replay`` without R3), which records
-    the MoE routing during it. slime skips it under ``--use-rollout-logprobs``."""
+    needed only for ``recompute`` (the ratio base under ``--use-tis`` too) and for R2
+    (``--use-routing-replay`` without R3), which records the MoE routing during it. slime skips it under ``--use-rollout-logprobs``."""
     return behavior_logprobs == "recompute" or (use_routing_replay and not use_rollout_routing_replay)
 
 
@@ -168,7 +169,7 @@ def rollout_logprobs_flags(parsed: argparse.Namespace) -> list[str]:
     """``--use-rollout-logprobs`` where nothing needs slime's old-log-prob forward (one full forward
     over the rollout batch saved per rollout)."""
     forward = needs_old_logprob_forward(
-        parsed.behavior_logprobs, parsed.use_routing_replay, parsed.use_rollout_routing_replay
+        resolve_behavior_logprobs(parsed), parsed.use_routing_replay, parsed.use_rollout_routing_replay
     )
     return ["--use-rollout-logprobs"] if not forward and not parsed.use_rollout_logprobs else []
 

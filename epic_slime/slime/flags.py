@@ -79,9 +79,9 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     group.add_argument(
         "--behavior-logprobs",
         choices=BEHAVIOR_LOGPROBS,
-        default="rollout",
-        help="behaviour policy mu for the loss: SGLang's rollout log-probs (default) or the trainer's "
-        "recompute at the start of the rollout step (slime's log_probs)",
+        default=None,
+        help="the loss's ratio base: SGLang's rollout log-probs (default) or the trainer's recompute at "
+        "the start of the rollout step (slime's log_probs; the default under --use-tis, which needs it)",
     )
     group.add_argument(
         "--async-groups-in-flight",
@@ -175,6 +175,9 @@ def add_read_slime_arguments(parser: argparse.ArgumentParser) -> argparse.Argume
     slime.add_argument("--num-steps-per-rollout", type=int, default=None)
     slime.add_argument("--global-batch-size", type=int, default=None)
     slime.add_argument("--use-rollout-logprobs", action="store_true")
+    slime.add_argument("--use-tis", action="store_true")
+    slime.add_argument("--tis-clip", type=float, default=2.0)
+    slime.add_argument("--tis-clip-low", type=float, default=0.0)
     slime.add_argument("--calculate-per-token-loss", action="store_true")
     slime.add_argument("--update-weights-interval", type=int, default=1)
     slime.add_argument("--colocate", action="store_true")
@@ -198,6 +201,25 @@ def add_read_slime_arguments(parser: argparse.ArgumentParser) -> argparse.Argume
     slime.add_argument("--lr-warmup-iters", type=int, default=None)
     slime.add_argument("--lr-warmup-fraction", type=float, default=None)
     return parser
+
+
+def resolve_behavior_logprobs(args: Any) -> str:
+    """The loss's ratio base: ``--behavior-logprobs`` as given, else ``recompute`` under ``--use-tis``
+    (TIS takes the ratio to pi_old and weights each token by pi_old / mu), else ``rollout``.
+    ``rollout`` next to ``--use-tis`` would correct for mu twice: refused."""
+    given = getattr(args, "behavior_logprobs", None)
+    use_tis = bool(getattr(args, "use_tis", False))
+    if given is None:
+        return "recompute" if use_tis else "rollout"
+    if given not in BEHAVIOR_LOGPROBS:
+        raise ProjectFlagError(f"--behavior-logprobs must be one of {BEHAVIOR_LOGPROBS}, got {given!r}")
+    if use_tis and given == "rollout":
+        raise ProjectFlagError(
+            "--behavior-logprobs rollout with --use-tis: TIS takes the loss's ratio to pi_old (the trainer's "
+            "recompute) and weights each token by pi_old / mu, so a ratio to mu would correct twice; drop "
+            "--behavior-logprobs (--use-tis implies recompute)"
+        )
+    return given
 
 
 def default_aggregation(mode: str) -> str:

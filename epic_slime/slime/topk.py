@@ -128,3 +128,25 @@ def behavior_set_log_probs(
     token's log mu; 0 where the set mask is False."""
     values = torch.cat([topk_log_probs.to(behavior_log_probs.dtype), behavior_log_probs.unsqueeze(-1)], dim=-1)
     return torch.where(set_mask.to(values.device), values, 0.0)
+
+
+def check_topk_local_inputs(topk, local_counts: list[int], response_lengths: list[int]) -> None:
+    """Shapes of ``epic_slime.slime.adapter.TopKLocalInputs`` against the micro-batch's local and full lengths."""
+    n = len(local_counts)
+    fields = (("current_topk_log_probs", topk.current_log_probs), ("rollout_topk_log_probs", topk.behavior_topk_log_probs),
+              ("topk set masks", topk.set_masks))
+    for name, values in fields:
+        if len(values) != n:
+            raise ValueError(f"{name}: {len(values)} samples, expected {n}")
+    for i, (current, lps, mask) in enumerate(zip(topk.current_log_probs, topk.behavior_topk_log_probs, topk.set_masks)):
+        width = int(mask.shape[-1]) if mask.dim() == 2 else -1
+        if mask.dim() != 2 or mask.shape[0] != response_lengths[i]:
+            raise ValueError(f"topk set mask [{i}] has shape {tuple(mask.shape)}, expected ({response_lengths[i]}, K)")
+        if tuple(current.shape) != (local_counts[i], width):
+            raise ValueError(
+                f"current_topk_log_probs[{i}] has shape {tuple(current.shape)}, expected ({local_counts[i]}, {width})"
+            )
+        if tuple(lps.shape) != (response_lengths[i], width - 1):
+            raise ValueError(
+                f"rollout_topk_log_probs[{i}] has shape {tuple(lps.shape)}, expected ({response_lengths[i]}, {width - 1})"
+            )

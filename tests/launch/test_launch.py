@@ -94,6 +94,18 @@ def test_overrides_by_environment_and_flags():
     assert "override: --num-rollout given 2 times: 300 -> 3 (the last one wins)" in result.stdout
 
 
+def test_tis_turns_on_with_one_flag_and_keeps_slime_recompute():
+    """``-- --use-tis --tis-clip 2``: the loss's ratio base becomes the trainer's recompute (the driver
+    then keeps slime's recompute on: tests/slime_adapter/test_slime_accounting.py)."""
+    plain = dry_run()
+    assert plain.returncode == 0, plain.stderr
+    assert "behavior_logprobs=rollout" in plain.stdout
+    result = dry_run("--", "--use-tis", "--tis-clip", "2")
+    assert result.returncode == 0, result.stderr
+    assert "behavior_logprobs=recompute" in result.stdout
+    assert flag_value(submit_command(result), "--tis-clip") == "2"
+
+
 @pytest.mark.parametrize(
     "args, env, message",
     [
@@ -105,7 +117,8 @@ def test_overrides_by_environment_and_flags():
         (("--", "--stale-policy", "sometimes"), {}, "invalid choice"),
         (("--", "--sglang-mem-frac", "0.5"), {}, "--sglang-mem-frac is an abbreviation of --sglang-mem-fraction-static"),
         (("--", "--num-rollouts", "3"), {}, "unknown flag --num-rollouts"),
-        (("--", "--use-tis"), {}, "--use-tis is not supported by the epic-slime driver"),  # the rest: test_slime_flag_hygiene.py
+        (("--", "--use-opsm"), {}, "--use-opsm is not supported by the epic-slime driver"),  # the rest: test_slime_flag_hygiene.py
+        (("--method", "dppo_topk_tv", "--", "--use-tis"), {}, "--use-tis with --policy-loss dppo_topk_tv"),
         (("--", "--advantage-estimator", "ppo"), {}, "trains a critic"),
         (("--", "--update-weight-mode", "delta"), {}, "--update-weight-mode delta is not supported"),
     ],

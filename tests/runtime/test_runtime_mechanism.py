@@ -16,7 +16,8 @@ from epic_slime.runtime.rollout import PolicyEngine
 from epic_slime.runtime.task import TaskConfig, Tokenizer
 from epic_slime.runtime.task_fib import make_fib_problem, slipped_solution, split_of
 from epic_slime.runtime.tasks import split_problems, train_problem, validate_task_config
-from epic_slime.runtime.trainer import tis_weights, warmup_factor
+from epic_slime.losses.tis import tis_weights
+from epic_slime.runtime.trainer import warmup_factor
 from support.runtime_helpers import tiny_config, tiny_trainer
 
 TOK = Tokenizer()

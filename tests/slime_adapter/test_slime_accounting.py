@@ -58,12 +58,14 @@ def test_ledger_check_catches_a_lost_group_and_double_use():
 @pytest.mark.parametrize(
     "extra, needed",
     [([], False), (["--behavior-logprobs", "recompute"], True), (["--use-routing-replay"], True),
-     (["--use-routing-replay", "--use-rollout-routing-replay"], False)],
+     (["--use-routing-replay", "--use-rollout-routing-replay"], False), (["--use-tis"], True),
+     (["--use-tis", "--tis-clip", "2", "--behavior-logprobs", "recompute"], True)],
 )
 def test_old_logprob_forward_only_where_needed(extra, needed):
     out = driver_argv(BASE + extra)
     assert ("--use-rollout-logprobs" in out) == (not needed)
-    behavior = "recompute" if "recompute" in extra else "rollout"
+    # --use-tis makes the recompute (pi_old) the loss's ratio base
+    behavior = "recompute" if "recompute" in extra or "--use-tis" in extra else "rollout"
     assert needs_old_logprob_forward(behavior, "--use-routing-replay" in extra,
                                      "--use-rollout-routing-replay" in extra) == needed
 
