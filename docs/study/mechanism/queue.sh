@@ -18,6 +18,9 @@ STAGES=(
   "$M/stages/4_secondary_long.yaml $M long_none"
   "configs/study/mechanism_lag.yaml docs/study/mechanism_lag -"
 )
+# Arguments replace the list (one stage per argument, "config outdir gate"), e.g. to finish only the lag stage
+# after a lost machine:  bash docs/study/mechanism/queue.sh "configs/study/mechanism_lag.yaml docs/study/mechanism_lag -"
+[ "$#" -gt 0 ] && STAGES=("$@")
 
 commit_runs() {   # only the small files; eval_records.jsonl (per sample) and checkpoints stay out
   local out=$1
