@@ -281,6 +281,7 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
     from slime.utils.types import Sample
 
     import epic_slime.slime.rollout as rollout
+    from epic_slime.slime.engine_faults import EngineFaults
     from epic_slime.staleness import GroupLedger
 
     def group(index, version):
@@ -293,6 +294,7 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
             self.completed = deque(groups)
             self.decile_records, self.run_decile_records = [], []
             self.can_requeue, self.requeued = can_requeue, []
+            self.faults = EngineFaults(argparse.Namespace())   # the real fault counts, none raised here
             self.data_source = object.__new__(rollout.StreamingDataSource)
             self.data_source.ledger, self.data_source._returned = GroupLedger(), deque()
             for g in groups:
@@ -335,6 +337,7 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
     assert out.metrics["rollout/staleness/mean"] == 0.0 and out.metrics["rollout/staleness/trainer_version"] == 1.0
     assert out.samples[0][0].metadata["epic_group_staleness"] == 0
     assert out.metrics["rollout/accounting/consumed_groups"] == 4 and out.metrics["rollout/accounting/in_flight_groups"] == 4
+    assert out.metrics["rollout/faults/failed_calls"] == 0.0 and out.metrics["rollout/faults/engines_found_dead"] == 0.0
     deciles = {k: v for k, v in out.metrics.items() if k.startswith("rollout/staleness/deciles/") and k.endswith("/trained")}
     assert sum(deciles.values()) == 2.0   # the batch's two groups, reported by response-length decile
     # next rollout: the policy is version 2, the group from version 0 is stale by 2 > K = 1
