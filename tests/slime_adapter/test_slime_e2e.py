@@ -457,14 +457,8 @@ def test_sync_resume_trains_every_prompt_exactly_once(e2e_sync):
 
 # ---- two engines behind the router stand-in (tests/support/router_standin.py)
 
-def test_two_engines_behind_the_router_train_every_prompt_once(tmp_path):
-    """The driver's rollouts through the router stand-in (sglang-router's default cache_aware
-    policy) in front of two SGLang stand-ins, both registered as slime's engines register: the
-    rollout side posts only to the router; slime's updater pushes to both engines. Every prompt
-    trained once; both engines serve training and eval requests; every push lands on both (same
-    buckets, same final version); a push met the held request on the first engine and the abort +
-    resubmit went through the router; groups kept to the engine holding their prefix."""
-    workdir = str(tmp_path)
+def _two_engine_session(workdir: str):
+    """One driver session through the router stand-in in front of two SGLang stand-ins (the test below)."""
     h.prepare_workdir(workdir)
     engines = []
     for i in range(2):
@@ -486,6 +480,26 @@ def test_two_engines_behind_the_router_train_every_prompt_once(tmp_path):
             router.stop()
         for e in engines:
             e.stop()
+    return rc, config, routed, served
+
+
+def test_two_engines_behind_the_router_train_every_prompt_once(tmp_path):
+    """The driver's rollouts through the router stand-in (sglang-router's default cache_aware
+    policy) in front of two SGLang stand-ins, both registered as slime's engines register: the
+    rollout side posts only to the router; slime's updater pushes to both engines. Every prompt
+    trained once; both engines serve training and eval requests; every push lands on both (same
+    buckets, same final version); a push met the held request on the first engine and the abort +
+    resubmit went through the router; groups kept to the engine holding their prefix."""
+    # The scenario needs the first engine's held request to meet a push, and the router decides when that
+    # engine gets its first training request: in 2 of 8 sessions on 2026-12-06 (before and after the engine-
+    # fault merge alike) no push met it. Such a session is run again, at most 3 times; the outcomes below are
+    # checked on the session that met it.
+    for attempt in range(3):
+        workdir = str(tmp_path / f"attempt{attempt}")
+        os.makedirs(workdir)
+        rc, config, routed, served = _two_engine_session(workdir)
+        if rc != 0 or served[0].get("held_aborted", 0) >= 1:
+            break
     assert rc == 0, f"logs in {workdir}"
     events = h.read_trace(config["trace"])
     _trained_once(events, 8)
@@ -495,7 +509,7 @@ def test_two_engines_behind_the_router_train_every_prompt_once(tmp_path):
     assert [s["weight_buckets"] for s in served] == [3 * pushes] * 2, served
     assert {s["version"] for s in served} == {str(pushes)}, served
     assert all(s["requests"] > 40 for s in served), served   # training and eval requests on both
-    assert served[0]["held_aborted"] >= 1, served
+    assert served[0].get("held_aborted", 0) >= 1, served
     assert routed.get("worker_errors", 0) == 0 and routed["prefix_match"] > routed["smallest_tree"], routed
     # a group's samples (identical input_ids) and an eval prompt's samples stay on one engine, but for
     # rare exceptions: one input of ~250 requests reached the second engine in one loaded full-suite run
