@@ -191,6 +191,16 @@ def _launch_real_engines_if_needed(items) -> None:
             _REAL["victim_reason"] = f"could not launch the victim SGLang server: {exc!r} (logs in {workdir})"
 
 
+def _skip_or_fail(reason: str) -> None:
+    """A real-engine fixture that has no engine: a skip with the reason, or a failure under
+    EPIC_SLIME_REQUIRE_REAL_SGLANG=1 (CI)."""
+    from support import real_sglang
+
+    if real_sglang.required():
+        pytest.fail(f"{real_sglang.REQUIRE_ENV}=1 and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def real_engines():
     """The real server and router (started once), or a skip with the reason; under
@@ -199,10 +209,7 @@ def real_engines():
 
     engines = _REAL.get("engines")
     if engines is None:
-        reason = _REAL.get("reason") or real_sglang.unavailable_reason() or "real engines not launched"
-        if real_sglang.required():
-            pytest.fail(f"{real_sglang.REQUIRE_ENV}=1 and {reason}", pytrace=False)
-        pytest.skip(reason)
+        _skip_or_fail(_REAL.get("reason") or real_sglang.unavailable_reason() or "real engines not launched")
     try:
         return engines.ready()
     except RuntimeError as exc:
@@ -213,14 +220,9 @@ def real_engines():
 def victim_server(real_engines):
     """A second real server at weight version "1", behind no router yet, for the tests that kill it (they
     own it: it may be dead after them); a skip or, in CI, a failure as for ``real_engines``."""
-    from support import real_sglang
-
     victim = _REAL.get("victim")
     if victim is None:
-        reason = _REAL.get("victim_reason") or "the victim server was not launched"
-        if real_sglang.required():
-            pytest.fail(f"{real_sglang.REQUIRE_ENV}=1 and {reason}", pytrace=False)
-        pytest.skip(reason)
+        _skip_or_fail(_REAL.get("victim_reason") or "the victim server was not launched")
     try:
         return victim.wait_healthy()
     except RuntimeError as exc:

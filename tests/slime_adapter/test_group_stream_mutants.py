@@ -15,24 +15,7 @@ from slime.utils.async_utils import run  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
 from epic_slime.slime import group_stream  # noqa: E402
-from epic_slime.staleness import GroupLedger  # noqa: E402
-
-
-class DataSource:
-    """Numbered prompts, each consumed once; ``fresh_group`` regenerates one."""
-
-    def __init__(self):
-        self.next, self.ledger, self._returned = 0, GroupLedger(), []
-
-    def get_samples(self, n):
-        groups = [[Sample(index=i, group_index=i)] for i in range(self.next, self.next + n)]
-        for g in groups:
-            self.ledger.consume(g[0].group_index, [Sample(index=g[0].index, group_index=g[0].index)])
-        self.next += n
-        return groups
-
-    def fresh_group(self, key):
-        return [Sample(index=key, group_index=key)]
+from support.stream_data_source import DataSource  # noqa: E402
 
 
 class Engine:

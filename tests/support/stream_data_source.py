@@ -1,0 +1,23 @@
+"""The data-source interface ``GroupStream`` uses, for stream tests with an injected engine: numbered prompts,
+each consumed once (its ledger counts it); ``fresh_group`` regenerates one. Needs slime's ``Sample``."""
+
+from __future__ import annotations
+
+from slime.utils.types import Sample
+
+from epic_slime.staleness import GroupLedger
+
+
+class DataSource:
+    def __init__(self):
+        self.next, self.ledger, self._returned = 0, GroupLedger(), []
+
+    def get_samples(self, n):
+        groups = [[Sample(index=i, group_index=i)] for i in range(self.next, self.next + n)]
+        for g in groups:
+            self.ledger.consume(g[0].group_index, [Sample(index=g[0].index, group_index=g[0].index)])
+        self.next += n
+        return groups
+
+    def fresh_group(self, key):
+        return [Sample(index=key, group_index=key)]
