@@ -230,9 +230,7 @@ class GroupStream:
         except Exception as exc:  # noqa: BLE001 - any failure: regenerate the prompt, never drop it
             self.aborts.pop(key, None)
             # engine_faults decides (it may wait or probe the engines): held in `active` meanwhile
-            handler = asyncio.ensure_future(self._after_failure(key, attempt, exc))
-            self.active[handler] = (key, attempt, before)
-            handler.add_done_callback(lambda done: self.active.pop(done, None))
+            self._hold_active(self._after_failure(key, attempt, exc), key, attempt, before)
             return
         from epic_slime.slime.routing import finish_group_routing, remember_partial_routing
 
@@ -286,10 +284,15 @@ class GroupStream:
             await asyncio.sleep(self.faults.behind_delay_s)
             self._submit(self.data_source.fresh_group(key), attempt)
 
-        handler = asyncio.ensure_future(later())
-        self.active[handler] = (key, attempt, [])
-        handler.add_done_callback(lambda done: self.active.pop(done, None))
+        self._hold_active(later(), key, attempt, [])
         return True
+
+    def _hold_active(self, coro, key, attempt: int, before) -> None:
+        """Run ``coro`` (a fault decision or a delayed resubmission) as one of the group's ``active`` tasks
+        until it ends, so the group counts as in flight meanwhile."""
+        handler = asyncio.ensure_future(coro)
+        self.active[handler] = (key, attempt, before)
+        handler.add_done_callback(lambda done: self.active.pop(done, None))
 
     def start_rollout(self, trainer_version: int) -> None:
         """Rollout ``trainer_version`` is asked for: the push before it landed (see the class
@@ -337,10 +340,8 @@ class GroupStream:
         (an unfinished oldest group holds the batch: the caller waits for it)."""
         if self.failures:
             first = self.failures[0]
-            if isinstance(first, AbortLoopError):
-                raise first
-            if isinstance(first, EngineFailedError):
-                raise first   # one line that names the engine and the checkpoint to resume from
+            if isinstance(first, (AbortLoopError, EngineFailedError)):
+                raise first   # its own one line (EngineFailedError: the engine and the checkpoint to resume from)
             raise RuntimeError("rollout groups failed after retries: " + "; ".join(map(str, self.failures)))
         out = []
         while self.order and len(out) < limit and self.order[0] in self.finished:
