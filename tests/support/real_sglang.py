@@ -37,6 +37,11 @@ SERVER_FLAGS = (
     "--disable-overlap-schedule", "--cuda-graph-backend-decode", "disabled",
     "--cuda-graph-backend-prefill", "disabled", "--max-total-tokens", "4096",
     "--mem-fraction-static", "0.05", "--skip-server-warmup",
+    # An idle scheduler otherwise polls its sockets in a busy loop: a whole core per server for the session
+    # (measured 29.5 CPU-s per 30 s each). With two servers that is both of CI's cores, and the suite
+    # starved (stop 40's CI timed out at 88 min, Ray actors not starting within 300 s). SGLang's own flag:
+    # block on the sockets for up to 1 s when idle, wake at once on a request.
+    "--sleep-on-idle",
 )
 
 
@@ -111,6 +116,18 @@ class _Process:
         else:   # the leader died (a kill in a test): its children may not have
             self.signal(signal.SIGKILL)
         self.log.close()
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of every live process in the group (the server, its scheduler and
+        detokenizer), read from /proc."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()   # after "(comm)": state is field 3
+                if int(fields[2]) == self.proc.pid:                 # field 5: the process group
+                    total += int(fields[11]) + int(fields[12])      # fields 14, 15: utime, stime
+        return total / tick
 
     def tail(self, lines: int = 30) -> str:
         try:
