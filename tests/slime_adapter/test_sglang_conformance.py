@@ -21,7 +21,7 @@ if importlib.util.find_spec("aiohttp") is None or importlib.util.find_spec("requ
 
 from support.conformance import (  # noqa: E402
     never_left_paused,
-    LONG_NEW, engine, forward_logprobs, loads, long_request, reference_model, wait_running,
+    LONG_NEW, engine, forward_logprobs, loads, long_request, pause_while_running, reference_model, wait_running,
 )
 from support.sglang_client import tokens_of  # noqa: E402
 
@@ -61,11 +61,16 @@ def test_an_evaluation_with_other_sampling_settings_joins_the_running_batch(engi
     """Continuous batching across sampling settings: a short request with its own temperature and
     top-p, sent while a long one decodes, answers before the long one."""
     server = engine.server
-    training = long_request(server, tokens_of("12+7="))
-    wait_running(server)
-    evaluation = server.submit(tokens_of("2+2="), max_new_tokens=3, temperature=0.6, top_p=0.7).result(120)
-    assert evaluation["meta_info"]["completion_tokens"] <= 3
-    assert not training.done(), "the evaluation waited for the training request"
+    for _ in range(10):   # the long request can end first on an idle CPU (wait_running): try again then
+        training = long_request(server, tokens_of("12+7="))
+        if not wait_running(server, answer=training):
+            continue
+        evaluation = server.submit(tokens_of("2+2="), max_new_tokens=3, temperature=0.6, top_p=0.7).result(120)
+        assert evaluation["meta_info"]["completion_tokens"] <= 3
+        if not training.done():
+            break
+        training.result(120)
+    assert not training.done(), "the evaluation waited for the training request (10 tries)"
     assert len(training.result(120)["output_ids"]) == LONG_NEW
 
 
@@ -75,18 +80,8 @@ def test_abort_pause_ends_running_requests_with_their_tokens_and_holds_new_ones(
     (an idle pause answers at once); a request sent while paused waits; ``/flush_cache`` succeeds
     (idle); after ``/continue_generation`` the waiting request runs."""
     server = engine.server
-    # an idle CPU runs the real server's whole request in a fraction of a second: pause as soon as it
-    # runs, and try again (after a continue) when it still finished before the pause
-    for _ in range(10):
-        answer = long_request(server, tokens_of("9+1="))
-        wait_running(server)
-        started = time.monotonic()
-        assert server.post("/pause_generation", {}).status_code == 200
-        took = time.monotonic() - started
-        got = answer.result(120)
-        if got["meta_info"]["finish_reason"]["type"] == "abort":
-            break
-        server.post("/continue_generation", {})
+    answer, took = pause_while_running(server, tokens_of("9+1="), {})
+    got = answer.result(120)
     assert got["meta_info"]["finish_reason"] == ABORTED
     assert 1 <= len(got["output_ids"]) < LONG_NEW and len(_logprob_rows(got)) == len(got["output_ids"])
     assert took >= 0.9, f"abort pause answered in {took:.2f} s"
@@ -97,10 +92,20 @@ def test_abort_pause_ends_running_requests_with_their_tokens_and_holds_new_ones(
     assert not late.done()
     assert server.post("/continue_generation", {}).status_code == 200
     assert late.result(120)["meta_info"]["finish_reason"]["type"] in ("length", "stop")
-    started = time.monotonic()
-    server.post("/pause_generation", {})
-    assert time.monotonic() - started < 0.8, "an idle abort pause waited"
-    server.post("/continue_generation", {})
+    # SGLang's /generate answers with the first item of the request's async generator (``__anext__``), so
+    # the generator, and the model-update reader lock it holds, is closed a moment after the answer has
+    # gone out; a pause that lands in that moment sees the lock and waits its 1 s. Idle means none held:
+    # up to 3 pauses, the fastest must answer at once (14 of 14 probed idle pauses took <= 0.01 s; one
+    # clean-clone run met the 1 s).
+    idle = []
+    for _ in range(3):
+        started = time.monotonic()
+        server.post("/pause_generation", {})
+        idle.append(time.monotonic() - started)
+        server.post("/continue_generation", {})
+        if idle[-1] < 0.8:
+            break
+    assert min(idle) < 0.8, f"an idle abort pause waited: {[round(t, 2) for t in idle]} s"
 
 
 def test_retract_pause_requeues_the_request_and_resumes_it_under_the_new_version(engine):
@@ -108,9 +113,7 @@ def test_retract_pause_requeues_the_request_and_resumes_it_under_the_new_version
     ``/continue_generation``, finishes its whole length and reports one retraction and the version
     at answer time."""
     server = engine.server
-    answer = long_request(server, tokens_of("5+5="))
-    wait_running(server)
-    assert server.post("/pause_generation", {"mode": "retract"}).status_code == 200
+    answer, _ = pause_while_running(server, tokens_of("5+5="), {"mode": "retract"})
     # the real server still counts it running here (0.5.15: (1, 0)); the stand-in waiting (0, 1)
     assert sum(loads(server)) == 1
     flush = server.get("/flush_cache")
@@ -128,11 +131,8 @@ def test_in_place_pause_keeps_the_request_and_refuses_to_flush(engine):
     """in_place: nothing moves (still running), ``/flush_cache`` answers 400, a version update without
     abort leaves the request running; after continue it finishes under the new version."""
     server = engine.server
-    answer = long_request(server, tokens_of("4+4="))
-    wait_running(server)
-    started = time.monotonic()
-    assert server.post("/pause_generation", {"mode": "in_place"}).status_code == 200
-    assert time.monotonic() - started < 0.8
+    answer, took = pause_while_running(server, tokens_of("4+4="), {"mode": "in_place"})
+    assert took < 0.8
     assert loads(server) == (1, 0)
     assert server.get("/flush_cache").status_code == 400
     server.post("/update_weight_version", {"new_version": "p1", "abort_all_requests": False})
@@ -147,11 +147,15 @@ def test_in_place_pause_keeps_the_request_and_refuses_to_flush(engine):
 
 def test_a_version_update_aborts_running_requests_by_default(engine):
     server = engine.server
-    answer = long_request(server, tokens_of("8+8="))
-    wait_running(server)
-    reply = server.post("/update_weight_version", {"new_version": "u1"})
-    assert reply.status_code == 200 and reply.json()["new_version"] == "u1"
-    got = answer.result(120)
+    for _ in range(10):   # the request can end before the update on an idle CPU: try again then
+        answer = long_request(server, tokens_of("8+8="))
+        running = wait_running(server, answer=answer)
+        reply = server.post("/update_weight_version", {"new_version": "u1"})
+        assert reply.status_code == 200 and reply.json()["new_version"] == "u1"
+        got = answer.result(120)
+        if running and got["meta_info"]["finish_reason"]["type"] == "abort":
+            break
+        server.post("/update_weight_version", {"new_version": "default"})
     assert got["meta_info"]["finish_reason"] == ABORTED and got["meta_info"]["weight_version"] == "u1"
     info = server.get("/model_info").json()
     assert info["weight_version"] == "u1" and info["architectures"] == ["Qwen3MoeForCausalLM"]

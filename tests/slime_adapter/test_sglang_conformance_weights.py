@@ -22,8 +22,8 @@ import torch  # noqa: E402
 
 from support.conformance import (  # noqa: E402
     never_left_paused,
-    LONG_NEW, GlooPusher, TensorPayload, engine, forward_logprobs, long_request, perturbed_checkpoint, reference_model,
-    spliced_logprobs, wait_running,
+    LONG_NEW, GlooPusher, TensorPayload, engine, forward_logprobs, perturbed_checkpoint, reference_model,
+    pause_while_running, spliced_logprobs,
 )
 from support.sglang_client import standin_factory, tokens_of  # noqa: E402
 
@@ -87,9 +87,7 @@ def test_disk_update_during_an_in_place_pause_decodes_on_over_the_old_kv(engine,
     weights'; after it the new weights decode over the KV the old ones computed (SGLang keeps it)."""
     folder, model = pushed
     server = engine.server
-    answer = long_request(server, PROMPT)
-    wait_running(server)
-    assert server.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    answer, _ = pause_while_running(server, PROMPT, {"mode": "in_place"})
     reply = server.post("/update_weights_from_disk", {"model_path": folder, "flush_cache": False, "weight_version": "7"})
     assert reply.status_code == 200 and reply.json()["success"], reply.text
     server.post("/continue_generation", {})

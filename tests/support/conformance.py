@@ -11,7 +11,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -82,11 +81,36 @@ def loads(server) -> tuple[int, int]:
     return core["num_running_reqs"], core["num_waiting_reqs"]
 
 
-def wait_running(server, n: int = 1, timeout: float = 60) -> None:
+def wait_running(server, n: int = 1, timeout: float = 60, answer=None) -> bool:
+    """Until n requests run; False when ``answer`` (a future) ended first: an idle CPU decodes a whole
+    request on the real server in about 0.2 s, between two polls."""
     deadline = time.monotonic() + timeout
     while loads(server)[0] < n:
+        if answer is not None and answer.done():
+            return False
         assert time.monotonic() < deadline, f"{n} request(s) never ran: {loads(server)}"
         time.sleep(0.01)
+    return True
+
+
+def pause_while_running(server, prompt: list[int], body: dict, tries: int = 10):
+    """A long request and a ``/pause_generation`` (``body``) that lands while it runs: (future, seconds
+    the pause took). When the request ended first (an idle CPU), continue and try again. An abort pause
+    must end it with the abort reason; a pause that holds it (in_place, retract) must leave it counted."""
+    for _ in range(tries):
+        answer = long_request(server, prompt)
+        if wait_running(server, answer=answer):
+            started = time.monotonic()
+            assert server.post("/pause_generation", body).status_code == 200
+            took = time.monotonic() - started
+            if body.get("mode", "abort") == "abort":
+                if answer.result(120)["meta_info"]["finish_reason"]["type"] == "abort":
+                    return answer, took
+            elif sum(loads(server)) == 1:
+                return answer, took
+            server.post("/continue_generation", {})
+        answer.result(120)
+    raise AssertionError(f"the request ended before the pause {body} in {tries} tries")
 
 
 def long_request(server, prompt: list[int], new_tokens: int = LONG_NEW):
