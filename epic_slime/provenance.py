@@ -37,6 +37,25 @@ def versions() -> dict:
     return {"epic_slime": __version__, "torch": torch.__version__, "git_commit": git_commit()}
 
 
+# the packages whose numerics a CPU run depends on: one recipe, code and thread count train the same weights bit
+# for bit, yet the stress ladder's 2,500-step warm start (trained 2026-12-03 in a venv whose versions were not
+# recorded) and its rerun on 2026-12-06 (torch 2.13.0, transformers 5.25.0) ended at test mean@8 0.385 and 0.450
+NUMERIC_STACK = ("torch", "transformers")
+
+
+def stack_versions() -> dict:
+    """Installed versions of NUMERIC_STACK (None where absent), read without importing them."""
+    from importlib import metadata
+
+    found = {}
+    for name in NUMERIC_STACK:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def resident_memory_mib() -> float:
     """Resident memory of this process in MiB (Linux /proc; resource's peak RSS elsewhere)."""
     try:

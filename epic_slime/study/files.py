@@ -3,7 +3,7 @@
     <out>/runs/<setting>/<method>_s<seed>/   an ordinary `epic-slime train` run directory
         result.json                          the run's test scores (written last: the "finished" marker)
     <out>/warm_start.json                    chance level, the warm start's scores and entropy profile
-    <out>/provenance.jsonl                   one line per invocation that ran runs (command, commit)
+    <out>/provenance.jsonl                   one line per invocation that ran runs (command, commit, versions)
 
 The run phase writes these files and the report phase only reads them.
 """
@@ -50,9 +50,12 @@ def read_warm_start(out: Path) -> dict | None:
 
 
 def record_provenance(out: Path, command: str, commit: str, runs_executed: int) -> None:
-    """One line per study invocation that ran runs: which code and command produced them."""
+    """One line per study invocation that ran runs: which code, packages and command produced them."""
+    from epic_slime.provenance import stack_versions
+
     with open(Path(out) / PROVENANCE, "a") as f:
-        f.write(json.dumps({"command": command, "commit": commit, "runs_executed": runs_executed,
+        f.write(json.dumps({"command": command, "commit": commit, "versions": stack_versions(),
+                            "runs_executed": runs_executed,
                             "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}) + "\n")
 
 
