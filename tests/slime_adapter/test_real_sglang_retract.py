@@ -85,23 +85,31 @@ def _split_points(got, old, new) -> list[int]:
             if all(abs(got[i] - old[i]) < TOL for i in range(k)) and all(abs(got[i] - new[i]) < TOL for i in range(k, n))]
 
 
+def _streamed_two(chunks) -> bool:
+    """Read a stream until it has carried 2 tokens (True: the request is running) or ended (False)."""
+    while (chunk := chunks.get(timeout=600)) is not None:
+        if len(chunk["meta_info"]["output_token_logprobs"]) >= 2:
+            return True
+    return False
+
+
 def retract_push_meets_running_requests(server, model, model_dir, new_dir, new_model, requests_=2):
     """Runs the retract push against a live server; returns per request (answer, tokens sampled before the
-    pause as streamed, reference log-probs: old, new, new over the old prompt KV)."""
+    pause as streamed, reference log-probs: old, new, new over the old prompt KV); None when every request
+    ended before the pause (nothing waits, nothing pushed)."""
     prompt = _prompt("7-3+4=")
     budget = MAX_NEW - len(prompt)
-    streams = [_stream(server, prompt, budget) for _ in range(requests_)]
     seen = []
+    streams = [_stream(server, prompt, budget) for _ in range(requests_)]
+    assert all([_streamed_two(chunks) for chunks in streams]), "a request finished before it streamed 2 tokens"
+    assert server.post("/pause_generation", {"mode": "retract"}).status_code == 200
     try:
-        for chunks in streams:   # each request has streamed at least 2 tokens: it is running
-            while True:
-                chunk = chunks.get(timeout=600)
-                assert chunk is not None, "a request finished before the pause"
-                if len(chunk["meta_info"]["output_token_logprobs"]) >= 2:
-                    break
-        assert server.post("/pause_generation", {"mode": "retract"}).status_code == 200
-        # the retracted requests wait in the queue: a flush is refused (so the push must not flush)
-        assert server.post("/flush_cache").status_code == 400
+        # the retracted requests wait in the queue: a flush is refused (so the push must not flush); a flush
+        # that succeeds found none waiting: all ended before the pause (see the test), so no push this time
+        flushed = server.post("/flush_cache").status_code
+        if flushed == 200:
+            return None
+        assert flushed == 400
         pushed = server.post("/update_weights_from_disk", {"model_path": str(new_dir), "flush_cache": False,
                                                             "weight_version": NEW_VERSION})
         assert pushed.status_code == 200 and pushed.json()["success"], pushed.text
@@ -128,8 +136,17 @@ def test_retract_pause_reprefills_the_output_on_the_new_weights_over_the_old_pro
     from epic_slime.runtime.hf_export import export_initial_checkpoint
 
     new_dir, new_model = export_initial_checkpoint(tmp_path / "pushed", seed=1)
-    seen = retract_push_meets_running_requests(real_engines.server, real_engines.model, real_engines.model_dir,
-                                               new_dir, new_model)
+    # on an idle CPU the real server decodes a whole request in about 0.2 s, and reading 2 tokens off each
+    # stream took up to 0.34 s here: a request can end before the pause lands and answer unretracted at the old
+    # version (one clean-clone run did). Such an attempt is the server's right, not a finding: try again, up
+    # to 10 times (its /v1/loads cannot tell beforehand: after a retract pause of 2 requests it said 0, 1 or
+    # 2). A server that never retracts fails every try and the asserts below.
+    for _ in range(10):
+        seen = retract_push_meets_running_requests(real_engines.server, real_engines.model, real_engines.model_dir,
+                                                   new_dir, new_model)
+        if seen is not None and all(answer["meta_info"]["num_retractions"] == 1 for answer, *_ in seen):
+            break
+    assert seen is not None, "every request ended before the retract pause in 10 tries"
     for answer, budget, got, (old, new, old_prompt_kv) in seen:
         meta = answer["meta_info"]
         assert meta["weight_version"] == NEW_VERSION and meta["num_retractions"] == 1, meta
