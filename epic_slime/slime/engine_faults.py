@@ -108,6 +108,7 @@ class EngineFaults:
         self.behind_in_a_row: dict = {}      # group key -> behind-version regenerations in a row
         self.counts = {"failed_calls": 0, "fault_retries": 0, "behind_version_regenerations": 0,
                        "engines_found_dead": 0}
+        self.dead_engines: set[str] = set()  # distinct: several groups in flight may find the same engine dead
         self.probe = unhealthy_workers       # injectable (a test counts or replaces the probe)
         self.retry_delay_s, self.behind_delay_s = RETRY_DELAY_S, BEHIND_DELAY_S
 
@@ -161,7 +162,8 @@ class EngineFaults:
             return None
         dead = await self._probe()
         if dead:
-            self.counts["engines_found_dead"] += len(dead)
+            self.dead_engines.update(dead)
+            self.counts["engines_found_dead"] = len(self.dead_engines)
             return EngineFailedError(
                 f"SGLang engine {', '.join(dead)} does not answer /health (dead or hung) and the router still routes "
                 f"to it; without --use-fault-tolerance nothing replaces it, so the run stops (last error {exc!r}). "

@@ -194,6 +194,24 @@ def test_without_fault_tolerance_a_dead_engine_ends_the_run_naming_it_and_the_ch
     assert stream.faults.metrics()["rollout/faults/engines_found_dead"] == 1
 
 
+def test_a_dead_engine_found_by_several_failed_groups_is_counted_once():
+    """Every group in flight fails on the dead engine and each probes: one engine, counted once (the real
+    engine-fault test met two groups failing at once on an idle CPU and counted it twice)."""
+    engine = Engine(raises=lambda key, call: True)
+    stream = _stream(engine)
+    probed = []
+    stream.faults.probe = lambda router: probed.append(router) or ["http://127.0.0.1:30001"]
+
+    async def go():
+        stream.start_rollout(1)
+        await _settle(stream)
+
+    run(go())
+    assert len(probed) >= 2                                      # both groups failed and probed
+    assert stream.faults.metrics()["rollout/faults/engines_found_dead"] == 1
+    assert stream.faults.counts["failed_calls"] == len(probed)
+
+
 def test_without_fault_tolerance_a_transient_failure_with_every_engine_healthy_is_retried():
     engine = Engine(raises=lambda key, call: key == 0 and call == 0)
     stream = _stream(engine)
