@@ -168,14 +168,9 @@ def _write_save(save, rollout_id, model_complete):
         mark_model_complete(save, rollout_id)
 
 
-def test_without_fault_tolerance_a_dead_engine_ends_the_run_naming_it_and_the_checkpoint(tmp_path):
-    """One line: the engine that does not answer /health, and the latest checkpoint whose data state and
-    model are complete (rollout 3's model write was cut short: rollout 1)."""
-    save = str(tmp_path / "ckpt")
-    _write_save(save, 1, model_complete=True)
-    _write_save(save, 3, model_complete=False)
-    engine = Engine(raises=lambda key, call: key == 0)
-    stream = _stream(engine, save=save)
+def _rollout_with_a_dead_engine(engine, **kw):
+    """One rollout whose fault probe finds 127.0.0.1:30001 dead: (stream, the routers probed)."""
+    stream = _stream(engine, **kw)
     probed = []
     stream.faults.probe = lambda router: probed.append(router) or ["http://127.0.0.1:30001"]
 
@@ -184,6 +179,17 @@ def test_without_fault_tolerance_a_dead_engine_ends_the_run_naming_it_and_the_ch
         await _settle(stream)
 
     run(go())
+    return stream, probed
+
+
+def test_without_fault_tolerance_a_dead_engine_ends_the_run_naming_it_and_the_checkpoint(tmp_path):
+    """One line: the engine that does not answer /health, and the latest checkpoint whose data state and
+    model are complete (rollout 3's model write was cut short: rollout 1)."""
+    save = str(tmp_path / "ckpt")
+    _write_save(save, 1, model_complete=True)
+    _write_save(save, 3, model_complete=False)
+    engine = Engine(raises=lambda key, call: key == 0)
+    stream, probed = _rollout_with_a_dead_engine(engine, save=save)
     assert engine.calls.count(0) == 1 and len(probed) == 1      # no retry: nothing would replace the engine
     with pytest.raises(engine_faults.EngineFailedError) as caught:
         stream.pop(2)
@@ -198,15 +204,7 @@ def test_a_dead_engine_found_by_several_failed_groups_is_counted_once():
     """Every group in flight fails on the dead engine and each probes: one engine, counted once (the real
     engine-fault test met two groups failing at once on an idle CPU and counted it twice)."""
     engine = Engine(raises=lambda key, call: True)
-    stream = _stream(engine)
-    probed = []
-    stream.faults.probe = lambda router: probed.append(router) or ["http://127.0.0.1:30001"]
-
-    async def go():
-        stream.start_rollout(1)
-        await _settle(stream)
-
-    run(go())
+    stream, probed = _rollout_with_a_dead_engine(engine)
     assert len(probed) >= 2                                      # both groups failed and probed
     assert stream.faults.metrics()["rollout/faults/engines_found_dead"] == 1
     assert stream.faults.counts["failed_calls"] == len(probed)
