@@ -122,6 +122,8 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     "warm_start_seed": (int, None, _nonneg_int, None, "seed of the warm start (default: --seed); one value for "
                         "several seeds gives them the same base policy"),
     "warm_start_cache_dir": (str, None, None, None, "cache of warm-start weights keyed by config hash (default: ~/.cache/epic-slime/warm_start)"),
+    "warm_start_init": (str, None, None, None, "start the warm start from these weights (a state-dict file, e.g. a "
+                        "shorter task's warm start: a curriculum) instead of a fresh model; its sha256 is in the cache key"),
     # --- model ---
     "model_hidden_size": (int, 64, _positive_int, None, "tiny Qwen3-MoE hidden size"),
     "model_num_layers": (int, 2, _positive_int, None, "decoder layers"),
@@ -378,7 +380,8 @@ def _validate(cfg: RuntimeConfig) -> None:
     for name, (typ, _d, check, choices, _h) in FIELDS.items():
         val = v[name]
         if val is None:
-            if name in ("save", "load", "warm_start_cache_dir", "warm_start_seed", "debug_kill_rollout_worker_at_step"):
+            if name in ("save", "load", "warm_start_cache_dir", "warm_start_init", "warm_start_seed",
+                        "debug_kill_rollout_worker_at_step"):
                 continue
             raise ConfigError(f"{name} must be set (got null)")
         if typ is bool and not isinstance(val, bool):

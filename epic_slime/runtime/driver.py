@@ -442,15 +442,11 @@ class Run:
         import ray
 
         from .actors import EvalWorker, Trainer
-        from .warmstart import load_or_train_warm_start
+        from .warmstart import warm_start_for
 
         cfg = self.cfg
         t0 = time.time()
-        init_state, provenance = load_or_train_warm_start(
-            cfg.model, self.task, steps=cfg.warm_start_steps, lr=cfg.warm_start_lr,
-            batch_size=cfg.warm_start_batch_size, seed=cfg.warm_start_seed_or_seed, cache_dir=cfg.warm_start_cache_dir,
-            answer_noise=cfg.warm_start_answer_noise, step_noise=cfg.warm_start_step_noise,
-            progress=cfg.progress)
+        init_state, provenance = warm_start_for(cfg, progress=cfg.progress)
         warm_s = time.time() - t0
         self.log.open_mirrors()
         own_ray = not (reuse_ray and ray.is_initialized())

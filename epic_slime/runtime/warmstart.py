@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import random
 import re
 from pathlib import Path
@@ -26,11 +27,13 @@ WARM_START_BAR = "warm start (trained once, then cached)"
 
 
 def warm_start_key(model_cfg: ModelConfig, task_cfg: TaskConfig, steps: int, lr: float, batch_size: int, seed: int,
-                   answer_noise: float, step_noise: float = 0.0) -> str:
+                   answer_noise: float, step_noise: float = 0.0, init_sha256: str | None = None) -> str:
     recipe = {"model": model_cfg.__dict__, "task": task_cfg.__dict__, "steps": steps, "lr": lr,
               "batch_size": batch_size, "seed": seed, "answer_noise": answer_noise, "recipe": WARM_START_VERSION}
     if step_noise:      # only when used, so that every existing cache entry keeps its key
         recipe["step_noise"] = step_noise
+    if init_sha256:     # the starting weights' content, not their path: a moved file keeps its key
+        recipe["init_sha256"] = init_sha256
     blob = json.dumps(recipe, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -71,11 +74,32 @@ def warm_start_target(problem, rng: random.Random, answer_noise: float, step_noi
     return f"{head}{ANSWER}{wrong}"
 
 
+def read_init_weights(path: str | Path) -> tuple[dict, str]:
+    """(state_dict, sha256 of the file) of `warm_start_init`; a one-line error naming the field otherwise."""
+    try:
+        blob = Path(path).read_bytes()
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
+        raise ValueError(f"warm_start_init: cannot read weights from {str(path)!r} ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"warm_start_init: {str(path)!r} is not a state dict (got {type(state).__name__})")
+    return state, hashlib.sha256(blob).hexdigest()
+
+
 def supervised_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, steps: int, lr: float, batch_size: int,
-                          seed: int, answer_noise: float = 0.0, step_noise: float = 0.0, on_step=None) -> dict:
-    """on_step(step, loss): called after every step (progress output)."""
+                          seed: int, answer_noise: float = 0.0, step_noise: float = 0.0, on_step=None,
+                          init_state: dict | None = None) -> dict:
+    """on_step(step, loss): called after every step (progress output). init_state: start from these
+    weights instead of a fresh model (a curriculum: a long task's warm start from a short task's, whose
+    arithmetic a fresh model at 600 tokens learned much worse than the copies)."""
     tok = Tokenizer()
     model = build_policy(model_cfg, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed)
+    if init_state is not None:
+        try:
+            model.load_state_dict(init_state)
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()
+            raise ValueError(f"warm_start_init: the weights do not fit this model ({first[1].strip() if len(first) > 1 else first[0]})") from None
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(f"warm/{seed}")
@@ -103,16 +127,21 @@ def supervised_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, steps
 def load_or_train_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, steps: int, lr: float,
                              batch_size: int, seed: int, cache_dir: str | Path | None,
                              answer_noise: float = 0.0, step_noise: float = 0.0,
-                             progress: bool = False) -> tuple[dict, str]:
+                             progress: bool = False, init: str | Path | None = None) -> tuple[dict, str]:
     """(state_dict, provenance) where provenance is "cache:<path>", "trained:<path>" or "fresh-init".
-    progress: say what happens (cached at PATH / training with a progress bar)."""
+    progress: say what happens (cached at PATH / training with a progress bar). init: a state-dict file
+    to start from (`warm_start_init`), read and hashed even on a cache hit so a changed file is retrained."""
     from .progress import Progress, say
 
+    init_state, init_sha256 = read_init_weights(init) if init else (None, None)
     if steps == 0:
+        if init_state is not None:
+            raise ValueError(f"warm_start_init: {str(init)!r} needs warm_start_steps > 0 (got 0); "
+                             "to start RL from a file, use --load")
         tok = Tokenizer()
         model = build_policy(model_cfg, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}, "fresh-init"
-    key = warm_start_key(model_cfg, task_cfg, steps, lr, batch_size, seed, answer_noise, step_noise)
+    key = warm_start_key(model_cfg, task_cfg, steps, lr, batch_size, seed, answer_noise, step_noise, init_sha256)
     path = Path(cache_dir or default_cache_dir()) / f"{key}.pt"
     if path.exists():
         try:
@@ -129,7 +158,7 @@ def load_or_train_warm_start(model_cfg: ModelConfig, task_cfg: TaskConfig, *, st
     try:
         with torch_threads():
             state = supervised_warm_start(model_cfg, task_cfg, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
-                                          answer_noise=answer_noise, step_noise=step_noise,
+                                          answer_noise=answer_noise, step_noise=step_noise, init_state=init_state,
                                           on_step=lambda i, loss: bar.update(i, {"loss": loss}))
     finally:
         bar.close()
@@ -149,4 +178,5 @@ def warm_start_for(cfg, progress: bool = False) -> tuple[dict, str]:
     return load_or_train_warm_start(
         cfg.model, cfg.task, steps=cfg.warm_start_steps, lr=cfg.warm_start_lr,
         batch_size=cfg.warm_start_batch_size, seed=cfg.warm_start_seed_or_seed, cache_dir=cfg.warm_start_cache_dir,
-        answer_noise=cfg.warm_start_answer_noise, step_noise=cfg.warm_start_step_noise, progress=progress)
+        answer_noise=cfg.warm_start_answer_noise, step_noise=cfg.warm_start_step_noise, progress=progress,
+        init=cfg.warm_start_init)

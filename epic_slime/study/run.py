@@ -211,11 +211,13 @@ def measure_warm_start(cfg: StudyConfig, out: Path, log=print, previous: dict | 
 
 
 def _warm_start_identity(run_cfg) -> tuple:
-    """What makes two settings' warm starts (and their test splits) the same policy on the same task."""
-    return (repr(run_cfg.model), repr(run_cfg.task), run_cfg.warm_start_steps, run_cfg.warm_start_lr,
-            run_cfg.warm_start_batch_size, run_cfg.warm_start_answer_noise, run_cfg.warm_start_step_noise,
-            run_cfg.warm_start_seed_or_seed, run_cfg.n_samples_per_eval_prompt, run_cfg.eval_temperature,
-            run_cfg.eval_top_p, run_cfg.rollout_max_response_len)
+    """What makes two settings' warm starts (and their test splits) the same policy on the same task.
+    The init file is named only when set, so the identities recorded before it existed still match."""
+    identity = (repr(run_cfg.model), repr(run_cfg.task), run_cfg.warm_start_steps, run_cfg.warm_start_lr,
+                run_cfg.warm_start_batch_size, run_cfg.warm_start_answer_noise, run_cfg.warm_start_step_noise,
+                run_cfg.warm_start_seed_or_seed, run_cfg.n_samples_per_eval_prompt, run_cfg.eval_temperature,
+                run_cfg.eval_top_p, run_cfg.rollout_max_response_len)
+    return identity + (("init", run_cfg.warm_start_init),) if run_cfg.warm_start_init else identity
 
 
 def _identity_of(cfg: StudyConfig, out: Path, setting: str, seed: int):
@@ -242,7 +244,7 @@ def warm_starts_by_setting(cfg: StudyConfig, out: Path, record: dict, only: list
     by_setting = record.setdefault("by_setting", {})
     states = {}
     for name in only:
-        if _covers(by_setting.get(name), cfg.seeds):
+        if is_current(cfg, out, record, name):
             continue
         keys = [_identity_of(cfg, out, name, seed) for seed in cfg.seeds]
         if not train and any(key not in scores for _, key in keys):
@@ -271,11 +273,23 @@ def _covers(entry: dict | None, seeds: list[int]) -> bool:
     return entry is not None and {int(s) for s in entry["test_by_seed"]} >= set(seeds)
 
 
+def is_current(cfg: StudyConfig, out: Path, record: dict, setting: str) -> bool:
+    """The setting's by_setting entry holds, for every seed, the score of the warm start the setting
+    has now: a setting whose warm-start recipe changed after it was measured is measured again, not
+    reported with the old policy's score."""
+    entry = record.get("by_setting", {}).get(setting)
+    seeds = _record_seeds(cfg, record)
+    if not _covers(entry, seeds):
+        return False
+    scores, by_seed = record.get("warm_start_scores", {}), {int(s): v for s, v in entry["test_by_seed"].items()}
+    return all(scores.get(_identity_of(cfg, out, setting, seed)[1]) == by_seed[seed] for seed in seeds)
+
+
 def measure_other_warm_start(cfg: StudyConfig, out: Path, setting: str, log=print) -> None:
     """After a run of a setting whose warm start was not measured yet (the run trained and cached it):
     measure it and record it for every setting that shares it (warm_start.json)."""
     record = read_warm_start(out)
-    if _covers(record.get("by_setting", {}).get(setting), _record_seeds(cfg, record)):
+    if is_current(cfg, out, record, setting):
         return
     t = time.time()
     warm_starts_by_setting(cfg, out, record, [setting], train=True)
