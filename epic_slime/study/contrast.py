@@ -75,3 +75,36 @@ def contrast_section(cfg, results: list[dict], metrics: dict, summary: dict) -> 
         g = gaps[s]
         lines.append(f"| {s} | {g['mean']:.2e} | {g['first_step']:.2e} | {g['max']:.2e} | {g['runs']} |")
     return lines + [""]
+
+
+def results_of(out, setting: str) -> list[dict]:
+    """result.json of every finished run of one setting in a study directory."""
+    import json
+    from pathlib import Path
+
+    paths = sorted((Path(out) / "runs" / setting).glob("*/result.json"))
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def main(argv=None) -> int:
+    """The contrast between two study directories (an extension's target cell against the main study's
+    reference cell): python -m epic_slime.study.contrast --target DIR SETTING --reference DIR SETTING."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m epic_slime.study.contrast", description=main.__doc__)
+    p.add_argument("--target", nargs=2, metavar=("DIR", "SETTING"), required=True)
+    p.add_argument("--reference", nargs=2, metavar=("DIR", "SETTING"), required=True)
+    p.add_argument("--method", default="epic")
+    p.add_argument("--baseline", default="grpo")
+    a = p.parse_args(argv)
+    (t_dir, target), (r_dir, reference) = a.target, a.reference
+    if target == reference:
+        p.error(f"--target and --reference name the same setting {target!r}: give the cells distinct names")
+    results = results_of(t_dir, target) + results_of(r_dir, reference)
+    print(json.dumps(contrast_for(results, a.method, a.baseline, target, reference)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -172,3 +172,26 @@ def test_a_setting_whose_warm_start_recipe_changed_is_measured_again(tmp_path):
     assert not is_current(cfg, tmp_path, record, "long_none")
     del record["by_setting"]["long_none"]["test_by_seed"]["3"]                      # a seed missing
     assert not is_current(cfg, tmp_path, record, "long_none")
+
+
+def test_the_contrast_across_two_study_directories_pairs_seeds_by_setting(tmp_path, capsys):
+    """The 1,803-token extension's target cell lives in its own directory; its contrast against the main
+    study's reference cell is computed from both directories' result.json files."""
+    import json
+
+    from epic_slime.study.contrast import main
+
+    scores = {("x", "epic", 1): 0.5, ("x", "grpo", 1): 0.3, ("x", "epic", 2): 0.6, ("x", "grpo", 2): 0.3,
+              ("s", "epic", 1): 0.5, ("s", "grpo", 1): 0.5, ("s", "epic", 2): 0.4, ("s", "grpo", 2): 0.5,
+              ("s", "epic", 3): 0.9, ("s", "grpo", 3): 0.1}                  # seed 3 has no target pair
+    for (setting, method, seed), v in scores.items():
+        d = tmp_path / ("ext" if setting == "x" else "main") / "runs" / setting / f"{method}_s{seed}"
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({"setting": setting, "method": method, "seed": seed,
+                                                   "test_at_final": v}))
+    main(["--target", str(tmp_path / "ext"), "x", "--reference", str(tmp_path / "main"), "s"])
+    out = json.loads(capsys.readouterr().out)
+    # per seed: (0.2 - 0.0, 0.3 - (-0.1)) = (0.2, 0.4)
+    assert out["seeds"] == [1, 2] and out["per_seed"] == pytest.approx([0.2, 0.4]) and out["mean"] == pytest.approx(0.3)
+    with pytest.raises(SystemExit):
+        main(["--target", str(tmp_path / "ext"), "s", "--reference", str(tmp_path / "main"), "s"])
