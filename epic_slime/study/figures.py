@@ -145,7 +145,7 @@ def ladder_figure(summary: dict, axes: dict[str, list[dict]], methods: list[str]
     grid[1][0].set_ylabel("collapse rate")
     handles, labels = grid[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.83, 0.5), fontsize=13, frameon=False)
-    fig.suptitle(f"Policy-lag ladder at toy scale: mean over seeds, 95% t intervals", fontsize=15)
+    fig.suptitle("Policy-lag ladder at toy scale: mean over seeds, 95% t intervals", fontsize=15)
     fig.tight_layout(rect=(0, 0, 0.82, 0.96))
     fig.savefig(path, dpi=80)
     plt.close(fig)

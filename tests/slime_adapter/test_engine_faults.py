@@ -15,7 +15,6 @@ import pytest
 
 pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importable (SLIME_PATH)")
 from slime.utils.async_utils import run  # noqa: E402
-from slime.utils.types import Sample  # noqa: E402
 
 from epic_slime.slime import engine_faults, group_stream  # noqa: E402
 from support.stream_data_source import DataSource  # noqa: E402

@@ -17,7 +17,6 @@ import queue
 import threading
 import uuid
 
-import pytest
 import torch
 
 from support.real_sglang import MAX_NEW

@@ -10,7 +10,7 @@ import yaml
 from epic_slime.cli import main as cli_main
 from epic_slime.runtime.config import parse_config
 from epic_slime.study.files import RESULT
-from epic_slime.study.plan import (DEFAULT_CONFIG, LADDER_CONFIG, LADDER_QUICK_CONFIG, QUICK_CONFIG, STRESS_QUICK_CONFIG,
+from epic_slime.study.plan import (DEFAULT_CONFIG, LADDER_QUICK_CONFIG, QUICK_CONFIG, STRESS_QUICK_CONFIG,
                                    StudyConfigError, load_study_config, plan, run_argv)
 
 TINY_TRAIN = {"task_name": "chain", "task_min_operands": 12, "task_max_operands": 12, "model_max_positions": 144,
