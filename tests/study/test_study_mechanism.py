@@ -147,3 +147,28 @@ def test_the_anchor_reruns_the_ladders_lr1_cell_under_the_papers_optimizer(tmp_p
     run = parse_config(run_argv(cfg, spec, tmp_path / "r", tmp_path / "ws"))
     assert (run.lr_warmup_steps, run.kl_loss_type, run.adam_beta2, run.weight_decay) == (10, "low_var_kl", 0.98, 0.1)
     assert (run.lr, run.update_depth, run.task_name) == (1.0e-4, 8, "chain")
+
+
+def test_a_setting_whose_warm_start_recipe_changed_is_measured_again(tmp_path):
+    """warm_start.json keeps each setting's warm-start score; the long settings' recipe was revised after
+    their first warm start was measured, and the gate must not read the old policy's score (it did: it
+    skipped any setting with an entry for every seed)."""
+    from epic_slime.study.run import _identity_of, is_current
+
+    cfg = load_study_config(STAGES / "2_core_long.yaml")
+    key = lambda c, seed: _identity_of(c, tmp_path, "long_none", seed)[1]   # noqa: E731
+    record = {"test_by_seed": {"1": 0.4, "2": 0.4, "3": 0.4},
+              "warm_start_scores": {key(cfg, s): v for s, v in ((1, 0.21), (2, 0.22), (3, 0.23))},
+              "by_setting": {"long_none": {"test_by_seed": {"1": 0.21, "2": 0.22, "3": 0.23}, "test_mean": 0.22}}}
+    assert is_current(cfg, tmp_path, record, "long_none")
+    assert not is_current(cfg, tmp_path, record, "long_mis")                       # no entry yet
+    old = yaml.safe_load((STAGES / "2_core_long.yaml").read_text())
+    for s in old["settings"]:          # the first recipe: 1,600 steps from a fresh model
+        s.update(warm_start_steps=1600, warm_start_lr=3e-3)
+        s.pop("warm_start_init")
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
+    assert not is_current(load_study_config(tmp_path / "old.yaml"), tmp_path, record, "long_none")
+    record["by_setting"]["long_none"]["test_by_seed"]["3"] = 0.5                    # a score of another policy
+    assert not is_current(cfg, tmp_path, record, "long_none")
+    del record["by_setting"]["long_none"]["test_by_seed"]["3"]                      # a seed missing
+    assert not is_current(cfg, tmp_path, record, "long_none")
