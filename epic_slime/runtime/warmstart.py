@@ -8,6 +8,7 @@ answer off by 1..3, so the base policy knows the procedure yet usually botches t
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -77,8 +78,8 @@ def warm_start_target(problem, rng: random.Random, answer_noise: float, step_noi
 def read_init_weights(path: str | Path) -> tuple[dict, str]:
     """(state_dict, sha256 of the file) of `warm_start_init`; a one-line error naming the field otherwise."""
     try:
-        blob = Path(path).read_bytes()
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        blob = Path(path).read_bytes()      # read once: hashed, then loaded from memory
+        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
         raise ValueError(f"warm_start_init: cannot read weights from {str(path)!r} ({type(e).__name__}: {e})") from None
     if not isinstance(state, dict):

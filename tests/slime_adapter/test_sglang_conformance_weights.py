@@ -104,7 +104,7 @@ def test_disk_update_during_an_in_place_pause_decodes_on_over_the_old_kv(engine,
         return (reported[at:] - spliced_logprobs(initial, model, sequence, len(PROMPT) + at - 1, len(PROMPT) + at)).abs()
 
     # the first tokens after the update can fit the old weights within pushed_gap by chance, which puts the
-    # detected switch late (a clean-clone run: median gap 0.13); the update came at or before it, at the
+    # detected switch late (the suspected cause of one clean-clone failure, median gap 0.13); the update came at or before it, at the
     # splice point that explains the tokens best
     switch = min(range(max(1, switch - 8), switch + 1), key=lambda at: float(splice_gap(at).median()))
     gap = splice_gap(switch)
