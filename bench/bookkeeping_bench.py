@@ -79,6 +79,7 @@ def time_bookkeeping(args, Sample) -> dict:
     stream = ro.GroupStream.__new__(ro.GroupStream)
     stream.active, stream.failures, stream.empty_call_versions = {}, [], 0
     stream.order, stream.finished, stream.to_start = __import__("collections").deque(), {}, []
+    stream.taken = set()
     stream.top_up = lambda up_to=None: None
     stream.data_source = SimpleNamespace(ledger=ledger, _returned=[])
     totals = {"consume": 0.0, "on_done": 0.0, "collect": 0.0, "ledger": 0.0, "metrics": 0.0}
@@ -109,14 +110,16 @@ def time_bookkeeping(args, Sample) -> dict:
         gate = StalenessGate(2, "drop")
         t = time.process_time()
         batch = asyncio.run(collect_admitted_groups(stream.pop, trainer_version=trainer_version, gate=gate,
-                                                    target=args.prompts, on_drop=lambda g: ledger.drop(ro.group_key(g))))
+                                                    target=args.prompts,
+                                                    on_drop=lambda g: (ledger.drop(ro.group_key(g)), stream.release(g))))
         batch.sort(key=ro._group_sort_key)
         totals["collect"] += (dt_collect := time.process_time() - t)
         t = time.process_time()
         for g in batch:
             ledger.deliver(ro.group_key(g), r)
+            stream.release(g)
         ledger.close_rollout(r - 2)
-        ledger.check(worker_in_flight=stream.held())
+        ledger.check(worker_in_flight=stream.accounted())
         totals["ledger"] += (dt_ledger := time.process_time() - t)
         t = time.process_time()
         metrics = gate.metrics(prefix=STALENESS_PREFIX) | ledger.metrics()

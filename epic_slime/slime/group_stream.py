@@ -117,6 +117,7 @@ class GroupStream:
         self.active: dict = {}           # task -> (group key, attempt, per sample (response length, versions) before)
         self.order: deque = deque()      # keys of the live, untaken groups in start order
         self.finished: dict = {}         # key -> finished group, not yet taken
+        self.taken: set = set()          # keys popped for the rollout being collected, not yet delivered or dropped
         self.to_start: deque = deque()   # fresh groups of requeued prompts, started first when room opens
         self.requeues: Counter = Counter()   # group key -> times regenerated for staleness
         self.aborts: Counter = Counter()     # group key -> consecutive aborts of its current attempt
@@ -153,6 +154,16 @@ class GroupStream:
     def held(self) -> int:
         """Consumed groups the stream holds: generating, finished and not taken, or waiting to start."""
         return len(self.order) + len(self.to_start)
+
+    def accounted(self) -> int:
+        """Consumed, undelivered groups this worker can name: held, taken by the rollout being collected
+        (a failure may end it before delivery: they are still owed), or handed back to the data source.
+        What ``GroupLedger.check`` compares with its undelivered count."""
+        return self.held() + len(self.taken) + len(self.data_source._returned)
+
+    def release(self, group) -> None:
+        """A taken group left the collector: delivered to its rollout, dropped, or requeued."""
+        self.taken.discard(group_key(group))
 
     def room(self) -> int:
         room = self.budget.room(self.engine_version, self.live_started)
@@ -324,6 +335,7 @@ class GroupStream:
         if key in self.order:
             self._discard(key)
         else:   # taken by pop: it leaves the live count all the same
+            self.release(group)
             self.live_started -= 1
         if self.requeues[key] >= self.max_requeues:
             self.top_up()
@@ -345,7 +357,9 @@ class GroupStream:
             raise RuntimeError("rollout groups failed after retries: " + "; ".join(map(str, self.failures)))
         out = []
         while self.order and len(out) < limit and self.order[0] in self.finished:
-            out.append(self.finished.pop(self.order.popleft()))
+            key = self.order.popleft()
+            self.taken.add(key)
+            out.append(self.finished.pop(key))
         if out:
             self.top_up()   # the cap (if any) has room again
         return out

@@ -120,15 +120,16 @@ async def _collect(args, stream: GroupStream, trainer_version: int, gate: Stalen
         target=args.rollout_batch_size,
         poll_seconds=poll_seconds,
         requeue=stream.requeue if gate.stale_policy == "drop" else None,
-        on_drop=lambda group: (ledger.drop(group_key(group)), stream.record(group, "dropped")),
+        on_drop=lambda group: (ledger.drop(group_key(group)), stream.release(group), stream.record(group, "dropped")),
     )
     for group in groups:
         ledger.deliver(group_key(group), rollout_id)
+        stream.release(group)
         lag = int(group[0].metadata["epic_group_staleness"])
         stream.record(group, "over_k" if over_limit(lag, gate.max_staleness) else "trained", lag)
     # the driver asks for rollout r while r - 1 trains: rollouts <= r - 2 are trained by now
     ledger.close_rollout(rollout_id - 2)
-    ledger.check(worker_in_flight=stream.held() + len(stream.data_source._returned))
+    ledger.check(worker_in_flight=stream.accounted())
     return groups, ledger.metrics(), stream.held()
 
 

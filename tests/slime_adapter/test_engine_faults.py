@@ -220,3 +220,32 @@ def test_without_fault_tolerance_a_transient_failure_with_every_engine_healthy_i
         return stream.pop(2)
 
     assert [g[0].group_index for g in run(go())] == [0, 1] and engine.calls.count(0) == 2
+
+
+def test_groups_a_failed_rollout_had_taken_stay_accounted_for():
+    """Group 0 finishes and the collector takes it; then group 1's engine is found dead and the rollout
+    raises before delivering. Group 0 is consumed and undelivered: the ledger still owes it (a save
+    regenerates it), and the stream's count must say so, or the accounting check calls it lost (a
+    clean-clone CI run of the real engine-fault test failed this way)."""
+    from epic_slime.slime import rollout
+    from epic_slime.staleness import StalenessGate
+
+    engine = Engine(raises=lambda key, call: key == 1)
+    original = engine.generate
+
+    async def generate(args, group, sampling_params, evaluation=False):
+        if group[0].group_index == 1:
+            await asyncio.sleep(0.3)   # group 0 is taken first
+        return await original(args, group, sampling_params, evaluation)
+
+    stream = _stream(engine)
+    stream.generate_group = generate
+    stream.faults.probe = lambda router: ["http://127.0.0.1:30001"]
+    gate = StalenessGate(stream.args.max_staleness, "drop")
+    with pytest.raises(engine_faults.EngineFailedError):
+        run(asyncio.wait_for(rollout._collect(stream.args, stream, 1, gate, 0), 20))
+    assert stream.taken == {0}
+    ledger = stream.data_source.ledger
+    assert ledger.undelivered() == ledger.consumed >= 2 and not ledger.delivered
+    ledger.check(worker_in_flight=stream.accounted())
+    assert stream.accounted() != stream.held() + len(stream.data_source._returned)

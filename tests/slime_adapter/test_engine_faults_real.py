@@ -155,7 +155,7 @@ def _check_trained_once(rig) -> None:
 
     twice = [k for k, n in Counter(rig.trained).items() if n > 1]
     assert not twice, f"trained twice: {twice}"
-    rig.data_source.ledger.check(worker_in_flight=rig.stream.held() + len(rig.data_source._returned))
+    rig.data_source.ledger.check(worker_in_flight=rig.stream.accounted())
 
 
 def test_a_hung_engine_is_detected_by_slimes_monitor_and_the_run_goes_on(rig, monkeypatch):
