@@ -8,6 +8,8 @@ restart, and an unfinished run directory is removed and rerun from scratch (a fr
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import shutil
 import statistics
 import time
@@ -212,12 +214,27 @@ def measure_warm_start(cfg: StudyConfig, out: Path, log=print, previous: dict | 
 
 def _warm_start_identity(run_cfg) -> tuple:
     """What makes two settings' warm starts (and their test splits) the same policy on the same task.
-    The init file is named only when set, so the identities recorded before it existed still match."""
+    The init file is named only when set, so the identities recorded before it existed still match, and by
+    its content too: another file written to the same path is another warm start."""
     identity = (repr(run_cfg.model), repr(run_cfg.task), run_cfg.warm_start_steps, run_cfg.warm_start_lr,
                 run_cfg.warm_start_batch_size, run_cfg.warm_start_answer_noise, run_cfg.warm_start_step_noise,
                 run_cfg.warm_start_seed_or_seed, run_cfg.n_samples_per_eval_prompt, run_cfg.eval_temperature,
                 run_cfg.eval_top_p, run_cfg.rollout_max_response_len)
-    return identity + (("init", run_cfg.warm_start_init),) if run_cfg.warm_start_init else identity
+    return identity + (_init_identity(run_cfg.warm_start_init),) if run_cfg.warm_start_init else identity
+
+
+def _init_identity(path: str) -> tuple:
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return ("init", path, "missing")   # its run fails with the field's one-line error
+    return ("init", path, _sha256(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256(path: str, mtime_ns: int, size: int) -> str:
+    """Keyed by modification time and size too: a rewritten file is hashed again."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _identity_of(cfg: StudyConfig, out: Path, setting: str, seed: int):

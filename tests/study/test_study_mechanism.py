@@ -174,6 +174,34 @@ def test_a_setting_whose_warm_start_recipe_changed_is_measured_again(tmp_path):
     assert not is_current(cfg, tmp_path, record, "long_none")
 
 
+def test_another_init_file_at_the_same_path_is_another_warm_start(tmp_path):
+    """warm_start_init is named by its content, not only its path: a file rewritten in place (another
+    curriculum's weights) makes the recorded scores stale, as the training cache's key already does."""
+    import os
+    import shutil
+
+    from epic_slime.study.run import _identity_of, is_current
+
+    stage = yaml.safe_load((STAGES / "2_core_long.yaml").read_text())
+    init = tmp_path / "init.pt"
+    shutil.copyfile(REPO / stage["settings"][0]["warm_start_init"], init)
+    for s in stage["settings"]:
+        s["warm_start_init"] = str(init)
+    (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
+    cfg = load_study_config(tmp_path / "stage.yaml")
+    keys = {s: _identity_of(cfg, tmp_path, "long_none", s)[1] for s in (1, 2, 3)}
+    assert all(str(init) in k for k in keys.values())
+    record = {"test_by_seed": {"1": 0.4, "2": 0.4, "3": 0.4},
+              "warm_start_scores": {k: 0.3 for k in keys.values()},
+              "by_setting": {"long_none": {"test_by_seed": {"1": 0.3, "2": 0.3, "3": 0.3}, "test_mean": 0.3}}}
+    assert is_current(cfg, tmp_path, record, "long_none")
+    stat = init.stat()
+    os.utime(init, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))                # touched, same bytes
+    assert is_current(cfg, tmp_path, record, "long_none")
+    init.write_bytes(init.read_bytes()[:-1] + bytes([init.read_bytes()[-1] ^ 1]))   # same path and size
+    assert not is_current(cfg, tmp_path, record, "long_none")
+
+
 def test_the_contrast_across_two_study_directories_pairs_seeds_by_setting(tmp_path, capsys):
     """The 1,803-token extension's target cell lives in its own directory; its contrast against the main
     study's reference cell is computed from both directories' result.json files."""
