@@ -141,6 +141,26 @@ def test_distributed_push_over_gloo_sets_weights_and_version(engine, initial, pu
     _assert_serves(engine, model)
 
 
+def test_destroying_an_update_group_succeeds_once_then_is_refused(engine):
+    """A live group is destroyed with success; a name with no group (destroyed already, or never made) is
+    refused with 400 and success false. The stand-in answered success for both, so push_recovery, which
+    counts the engines whose answer says success, logged leftover groups cleared where there were none."""
+    import torch.distributed as dist
+
+    pusher = GlooPusher(engine.server, group_name="conformance_destroy")
+    try:
+        first = engine.server.post("/destroy_weights_update_group", {"group_name": "conformance_destroy"})
+    finally:
+        dist.destroy_process_group(pusher.group)
+    again = engine.server.post("/destroy_weights_update_group", {"group_name": "conformance_destroy"})
+    never = engine.server.post("/destroy_weights_update_group", {"group_name": "conformance_never_made"})
+    assert first.status_code == 200 and first.json()["success"], first.text
+    for reply in (again, never):
+        assert reply.status_code == 400 and reply.json()["success"] is False, reply.text
+        assert "does not exist" in reply.json()["message"]
+    assert engine.server.get("/health").status_code == 200   # a refused destroy leaves the server serving
+
+
 def test_a_push_without_the_output_head_leaves_the_served_head(engine, initial, pushed, restore):
     """The tiny policy ties its head to the embeddings: its ``named_parameters`` have no ``lm_head``.
     Pushed without it, the engine keeps its old head and serves the new body with the old head."""

@@ -154,10 +154,12 @@ def make_app(engine: Engine):
     async def destroy_group(request):
         payload = await request.json()
         group = engine.groups.pop(payload["group_name"], None)
-        if group is not None:   # its name can be joined again, as in SGLang
-            import torch.distributed as dist
+        if group is None:   # SGLang refuses a name with no group (never made, or destroyed already)
+            return web.json_response({"success": False, "message": "The group to be destroyed does not exist."},
+                                     status=400)
+        import torch.distributed as dist
 
-            dist.destroy_process_group(group)
+        dist.destroy_process_group(group)   # its name can be joined again, as in SGLang
         return web.json_response({"success": True, "message": "ok"})
 
     async def update_version(request):
