@@ -9,7 +9,6 @@ restart, and an unfinished run directory is removed and rerun from scratch (a fr
 from __future__ import annotations
 
 import functools
-import hashlib
 import shutil
 import statistics
 import time
@@ -224,17 +223,20 @@ def _warm_start_identity(run_cfg) -> tuple:
 
 
 def _init_identity(path: str) -> tuple:
+    resolved = Path(path).resolve()
     try:
-        stat = Path(path).stat()
+        stat = resolved.stat()
     except OSError:
         return ("init", path, "missing")   # its run fails with the field's one-line error
-    return ("init", path, _sha256(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size))
+    return ("init", path, _sha256(str(resolved), stat.st_mtime_ns, stat.st_size))
 
 
 @functools.lru_cache(maxsize=16)
 def _sha256(path: str, mtime_ns: int, size: int) -> str:
     """Keyed by modification time and size too: a rewritten file is hashed again."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    from epic_slime.data.hub import file_sha256
+
+    return file_sha256(path)
 
 
 def _identity_of(cfg: StudyConfig, out: Path, setting: str, seed: int):
