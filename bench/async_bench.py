@@ -34,9 +34,13 @@ def _throughput(rows: list[dict]) -> dict:
     seconds = last["time/elapsed_s"] - first["time/elapsed_s"]
     trained = last["accounting/trained"] - first["accounting/trained"]
     generated = last["accounting/generated"] - first["accounting/generated"]
-    return {"seconds": seconds, "trained_per_s": trained / seconds, "generated_per_s": generated / seconds,
-            "staleness_mean": sum(r["rollout/staleness/mean"] for r in rows[1:]) / max(1, len(rows) - 1),
-            "dropped": last["accounting/dropped"]}
+    return {
+        "seconds": seconds,
+        "trained_per_s": trained / seconds,
+        "generated_per_s": generated / seconds,
+        "staleness_mean": sum(r["rollout/staleness/mean"] for r in rows[1:]) / max(1, len(rows) - 1),
+        "dropped": last["accounting/dropped"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,28 +51,54 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-dir", default=None, help="where the bench runs go (default: a temporary directory)")
     args, extra = ap.parse_known_args(argv)
     root = Path(args.output_dir or tempfile.mkdtemp(prefix="epic_slime_bench_"))
-    common = ["--config", args.config, "--num-rollout", str(args.steps), "--eval-interval", "0", "--no-plots",
-              "--no-progress", "--save-interval", "0", *extra]
+    common = [
+        "--config",
+        args.config,
+        "--num-rollout",
+        str(args.steps),
+        "--eval-interval",
+        "0",
+        "--no-plots",
+        "--no-progress",
+        "--save-interval",
+        "0",
+        *extra,
+    ]
     results = {}
     for mode in ("async", "sync"):
         cfg = parse_config([*common, "--rollout-mode", mode, "--output-dir", str(root / mode)])
         run_training(cfg)
         results[mode] = _throughput(_rows(root / mode))
         r = results[mode]
-        print(f"{mode:5s}: {r['trained_per_s']:8.1f} trained samples/s, {r['generated_per_s']:8.1f} generated/s, "
-              f"mean lag {r['staleness_mean']:.2f}, dropped {r['dropped']} ({r['seconds']:.1f}s for {args.steps - 1} steps)",
-              flush=True)
+        print(
+            f"{mode:5s}: {r['trained_per_s']:8.1f} trained samples/s, {r['generated_per_s']:8.1f} generated/s, "
+            f"mean lag {r['staleness_mean']:.2f}, dropped {r['dropped']} ({r['seconds']:.1f}s for {args.steps - 1} steps)",
+            flush=True,
+        )
     ratio = results["async"]["trained_per_s"] / results["sync"]["trained_per_s"]
     print(f"async / sync trained-samples/s ratio: {ratio:.2f}")
     report = {"throughput": results, "async_over_sync": ratio}
     if args.memory_steps > 0:
-        cfg = parse_config([*common, "--num-rollout", str(args.memory_steps), "--rollout-mode", "async",
-                            "--rollout-batch-size", "8", "--output-dir", str(root / "memory")])
+        cfg = parse_config(
+            [
+                *common,
+                "--num-rollout",
+                str(args.memory_steps),
+                "--rollout-mode",
+                "async",
+                "--rollout-batch-size",
+                "8",
+                "--output-dir",
+                str(root / "memory"),
+            ]
+        )
         summary = run_training(cfg)
         rows = _rows(root / "memory")
         rss = [rows[0]["driver/rss_mb"], rows[len(rows) // 2]["driver/rss_mb"], rows[-1]["driver/rss_mb"]]
-        print(f"driver RSS over {len(rows)} async steps: start {rss[0]:.1f} MiB, middle {rss[1]:.1f} MiB, "
-              f"end {rss[2]:.1f} MiB (growth {rss[2] - rss[0]:+.1f} MiB); before the loop {summary['rss_mb_start']:.1f} MiB")
+        print(
+            f"driver RSS over {len(rows)} async steps: start {rss[0]:.1f} MiB, middle {rss[1]:.1f} MiB, "
+            f"end {rss[2]:.1f} MiB (growth {rss[2] - rss[0]:+.1f} MiB); before the loop {summary['rss_mb_start']:.1f} MiB"
+        )
         report["memory"] = {"steps": len(rows), "rss_mb": rss, "rss_mb_before_loop": summary["rss_mb_start"]}
     (root / "bench.json").write_text(json.dumps(report, indent=1))
     print(f"bench results: {root / 'bench.json'}")

@@ -30,10 +30,15 @@ def read_pairs(text: str) -> dict:
 
 def summary(pairs: dict) -> dict:
     diffs = [n - o for o, n in zip(pairs["old"], pairs["new"])]
-    return {"pairs": len(diffs), "old_median": statistics.median(pairs["old"]),
-            "new_median": statistics.median(pairs["new"]), "old_range": (min(pairs["old"]), max(pairs["old"])),
-            "new_range": (min(pairs["new"]), max(pairs["new"])), "diffs": diffs,
-            "load_range": (min(pairs["load"]), max(pairs["load"]))}
+    return {
+        "pairs": len(diffs),
+        "old_median": statistics.median(pairs["old"]),
+        "new_median": statistics.median(pairs["new"]),
+        "old_range": (min(pairs["old"]), max(pairs["old"])),
+        "new_range": (min(pairs["new"]), max(pairs["new"])),
+        "diffs": diffs,
+        "load_range": (min(pairs["load"]), max(pairs["load"])),
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled")   # no_dist: one process, on purpose
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # no_dist: one process, on purpose
     torch.set_num_threads(1)
     root = tempfile.mkdtemp(prefix="async_save_", dir=args.dir)
     state = state_dict(args.gb)

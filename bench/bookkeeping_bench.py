@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def make_group(Sample, key: int, n: int, response_len: int, prompt_len: int, version: int, rng: random.Random):
@@ -51,17 +51,30 @@ def make_group(Sample, key: int, n: int, response_len: int, prompt_len: int, ver
     for j in range(n):
         length = max(1, int(rng.lognormvariate(0, 0.3) * response_len))
         tokens = [rng.randrange(150_000) for _ in range(prompt_len + length)]
-        group.append(Sample(group_index=key, index=key * n + j, tokens=tokens, response_length=length,
-                            rollout_log_probs=[-rng.random() for _ in range(length)],
-                            loss_mask=[1] * length, weight_versions=[str(version)], status=Sample.Status.COMPLETED,
-                            metadata={}))
+        group.append(
+            Sample(
+                group_index=key,
+                index=key * n + j,
+                tokens=tokens,
+                response_length=length,
+                rollout_log_probs=[-rng.random() for _ in range(length)],
+                loss_mask=[1] * length,
+                weight_versions=[str(version)],
+                status=Sample.Status.COMPLETED,
+                metadata={},
+            )
+        )
     return group
 
 
 def fresh_group(Sample, key: int, n: int, prompt_len: int, rng: random.Random):
     prompt = [rng.randrange(150_000) for _ in range(prompt_len)]
-    return [Sample(group_index=key, index=key * n + j, tokens=list(prompt), response_length=0, weight_versions=[],
-                   metadata={}) for j in range(n)]
+    return [
+        Sample(
+            group_index=key, index=key * n + j, tokens=list(prompt), response_length=0, weight_versions=[], metadata={}
+        )
+        for j in range(n)
+    ]
 
 
 def time_bookkeeping(args, Sample) -> dict:
@@ -93,25 +106,35 @@ def time_bookkeeping(args, Sample) -> dict:
         fresh = [fresh_group(Sample, key + i, args.samples, args.prompt_len, rng) for i in range(need)]
         t = time.process_time()
         for i, g in enumerate(fresh):
-            ledger.consume(key + i, __import__("copy").deepcopy(g))   # StreamingDataSource.get_samples
+            ledger.consume(key + i, __import__("copy").deepcopy(g))  # StreamingDataSource.get_samples
         totals["consume"] += (dt_consume := time.process_time() - t)
-        finished = [make_group(Sample, key + i, args.samples, args.response_len, args.prompt_len,
-                               max(0, trainer_version - 1), rng) for i in range(need)]
+        finished = [
+            make_group(
+                Sample, key + i, args.samples, args.response_len, args.prompt_len, max(0, trainer_version - 1), rng
+            )
+            for i in range(need)
+        ]
         key += need
         t = time.process_time()
-        for g in finished:   # GroupStream._on_done's bookkeeping for a finished group
+        for g in finished:  # GroupStream._on_done's bookkeeping for a finished group
             before = [(s.response_length, len(s.weight_versions)) for s in g]
             stream._forget_empty_calls(g, before)
             remember_partial_routing(g)
             finish_group_routing(run_args, g)
-            stream.order.append(ro.group_key(g))   # started in order, finished
+            stream.order.append(ro.group_key(g))  # started in order, finished
             stream.finished[ro.group_key(g)] = g
         totals["on_done"] += (dt_done := time.process_time() - t)
         gate = StalenessGate(2, "drop")
         t = time.process_time()
-        batch = asyncio.run(collect_admitted_groups(stream.pop, trainer_version=trainer_version, gate=gate,
-                                                    target=args.prompts,
-                                                    on_drop=lambda g: (ledger.drop(ro.group_key(g)), stream.release(g))))
+        batch = asyncio.run(
+            collect_admitted_groups(
+                stream.pop,
+                trainer_version=trainer_version,
+                gate=gate,
+                target=args.prompts,
+                on_drop=lambda g: (ledger.drop(ro.group_key(g)), stream.release(g)),
+            )
+        )
         batch.sort(key=ro._group_sort_key)
         totals["collect"] += (dt_collect := time.process_time() - t)
         t = time.process_time()
@@ -128,8 +151,12 @@ def time_bookkeeping(args, Sample) -> dict:
         assert metrics and len(batch) == args.prompts
         del finished, fresh, batch
         gc.collect()
-    return {"per_rollout_s": per_rollout, "parts_s": {k: v / args.rollouts for k, v in totals.items()},
-            "mean_s": sum(per_rollout) / len(per_rollout), "capacity": capacity}
+    return {
+        "per_rollout_s": per_rollout,
+        "parts_s": {k: v / args.rollouts for k, v in totals.items()},
+        "mean_s": sum(per_rollout) / len(per_rollout),
+        "capacity": capacity,
+    }
 
 
 def time_r3(args, Sample) -> dict:
@@ -157,17 +184,23 @@ def memory(args, Sample) -> dict:
     from epic_slime.slime.oversampling import groups_in_flight
 
     rng = random.Random(1)
-    groups_alive = groups_in_flight(args.prompts, args.oversample)   # the batch + the held leftovers
+    groups_alive = groups_in_flight(args.prompts, args.oversample)  # the batch + the held leftovers
     gc.collect()
     base = rss_mb()
-    held = [make_group(Sample, i, args.samples, args.response_len, args.prompt_len, 1, rng) for i in range(groups_alive)]
+    held = [
+        make_group(Sample, i, args.samples, args.response_len, args.prompt_len, 1, rng) for i in range(groups_alive)
+    ]
     gc.collect()
     lists_mb = rss_mb() - base
     samples_alive = groups_alive * args.samples
     tokens = args.prompt_len + args.response_len
     scaled = min(samples_alive, args.r3_mem_samples)
-    out = {"groups_alive": groups_alive, "samples_alive": samples_alive, "lists_mb": lists_mb,
-           "r3_measured_samples": scaled}
+    out = {
+        "groups_alive": groups_alive,
+        "samples_alive": samples_alive,
+        "lists_mb": lists_mb,
+        "r3_measured_samples": scaled,
+    }
     for name, dtype in (("r3_int32", np.int32), ("r3_uint8", np.uint8)):
         gc.collect()
         b = rss_mb()
@@ -202,43 +235,63 @@ def main(argv=None) -> int:
     ap.add_argument("--oversample", type=float, default=0.1)
     ap.add_argument("--rollouts", type=int, default=4)
     ap.add_argument("--r3-samples", type=int, default=16, help="samples whose R3 routing compaction is timed")
-    ap.add_argument("--r3-mem-samples", type=int, default=64, help="samples whose R3 arrays are allocated (extrapolated)")
-    ap.add_argument("--rollout-wall-s", type=float, default=None, help="default: the schedule simulator's paper async K=2")
+    ap.add_argument(
+        "--r3-mem-samples", type=int, default=64, help="samples whose R3 arrays are allocated (extrapolated)"
+    )
+    ap.add_argument(
+        "--rollout-wall-s", type=float, default=None, help="default: the schedule simulator's paper async K=2"
+    )
     a = ap.parse_args(argv)
     try:
         from slime.utils.types import Sample
     except ImportError:  # the timed functions are slime's adapter's own: they import slime themselves
-        print("bookkeeping_bench times epic_slime/slime/rollout.py, which needs slime: put it on the path, e.g. "
-              "SLIME_PATH=../shared/vendor/slime-624b824a PYTHONPATH=.:$SLIME_PATH", file=sys.stderr)
+        print(
+            "bookkeeping_bench times epic_slime/slime/rollout.py, which needs slime: put it on the path, e.g. "
+            "SLIME_PATH=../shared/vendor/slime-624b824a PYTHONPATH=.:$SLIME_PATH",
+            file=sys.stderr,
+        )
         return 2
     kind = "slime's Sample"
 
     import torch
 
     torch.set_num_threads(1)
-    print(f"bookkeeping at {a.prompts} prompts x {a.samples} samples, {a.response_len}-token responses "
-          f"(lognormal around it) with per-token log-probs, K = 2, oversampling {a.oversample}; {kind}", flush=True)
+    print(
+        f"bookkeeping at {a.prompts} prompts x {a.samples} samples, {a.response_len}-token responses "
+        f"(lognormal around it) with per-token log-probs, K = 2, oversampling {a.oversample}; {kind}",
+        flush=True,
+    )
     t = time_bookkeeping(a, Sample)
     r3 = time_r3(a, Sample)
     wall = a.rollout_wall_s or simulated_rollout_wall_s(a.prompts, a.samples)
     samples_per_rollout = a.prompts * a.samples
-    print(f"CPU s per rollout (process time, one thread): {t['mean_s']:.3f} s "
-          f"(per rollout: {', '.join(f'{x:.3f}' for x in t['per_rollout_s'])}); parts: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in t["parts_s"].items()))
+    print(
+        f"CPU s per rollout (process time, one thread): {t['mean_s']:.3f} s "
+        f"(per rollout: {', '.join(f'{x:.3f}' for x in t['per_rollout_s'])}); parts: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in t["parts_s"].items())
+    )
     r3_s = r3["per_sample_s"] * samples_per_rollout
-    print(f"R3 compaction (int32 -> uint8, checked): {r3['per_sample_s'] * 1e3:.1f} ms per sample, {r3_s:.2f} s per rollout")
-    print(f"share of a simulated rollout ({wall:.0f} s, paper preset async K=2 at {a.prompts} x {a.samples}): {t['mean_s'] / wall:.3%} "
-          f"without R3, {(t['mean_s'] + r3_s) / wall:.3%} with R3 (goal < 1%)")
+    print(
+        f"R3 compaction (int32 -> uint8, checked): {r3['per_sample_s'] * 1e3:.1f} ms per sample, {r3_s:.2f} s per rollout"
+    )
+    print(
+        f"share of a simulated rollout ({wall:.0f} s, paper preset async K=2 at {a.prompts} x {a.samples}): {t['mean_s'] / wall:.3%} "
+        f"without R3, {(t['mean_s'] + r3_s) / wall:.3%} with R3 (goal < 1%)"
+    )
     m = memory(a, Sample)
-    print(f"RolloutManager memory for one batch + held groups ({m['groups_alive']} groups, {m['samples_alive']} samples): "
-          f"token / log-prob lists {m['lists_mb']:.0f} MiB; R3 routing int32 {m['r3_int32_mb'] / 1024:.1f} GiB, "
-          f"uint8 {m['r3_uint8_mb'] / 1024:.1f} GiB (measured on {m['r3_measured_samples']} samples, "
-          f"{m['r3_int32_mb_per_sample']:.1f} / {m['r3_uint8_mb_per_sample']:.1f} MiB each, extrapolated linearly)")
+    print(
+        f"RolloutManager memory for one batch + held groups ({m['groups_alive']} groups, {m['samples_alive']} samples): "
+        f"token / log-prob lists {m['lists_mb']:.0f} MiB; R3 routing int32 {m['r3_int32_mb'] / 1024:.1f} GiB, "
+        f"uint8 {m['r3_uint8_mb'] / 1024:.1f} GiB (measured on {m['r3_measured_samples']} samples, "
+        f"{m['r3_int32_mb_per_sample']:.1f} / {m['r3_uint8_mb_per_sample']:.1f} MiB each, extrapolated linearly)"
+    )
     if a.prompts != 512:
         scale = 512 / a.prompts
-        print(f"at 512 prompts x {a.samples} ({scale:.0f}x the groups; linear extrapolation, measure with --prompts 512): "
-              f"{t['mean_s'] * scale:.2f} CPU s per rollout, lists {m['lists_mb'] * scale / 1024:.1f} GiB, R3 uint8 "
-              f"{m['r3_uint8_mb'] * scale / 1024:.1f} GiB, int32 {m['r3_int32_mb'] * scale / 1024:.1f} GiB")
+        print(
+            f"at 512 prompts x {a.samples} ({scale:.0f}x the groups; linear extrapolation, measure with --prompts 512): "
+            f"{t['mean_s'] * scale:.2f} CPU s per rollout, lists {m['lists_mb'] * scale / 1024:.1f} GiB, R3 uint8 "
+            f"{m['r3_uint8_mb'] * scale / 1024:.1f} GiB, int32 {m['r3_int32_mb'] * scale / 1024:.1f} GiB"
+        )
     return 0
 
 

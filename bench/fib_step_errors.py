@@ -45,17 +45,39 @@ def check_chain(prompt: str, response: str, steps: int) -> dict:
 
 def probe(weights: str, steps: int, prompts: int, samples: int, seed: int) -> dict:
     tok = Tokenizer()
-    model_cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, num_experts=4, top_k=2,
-                            moe_intermediate_size=64, max_positions=max(96, 6 * steps + 32))
+    model_cfg = ModelConfig(
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        num_experts=4,
+        top_k=2,
+        moe_intermediate_size=64,
+        max_positions=max(96, 6 * steps + 32),
+    )
     model = build_policy(model_cfg, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed)
     model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
     model.eval()
-    task = TaskConfig(min_operands=steps, max_operands=steps, max_operand=9, ops="+-", eval_num_prompts=prompts,
-                      eval_fraction=0.1, name="fib")
+    task = TaskConfig(
+        min_operands=steps,
+        max_operands=steps,
+        max_operand=9,
+        ops="+-",
+        eval_num_prompts=prompts,
+        eval_fraction=0.1,
+        name="fib",
+    )
     problems = split_problems("test", task)[:prompts] * samples
-    outs = sample(model, [[tok.bos_id] + tok.encode(p.prompt) for p in problems], temperature=1.0, top_p=1.0,
-                  max_new_tokens=6 * steps + 16, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                  generator=torch.Generator().manual_seed(seed))
+    outs = sample(
+        model,
+        [[tok.bos_id] + tok.encode(p.prompt) for p in problems],
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=6 * steps + 16,
+        eos_id=tok.eos_id,
+        pad_id=tok.pad_id,
+        generator=torch.Generator().manual_seed(seed),
+    )
     total = {"steps": 0, "copy": 0, "arith": 0, "format": 0}
     tenths, right, clean = [0] * 10, 0, 0
     for problem, o in zip(problems, outs):
@@ -69,10 +91,16 @@ def probe(weights: str, steps: int, prompts: int, samples: int, seed: int) -> di
         right += bool(found and int(found[1]) == problem.answer)
         clean += verdict["steps"] == steps and not verdict["arith"] and not verdict["copy"]
     n = len(outs)
-    return {"responses": n, "accuracy": right / n, "all_steps_right": clean / n, "steps_checked": total["steps"],
-            "arith_error_rate": total["arith"] / max(1, total["steps"]),
-            "copy_error_rate": total["copy"] / max(1, total["steps"]), "out_of_format": total["format"],
-            "arith_errors_by_tenth": tenths}
+    return {
+        "responses": n,
+        "accuracy": right / n,
+        "all_steps_right": clean / n,
+        "steps_checked": total["steps"],
+        "arith_error_rate": total["arith"] / max(1, total["steps"]),
+        "copy_error_rate": total["copy"] / max(1, total["steps"]),
+        "out_of_format": total["format"],
+        "arith_errors_by_tenth": tenths,
+    }
 
 
 def main() -> None:

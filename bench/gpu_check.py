@@ -78,13 +78,24 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="JSON of all figures (default gpu_check_<device>.json here)")
     parser.add_argument("--slime-path", default=None)
     parser.add_argument("--wheel-dir", default=str(BENCH_DIR / "wheels"))
-    parser.add_argument("--compile-modes", nargs="*", default=None,
-                        help="modes with a torch.compile'd variant (default: grpo epic; --cpu: epic)")
-    parser.add_argument("--compile-timeout-s", type=float, default=100.0,
-                        help="cut off a compiled variant (compile + timing, own process) after this")
+    parser.add_argument(
+        "--compile-modes",
+        nargs="*",
+        default=None,
+        help="modes with a torch.compile'd variant (default: grpo epic; --cpu: epic)",
+    )
+    parser.add_argument(
+        "--compile-timeout-s",
+        type=float,
+        default=100.0,
+        help="cut off a compiled variant (compile + timing, own process) after this",
+    )
     parser.add_argument("--compile-one", default=None, help=argparse.SUPPRESS)  # internal: one compiled variant
-    parser.add_argument("--require-sync-free", action="store_true",
-                        help="fail when the sync detector finds a host sync (default: report it)")
+    parser.add_argument(
+        "--require-sync-free",
+        action="store_true",
+        help="fail when the sync detector finds a host sync (default: report it)",
+    )
     args = parser.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
         parser.error("no CUDA device: run with --cpu")
@@ -94,9 +105,15 @@ def main(argv=None) -> int:
         args.compile_modes = ["epic"] if args.cpu else ["grpo", "epic"]
     if args.compile_one:
         return run_compile_one(args.compile_one, device, sizes, Path(args.out))
-    results = dict(device=device, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), torch=torch.__version__,
-                   device_name=torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
-                   sizes=dataclasses.asdict(sizes), sections={}, seconds={})
+    results = dict(
+        device=device,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        torch=torch.__version__,
+        device_name=torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+        sizes=dataclasses.asdict(sizes),
+        sections={},
+        seconds={},
+    )
     for name in args.sections:
         start = time.perf_counter()
         try:

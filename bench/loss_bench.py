@@ -40,9 +40,21 @@ from epic_slime.losses.topk import topk_inputs_around  # noqa: E402
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-                 "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _libc_in_use():
@@ -166,8 +178,9 @@ def bench_device(device, args, modes):
     dtype = getattr(torch, args.dtype)
     inputs = make_inputs(args.batch, args.seq, dtype, device)
     # Top-K modes: sets of args.topk ids + the sampled token around the same tokens (not counted in "inputs").
-    _TOPK_INPUTS[id(inputs)] = topk_inputs_around(inputs[0], inputs[1], args.topk,
-                                                  generator=torch.Generator().manual_seed(1))
+    _TOPK_INPUTS[id(inputs)] = topk_inputs_around(
+        inputs[0], inputs[1], args.topk, generator=torch.Generator().manual_seed(1)
+    )
     _TOPK_INPUTS[id(inputs), "mask"] = inputs[3].to(dtype)  # the plain clip takes a float mask, as written
     input_bytes = sum(t.numel() * t.element_size() for t in inputs)
     # CPU: process time (all threads), which other jobs on the machine barely disturb; CUDA: wall.
@@ -182,30 +195,45 @@ def bench_device(device, args, modes):
         _run(mode, inputs)
     memory = {mode: peak_memory(mode, inputs, device) for mode in (PLAIN, *modes)} if args.memory else {}
     plain = t[PLAIN, "bare"]
-    print(f"\n## {device}: B x T = {args.batch} x {args.seq}, {args.dtype}, "
-          f"{torch.get_num_threads()} threads, {clock_name} time, median of {args.repeats}; inputs {input_bytes / 2**20:.1f} MiB"
-          + (f"; CPU allocator: {args.allocator}" if device == "cpu" else ""))
+    print(
+        f"\n## {device}: B x T = {args.batch} x {args.seq}, {args.dtype}, "
+        f"{torch.get_num_threads()} threads, {clock_name} time, median of {args.repeats}; inputs {input_bytes / 2**20:.1f} MiB"
+        + (f"; CPU allocator: {args.allocator}" if device == "cpu" else "")
+    )
     print(f"plain six-line PPO clip (the floor): {plain * 1e3:.2f} ms")
-    print("| mode | bare ms | bare x plain | full ms | full x plain | overhead (full - bare) / bare | peak MiB above inputs |")
+    print(
+        "| mode | bare ms | bare x plain | full ms | full x plain | overhead (full - bare) / bare | peak MiB above inputs |"
+    )
     print("|---|---|---|---|---|---|---|")
     rows = {}
     for mode in modes:
         bare, full = t[mode, "bare"], t[mode, "full"]
-        rows[mode] = dict(bare_ms=bare * 1e3, full_ms=full * 1e3, bare_x_plain=bare / plain,
-                          full_x_plain=full / plain, overhead=(full - bare) / bare)
+        rows[mode] = dict(
+            bare_ms=bare * 1e3,
+            full_ms=full * 1e3,
+            bare_x_plain=bare / plain,
+            full_x_plain=full / plain,
+            overhead=(full - bare) / bare,
+        )
         mem = memory.get(mode)
         mem_col = "n/a" if mem is None else f"{mem / 2**20:.1f}"
         r = rows[mode]
-        print(f"| {mode} | {r['bare_ms']:.2f} | {r['bare_x_plain']:.2f} | {r['full_ms']:.2f} | "
-              f"{r['full_x_plain']:.2f} | {r['overhead']:.2f} | {mem_col} |")
+        print(
+            f"| {mode} | {r['bare_ms']:.2f} | {r['bare_x_plain']:.2f} | {r['full_ms']:.2f} | "
+            f"{r['full_x_plain']:.2f} | {r['overhead']:.2f} | {mem_col} |"
+        )
     if "epic" in rows:
         ratio = rows["epic"]["bare_x_plain"]
-        print(f"target: bare epic <= {TARGET_EPIC_BARE_X_PLAIN:g}x plain: {ratio:.2f}x "
-              f"({'met' if ratio <= TARGET_EPIC_BARE_X_PLAIN else 'NOT met'})")
+        print(
+            f"target: bare epic <= {TARGET_EPIC_BARE_X_PLAIN:g}x plain: {ratio:.2f}x "
+            f"({'met' if ratio <= TARGET_EPIC_BARE_X_PLAIN else 'NOT met'})"
+        )
     over = sorted((m for m, r in rows.items() if r["overhead"] > TARGET_OVERHEAD), key=lambda m: -rows[m]["overhead"])
     worst = max(rows, key=lambda m: rows[m]["overhead"])
-    print(f"target: metrics + validation <= {TARGET_OVERHEAD:g}x bare for every mode: worst {worst} "
-          f"{rows[worst]['overhead']:.2f} ({'met' if not over else 'NOT met by ' + ', '.join(over)})")
+    print(
+        f"target: metrics + validation <= {TARGET_OVERHEAD:g}x bare for every mode: worst {worst} "
+        f"{rows[worst]['overhead']:.2f} ({'met' if not over else 'NOT met by ' + ', '.join(over)})"
+    )
     return dict(plain_ms=plain * 1e3, modes=rows, memory=memory)
 
 
@@ -219,17 +247,31 @@ def main(argv=None):
     parser.add_argument("--topk", type=int, default=20, help="top-k ids per token for the Top-K modes")
     parser.add_argument("--modes", nargs="*", default=None, help="default: every registered mode")
     parser.add_argument("--devices", nargs="*", default=None, help="default: cpu, and cuda when present")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: with more, process CPU time also counts "
-                             "OpenMP spin-waiting, which blurs the ratios on a busy machine)")
-    parser.add_argument("--clock", choices=["cpu", "wall"], default=None,
-                        help="timer (default: process CPU time on cpu, wall time on cuda)")
-    parser.add_argument("--system-allocator", action="store_true",
-                        help="keep glibc's mmap / trim thresholds (see the allocator note above)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: with more, process CPU time also counts "
+        "OpenMP spin-waiting, which blurs the ratios on a busy machine)",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default=None,
+        help="timer (default: process CPU time on cpu, wall time on cuda)",
+    )
+    parser.add_argument(
+        "--system-allocator",
+        action="store_true",
+        help="keep glibc's mmap / trim thresholds (see the allocator note above)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    args.allocator = "glibc defaults" if args.system_allocator else (
-        "glibc, temporaries kept in the heap" if pin_cpu_allocator() else "system (not glibc)")
+    args.allocator = (
+        "glibc defaults"
+        if args.system_allocator
+        else ("glibc, temporaries kept in the heap" if pin_cpu_allocator() else "system (not glibc)")
+    )
     modes = args.modes or sorted(LOSS_MODES)
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     for device in devices:

@@ -16,8 +16,17 @@ from epic_slime.runtime.task import TaskConfig, Tokenizer
 from epic_slime.runtime.tasks import train_problem
 
 
-def gap(state: dict, model_cfg: ModelConfig, task: TaskConfig, *, sigma: float, dtype: str, prompts: int,
-        samples: int, seed: int = 0) -> dict:
+def gap(
+    state: dict,
+    model_cfg: ModelConfig,
+    task: TaskConfig,
+    *,
+    sigma: float,
+    dtype: str,
+    prompts: int,
+    samples: int,
+    seed: int = 0,
+) -> dict:
     tok = Tokenizer()
     engine = PolicyEngine(model_cfg, state, 0, dtype=dtype, seed=seed, router_noise=sigma)
     reqs = [(i, train_problem(i, seed, task)) for i in range(prompts)]
@@ -27,16 +36,23 @@ def gap(state: dict, model_cfg: ModelConfig, task: TaskConfig, *, sigma: float, 
     trainer = build_policy(model_cfg, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed)
     trainer.load_state_dict(state)
     with torch.no_grad():
-        lp, mask = response_log_probs(trainer, [s["prompt_ids"] for s in batch], [s["response_ids"] for s in batch],
-                                      1.0, tok.pad_id)
+        lp, mask = response_log_probs(
+            trainer, [s["prompt_ids"] for s in batch], [s["response_ids"] for s in batch], 1.0, tok.pad_id
+        )
     mu = torch.zeros_like(lp)
     for i, s in enumerate(batch):
-        mu[i, :len(s["behavior_log_probs"])] = torch.tensor(s["behavior_log_probs"])
+        mu[i, : len(s["behavior_log_probs"])] = torch.tensor(s["behavior_log_probs"])
     diff = (lp - mu) * mask
     n = mask.sum()
-    return {"sigma": sigma, "dtype": dtype, "gap_abs_mean": float(diff.abs().sum() / n),
-            "gap_mean": float(diff.sum() / n), "seq_logratio_abs_mean": float(diff.sum(1).abs().mean()),
-            "reward_mean": sum(s["reward"] for s in batch) / len(batch), "tokens": int(n)}
+    return {
+        "sigma": sigma,
+        "dtype": dtype,
+        "gap_abs_mean": float(diff.abs().sum() / n),
+        "gap_mean": float(diff.sum() / n),
+        "seq_logratio_abs_mean": float(diff.sum(1).abs().mean()),
+        "reward_mean": sum(s["reward"] for s in batch) / len(batch),
+        "tokens": int(n),
+    }
 
 
 def main() -> None:
@@ -53,8 +69,10 @@ def main() -> None:
     mc = ModelConfig(max_positions=a.max_positions)
     task = TaskConfig(min_operands=a.steps, max_operands=a.steps, name="fib")
     for sigma in a.sigmas:
-        print(json.dumps(gap(state, mc, task, sigma=sigma, dtype="float32", prompts=a.prompts, samples=a.samples)),
-              flush=True)
+        print(
+            json.dumps(gap(state, mc, task, sigma=sigma, dtype="float32", prompts=a.prompts, samples=a.samples)),
+            flush=True,
+        )
     print(json.dumps(gap(state, mc, task, sigma=0.0, dtype="bfloat16", prompts=a.prompts, samples=a.samples)))
 
 

@@ -26,11 +26,13 @@ def payload(a) -> dict[str, float]:
     after_token = a.layers * a.topk * routing_dtype(a.experts).itemsize
     model_parallel = a.tp * a.cp * a.pp
     if a.train_gpus % model_parallel or a.train_gpus % a.gpus_per_node:
-        raise ValueError(f"--train-gpus {a.train_gpus} must be a multiple of TP*CP*PP={model_parallel} "
-                         f"and of --gpus-per-node {a.gpus_per_node}")
+        raise ValueError(
+            f"--train-gpus {a.train_gpus} must be a multiple of TP*CP*PP={model_parallel} "
+            f"and of --gpus-per-node {a.gpus_per_node}"
+        )
     dp = a.train_gpus // model_parallel
     tokens = a.samples * a.tokens
-    partition = tokens / dp                       # tokens in one DP partition
+    partition = tokens / dp  # tokens in one DP partition
     out = {
         "bytes_per_token_before": int32_token,
         "bytes_per_token_after": after_token,
@@ -63,8 +65,10 @@ def main(argv=None) -> int:
     p.add_argument("--eval-samples", type=int, default=130 * 8)
     a = p.parse_args(argv)
     r = payload(a)
-    print(f"routing: {r['bytes_per_token_before']} B/token as int32 -> {r['bytes_per_token_after']} B/token; "
-          f"batch {a.samples} x {a.tokens} tokens = {r['batch_gb_int32']:.2f} GB int32; DP {r['dp']}, TP {a.tp}, CP {a.cp}")
+    print(
+        f"routing: {r['bytes_per_token_before']} B/token as int32 -> {r['bytes_per_token_after']} B/token; "
+        f"batch {a.samples} x {a.tokens} tokens = {r['batch_gb_int32']:.2f} GB int32; DP {r['dp']}, TP {a.tp}, CP {a.cp}"
+    )
     print(f"{'':26}{'slime 624b824a':>16}{'own slice int32':>17}{'epic-slime':>12}{'ratio':>8}")
     for where in ("rank", "node"):
         b, n, f = r[f"{where}_before_gb"], r[f"{where}_needed_int32_gb"], r[f"{where}_after_gb"]

@@ -29,10 +29,42 @@ from epic_slime.reward import RewardPool, extract_final_answer, judge, math_rewa
 
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "math")
 FILES = {"aime_2024": 30, "aime_2025": 30, "amc_2023": 40, "hmmt_feb_2025": 30}
-FALLBACK_GOLDS = ["204", "25", "\\frac{1}{576}", "-984", "\\frac{9 \\sqrt{23}}{23}", "1-\\frac{2}{\\pi}",
-                  "2^{25} \\cdot 26!", "8\\sqrt{10}", "\\sqrt{\\frac{95}{24}}", "14+4\\sqrt{37}"]
-WORDS = ("we", "have", "so", "then", "the", "sum", "of", "roots", "is", "equal", "to", "since", "hence",
-         "therefore", "let", "consider", "triangle", "area", "integer", "divisible", "by", "case")
+FALLBACK_GOLDS = [
+    "204",
+    "25",
+    "\\frac{1}{576}",
+    "-984",
+    "\\frac{9 \\sqrt{23}}{23}",
+    "1-\\frac{2}{\\pi}",
+    "2^{25} \\cdot 26!",
+    "8\\sqrt{10}",
+    "\\sqrt{\\frac{95}{24}}",
+    "14+4\\sqrt{37}",
+]
+WORDS = (
+    "we",
+    "have",
+    "so",
+    "then",
+    "the",
+    "sum",
+    "of",
+    "roots",
+    "is",
+    "equal",
+    "to",
+    "since",
+    "hence",
+    "therefore",
+    "let",
+    "consider",
+    "triangle",
+    "area",
+    "integer",
+    "divisible",
+    "by",
+    "case",
+)
 
 
 def load_golds() -> list[str]:
@@ -140,8 +172,10 @@ def main(argv=None) -> int:
     responses, labels = rounds[0]
     n = len(responses)
     fast = sum(judge(r, l)[0] is not None for r, l in zip(responses, labels))
-    print(f"{len(rounds)} rounds (median reported) of {n} responses, mean {sum(map(len, responses)) / n:.0f} chars, "
-          f"{fast} decided by the fast path, {n - fast} need math-verify; cpu_count={os.cpu_count()}")
+    print(
+        f"{len(rounds)} rounds (median reported) of {n} responses, mean {sum(map(len, responses)) / n:.0f} chars, "
+        f"{fast} decided by the fast path, {n - fast} need math-verify; cpu_count={os.cpu_count()}"
+    )
     with RewardPool(num_workers=args.workers) as pool:
         math_rewards(responses[:8], labels[:8], pool=pool)  # workers are started; touch them once
         t_ours, ours, cold_ours = timed(lambda r, l: math_rewards(r, l, pool=pool), rounds)
@@ -150,7 +184,9 @@ def main(argv=None) -> int:
     t_base, base, cold_base = timed(baseline_in_process, rounds)
     disagreements = sum(a != b for a, b in zip(ours, base))
     print("                                    median responses/s   first round (coldest caches)")
-    print(f"math_rewards (isolated, fast path): {n / t_ours:8.0f}             {n / cold_ours:8.0f}   (mean reward {sum(ours) / n:.3f})")
+    print(
+        f"math_rewards (isolated, fast path): {n / t_ours:8.0f}             {n / cold_ours:8.0f}   (mean reward {sum(ours) / n:.3f})"
+    )
     print(f"all pairs through worker pool:      {n / t_forced:8.0f}             {n / cold_forced:8.0f}")
     print(f"baseline in-process math-verify:    {n / t_base:8.0f}             {n / cold_base:8.0f}")
     print(f"ratio isolated/baseline: {t_base / t_ours:.2f}x   forced-pool/baseline: {t_base / t_forced:.2f}x")

@@ -41,8 +41,12 @@ def send(router_url: str, prompt: list[int], timeout: float) -> dict:
         who = None
         if reply.status_code == 200:
             who = "victim" if str(reply.json()["meta_info"].get("weight_version")) == VICTIM_VERSION else "survivor"
-        return {"status": reply.status_code, "s": round(seconds, 2), "by": who,
-                "body": None if reply.status_code == 200 else reply.text[:160]}
+        return {
+            "status": reply.status_code,
+            "s": round(seconds, 2),
+            "by": who,
+            "body": None if reply.status_code == 200 else reply.text[:160],
+        }
     except requests.RequestException as exc:
         return {"status": None, "s": round(time.monotonic() - started, 2), "by": None, "error": type(exc).__name__}
 
@@ -62,19 +66,22 @@ def summary(replies: list[dict]) -> dict:
     return {k: {"n": len(v), "s_min": min(v), "s_max": max(v)} for k, v in by.items()}
 
 
-def phase(name: str, routers: dict, victim: RealServer, n: int, timeout: float, watch: float, offset: int,
-          during=None) -> dict:
+def phase(
+    name: str, routers: dict, victim: RealServer, n: int, timeout: float, watch: float, offset: int, during=None
+) -> dict:
     out = {"phase": name}
     for policy, router in routers.items():
-        if during is not None:   # an action while the burst is in flight (a kill of the hung victim)
+        if during is not None:  # an action while the burst is in flight (a kill of the hung victim)
             timer = threading.Timer(during[0], during[1])
             timer.start()
         replies = burst(router.url, n, timeout, offset)
         out[policy] = summary(replies)
-        out[policy + "_errors"] = sorted({r.get("body") or r.get("error") or "" for r in replies if r["status"] != 200})[:3]
+        out[policy + "_errors"] = sorted(
+            {r.get("body") or r.get("error") or "" for r in replies if r["status"] != 200}
+        )[:3]
         if during is not None:
             timer.join()
-            during = None   # once: the second router meets the state it left
+            during = None  # once: the second router meets the state it left
     listed, t0 = {p: [] for p in routers}, time.monotonic()
     while time.monotonic() - t0 < watch:
         for policy, router in routers.items():
@@ -104,10 +111,17 @@ def main() -> int:
     try:
         survivor.wait_healthy()
         victim.wait_healthy()
-        for policy in ("cache_aware", "round_robin"):   # slime's default policy, and the even spread
-            routers[policy] = RealRouter([survivor.url, victim.url], workdir, "--policy", policy,
-                                         "--disable-circuit-breaker", "--disable-health-check",
-                                         "--request-timeout-secs", str(a.request_timeout)).wait_ready()
+        for policy in ("cache_aware", "round_robin"):  # slime's default policy, and the even spread
+            routers[policy] = RealRouter(
+                [survivor.url, victim.url],
+                workdir,
+                "--policy",
+                policy,
+                "--disable-circuit-breaker",
+                "--disable-health-check",
+                "--request-timeout-secs",
+                str(a.request_timeout),
+            ).wait_ready()
             routers[policy].wait_workers([survivor.url, victim.url])
         n, t = a.requests, a.timeout
         phase("healthy", routers, victim, n, t, 0, 0)
@@ -117,8 +131,16 @@ def main() -> int:
         time.sleep(3)
         phase("victim SIGCONT (resumed)", routers, victim, n, t, 0, 200)
         victim.process.signal(signal.SIGSTOP)
-        phase(f"victim SIGSTOP, then SIGKILL {a.kill_after:.0f} s into the burst", routers, victim, n, 120, 0, 300,
-              during=(a.kill_after, lambda: victim.process.signal(signal.SIGKILL)))
+        phase(
+            f"victim SIGSTOP, then SIGKILL {a.kill_after:.0f} s into the burst",
+            routers,
+            victim,
+            n,
+            120,
+            0,
+            300,
+            during=(a.kill_after, lambda: victim.process.signal(signal.SIGKILL)),
+        )
         time.sleep(0.5)
         phase("victim dead (SIGKILL)", routers, victim, n, t, a.watch, 400)
     finally:

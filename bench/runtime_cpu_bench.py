@@ -60,13 +60,15 @@ def _metrics_only(lp, behavior, adv, mask, cfg, params, repeats: int) -> dict:
     seen = {}
     real = pl.policy_loss_metrics
 
-    def grab(batch, terms, clipped, *a, **k):   # the arguments compute_policy_loss passes, kept for the timing
+    def grab(batch, terms, clipped, *a, **k):  # the arguments compute_policy_loss passes, kept for the timing
         seen.update(batch=batch, terms=terms, clipped=clipped, a=a, k=k)
         return real(batch, terms, clipped, *a, **k)
+
     pl.policy_loss_metrics = grab
     try:
-        pl.compute_policy_loss(cfg.policy_loss, lp, behavior, adv, mask, aggregation=cfg.policy_loss_aggregation,
-                               **params)
+        pl.compute_policy_loss(
+            cfg.policy_loss, lp, behavior, adv, mask, aggregation=cfg.policy_loss_aggregation, **params
+        )
     finally:
         pl.policy_loss_metrics = real
     b, t, c = seen["batch"], seen["terms"], seen["clipped"]
@@ -74,10 +76,12 @@ def _metrics_only(lp, behavior, adv, mask, cfg, params, repeats: int) -> dict:
     with torch.no_grad():
         out["all"] = _line("metrics", _cpu_ms(lambda: real(b, t, c, *seen["a"], **seen["k"]), repeats))
         if hasattr(lm, "_prefix_at_positions"):
+
             def new_parts():
                 lm._prefix_at_positions(b)
                 removed, total = (x.to(torch.float64) for x in lm._removed_gradient_sums(b, t))
                 torch.where(total > 0, removed / total.clamp(min=1e-300), 0.0)
+
             out["new_parts"] = _line("metrics_new", _cpu_ms(new_parts, repeats))
     return out
 
@@ -103,19 +107,28 @@ def main(argv: list[str] | None = None) -> int:
 
     set_torch_threads(1)
     import epic_slime
+
     tree = str(Path(epic_slime.__file__).resolve().parents[1])
-    commit = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     print(f"tree {tree} ({commit}), torch threads {torch.get_num_threads()}", flush=True)
 
-    cfg = parse_config(["--config", str(Path(tree) / "configs/local/default.yaml")])   # the tree's own config
+    cfg = parse_config(["--config", str(Path(tree) / "configs/local/default.yaml")])  # the tree's own config
     state, _ = warm_start_for(cfg)
     per_request = max(1, cfg.rollout_batch_size // cfg.num_rollout_workers)
-    sampling = dict(n_samples=cfg.n_samples_per_prompt, temperature=cfg.rollout_temperature,
-                    top_p=cfg.rollout_top_p, max_new_tokens=cfg.rollout_max_response_len, seed=cfg.seed)
+    sampling = dict(
+        n_samples=cfg.n_samples_per_prompt,
+        temperature=cfg.rollout_temperature,
+        top_p=cfg.rollout_top_p,
+        max_new_tokens=cfg.rollout_max_response_len,
+        seed=cfg.seed,
+    )
     engine = PolicyEngine(cfg.model, state, 0, dtype=cfg.rollout_dtype, seed=cfg.seed)
-    requests = [[(g, train_problem(g, cfg.seed, cfg.task)) for g in range(i * per_request, (i + 1) * per_request)]
-                for i in range(cfg.num_rollout_workers)]
+    requests = [
+        [(g, train_problem(g, cfg.seed, cfg.task)) for g in range(i * per_request, (i + 1) * per_request)]
+        for i in range(cfg.num_rollout_workers)
+    ]
     groups = [g for req in requests for g in engine.generate(req, **sampling)]
     digest = hashlib.sha256(repr([(s["response_ids"], s["reward"]) for g in groups for s in g.samples]).encode())
     n_tokens = sum(len(s["response_ids"]) for g in groups for s in g.samples)
@@ -124,26 +137,43 @@ def main(argv: list[str] | None = None) -> int:
     res = {"tree": tree, "commit": commit, "inputs_sha256": digest.hexdigest()}
     res["generate"] = _line("generate", _cpu_ms(lambda: engine.generate(requests[0], **sampling), args.repeats))
 
-    kwargs = dict(model_cfg=cfg.model, policy_loss=cfg.policy_loss, policy_loss_params=cfg.policy_loss_params,
-                  policy_loss_aggregation=cfg.policy_loss_aggregation, update_depth=cfg.update_depth, lr=cfg.lr,
-                  weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad,
-                  kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
-                  temperature=cfg.rollout_temperature, seed=cfg.seed)
+    kwargs = dict(
+        model_cfg=cfg.model,
+        policy_loss=cfg.policy_loss,
+        policy_loss_params=cfg.policy_loss_params,
+        policy_loss_aggregation=cfg.policy_loss_aggregation,
+        update_depth=cfg.update_depth,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        clip_grad=cfg.clip_grad,
+        kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
+        temperature=cfg.rollout_temperature,
+        seed=cfg.seed,
+    )
 
-    def trainer_step(trainer) -> None:   # what the Trainer actor does with a batch of groups
-        samples = [{**s, "advantage": a} for g in groups
-                   for s, a in zip(g.samples, group_advantages([s["reward"] for s in g.samples]))]
+    def trainer_step(trainer) -> None:  # what the Trainer actor does with a batch of groups
+        samples = [
+            {**s, "advantage": a}
+            for g in groups
+            for s, a in zip(g.samples, group_advantages([s["reward"] for s in g.samples]))
+        ]
         trainer.train_step(samples)
 
-    res["train_step"] = _line("train_step", _cpu_ms(trainer_step, args.repeats,
-                                                    setup=lambda: PolicyTrainer(init_state=state, **kwargs)))
+    res["train_step"] = _line(
+        "train_step", _cpu_ms(trainer_step, args.repeats, setup=lambda: PolicyTrainer(init_state=state, **kwargs))
+    )
 
     # one minibatch of the loss, forward only, as the trainer calls it
     mb = [s for g in groups for s in g.samples][: cfg.samples_per_step // cfg.update_depth]
     trainer = PolicyTrainer(init_state=state, **kwargs)
     with torch.no_grad():
-        lp, mask = response_log_probs(trainer.model, [s["prompt_ids"] for s in mb], [s["response_ids"] for s in mb],
-                                      cfg.rollout_temperature, trainer.tok.pad_id)
+        lp, mask = response_log_probs(
+            trainer.model,
+            [s["prompt_ids"] for s in mb],
+            [s["response_ids"] for s in mb],
+            cfg.rollout_temperature,
+            trainer.tok.pad_id,
+        )
     # off-policy by a little (<= 0 stays a log-prob), as in the later minibatches of a step
     lp = (lp - 0.02 * torch.rand(lp.shape, generator=torch.Generator().manual_seed(0))).requires_grad_(True)
     behavior = pad_rows([s["behavior_log_probs"] for s in mb], lp.shape[1])
@@ -151,9 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     params = dict(cfg.policy_loss_params)
 
     def loss(metrics: bool):
-        return lambda: compute_policy_loss(cfg.policy_loss, lp, behavior, adv, mask, compute_metrics=metrics,
-                                           aggregation=cfg.policy_loss_aggregation, **params)
-    for _ in range(20):   # warm the allocator and the dispatcher before timing
+        return lambda: compute_policy_loss(
+            cfg.policy_loss,
+            lp,
+            behavior,
+            adv,
+            mask,
+            compute_metrics=metrics,
+            aggregation=cfg.policy_loss_aggregation,
+            **params,
+        )
+
+    for _ in range(20):  # warm the allocator and the dispatcher before timing
         loss(True)()
     res["loss"] = _line("loss", _cpu_ms(loss(True), args.loss_repeats))
     res["loss_no_metrics"] = _line("loss_no_metrics", _cpu_ms(loss(False), args.loss_repeats))
@@ -165,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     def select(buf) -> None:
         extra = {"first_unfinished": None} if start_order else {}
         select_batch(buf, 1, cfg.rollout_batch_size, cfg.max_staleness, cfg.stale_policy, **extra)
-    res["select_batch"] = _line("select_batch", _cpu_ms(select, args.loss_repeats,
-                                                        setup=lambda: collections.deque(buffer)))
+
+    res["select_batch"] = _line(
+        "select_batch", _cpu_ms(select, args.loss_repeats, setup=lambda: collections.deque(buffer))
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return 0

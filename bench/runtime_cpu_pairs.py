@@ -38,8 +38,13 @@ def read_summary(text: str) -> dict:
         if m := HEAD.match(line):
             out.update(pairs=int(m[1]), old=m[2], new=m[3], same_inputs=m[4] == "True")
         elif m := ROW.match(line):
-            out["calls"][m[1]] = {"old": float(m[2]), "new": float(m[3]), "old_min": float(m[4]),
-                                  "new_min": float(m[5]), "ratios": [float(r) for r in m[6].split(", ")]}
+            out["calls"][m[1]] = {
+                "old": float(m[2]),
+                "new": float(m[3]),
+                "old_min": float(m[4]),
+                "new_min": float(m[5]),
+                "ratios": [float(r) for r in m[6].split(", ")],
+            }
         elif m := NEW_PARTS.match(line):
             out["metrics_new"] = float(m[1])
     if "pairs" not in out or not out["calls"]:
@@ -51,8 +56,13 @@ def _run(tree: Path, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "r.json"
         env = {**os.environ, "PYTHONPATH": str(tree), "EPIC_SLIME_TORCH_THREADS": "1"}
-        proc = subprocess.run([sys.executable, str(HERE / "runtime_cpu_bench.py"), "--json", str(out), *extra],
-                              env=env, cwd=tree, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "runtime_cpu_bench.py"), "--json", str(out), *extra],
+            env=env,
+            cwd=tree,
+            capture_output=True,
+            text=True,
+        )
         print(proc.stdout, end="", flush=True)
         if proc.returncode:
             raise SystemExit(f"bench failed in {tree}:\n{proc.stderr[-2000:]}")
@@ -74,27 +84,36 @@ def main(argv: list[str] | None = None) -> int:
     old = Path(args.old_tree) if args.old_tree else None
     if old is None:
         made = Path(tempfile.mkdtemp(prefix="epic_slime_old_"))
-        subprocess.run(["git", "-C", str(NEW), "worktree", "add", "--detach", str(made), args.old_commit],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(NEW), "worktree", "add", "--detach", str(made), args.old_commit],
+            check=True,
+            capture_output=True,
+        )
         old = made
     try:
         runs: dict[str, list[dict]] = {"old": [], "new": []}
         for i in range(args.pairs):
             order = (("old", old), ("new", NEW))
-            for name, tree in (order if i % 2 == 0 else order[::-1]):   # ABBA: a drift in load hits both alike
+            for name, tree in order if i % 2 == 0 else order[::-1]:  # ABBA: a drift in load hits both alike
                 print(f"== pair {i + 1} {name} load {os.getloadavg()[0]:.1f}", flush=True)
                 runs[name].append(_run(tree, extra))
     finally:
         if made is not None:
             subprocess.run(["git", "-C", str(NEW), "worktree", "remove", "--force", str(made)], check=False)
     hashes = {r["inputs_sha256"] for rs in runs.values() for r in rs}
-    print(f"\n{args.pairs} pairs, old {runs['old'][0]['commit']}, new {runs['new'][0]['commit']}, "
-          f"same inputs in every run: {len(hashes) == 1}")
-    print("per call: the median over runs of each run's median CPU ms, the smallest call of any run (the least"
-          " disturbed by the load), and new / old of the runs' medians per pair")
+    print(
+        f"\n{args.pairs} pairs, old {runs['old'][0]['commit']}, new {runs['new'][0]['commit']}, "
+        f"same inputs in every run: {len(hashes) == 1}"
+    )
+    print(
+        "per call: the median over runs of each run's median CPU ms, the smallest call of any run (the least"
+        " disturbed by the load), and new / old of the runs' medians per pair"
+    )
     print(f"{'call':16s} {'old ms':>9s} {'new ms':>9s} {'old min':>9s} {'new min':>9s}  new/old per pair")
+
     def fig(r: dict, call: str, key: str = "median_ms") -> float:
         return r["metrics"]["all"][key] if call == "metrics" else r[call][key]
+
     for call in ("generate", "train_step", "loss", "loss_no_metrics", "metrics", "select_batch"):
         o = [fig(r, call) for r in runs["old"]]
         n = [fig(r, call) for r in runs["new"]]
@@ -104,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{call:16s} {statistics.median(o):9.2f} {statistics.median(n):9.2f} {lo_o:9.2f} {lo_n:9.2f}  {ratios}")
     parts = [r["metrics"]["new_parts"]["median_ms"] for r in runs["new"] if "new_parts" in r["metrics"]]
     if parts:
-        print(f"{'metrics_new':16s} {'':9s} {statistics.median(parts):9.2f}  (abs_L_p50/p90_position + "
-              f"grad_removed_frac, new tree only)")
+        print(
+            f"{'metrics_new':16s} {'':9s} {statistics.median(parts):9.2f}  (abs_L_p50/p90_position + "
+            f"grad_removed_frac, new tree only)"
+        )
     return 0
 
 

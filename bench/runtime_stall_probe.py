@@ -26,8 +26,13 @@ import sys
 import tempfile
 import time
 
-COUNTS = {"worker_started": 0, "worker_held_by_cap": 0, "worker_held_by_budget": 0,
-          "request_cut_by_budget": 0, "start_order_waits": 0}
+COUNTS = {
+    "worker_started": 0,
+    "worker_held_by_cap": 0,
+    "worker_held_by_budget": 0,
+    "request_cut_by_budget": 0,
+    "start_order_waits": 0,
+}
 WALL = {"start_order_wait_s": 0.0, "trainer_idle_s": []}
 
 
@@ -47,19 +52,24 @@ def _pids(self) -> dict:
 
     def pid(actor) -> int:
         return ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()))
+
     return {"trainer": [pid(self.trainer)], "workers": [pid(w) for w in self.workers], "driver": [os.getpid()]}
 
 
 def _instrument(Run, trainable_groups) -> None:
     budgeted = hasattr(Run, "_room")
-    real_fill, real_take, real_start, real_finish = Run._fill_workers, Run._take_batch, Run._start_train, \
-        Run._finish_train
+    real_fill, real_take, real_start, real_finish = (
+        Run._fill_workers,
+        Run._take_batch,
+        Run._start_train,
+        Run._finish_train,
+    )
     state = {"wait_since": None, "finished_at": None}
 
     def fill(self):
         cap = self.cfg.rollout_buffer_batches * self.cfg.samples_per_step
         request = self.prompts_per_request * self.cfg.n_samples_per_prompt
-        for i in self._idle_workers():   # the same tests as the real method, read before it runs
+        for i in self._idle_workers():  # the same tests as the real method, read before it runs
             if self._buffered_samples() + self._pending_samples() + request > cap:
                 COUNTS["worker_held_by_cap"] += 1
             elif budgeted and self._room(i) == 0:
@@ -94,7 +104,8 @@ def _instrument(Run, trainable_groups) -> None:
         WALL.setdefault("cpu", []).append({k: sum(_cpu_s(p) for p in v) for k, v in state["pids"].items()})
         m = real_finish(self, metrics)
         WALL.setdefault("at_step_end", []).append(
-            (m["accounting/in_flight_requests"], m["accounting/buffered"] / self.cfg.samples_per_step))
+            (m["accounting/in_flight_requests"], m["accounting/buffered"] / self.cfg.samples_per_step)
+        )
         return m
 
     Run._fill_workers, Run._take_batch, Run._start_train, Run._finish_train = fill, take, start, finish
@@ -115,23 +126,45 @@ def main(argv: list[str] | None = None) -> int:
     tree = Path(epic_slime.__file__).resolve().parents[1]
     _instrument(driver.Run, trainable_groups)
     out = tempfile.mkdtemp(prefix="epic_slime_probe_")
-    cfg = parse_config(["--config", str(tree / "configs/local/default.yaml"), "--num-rollout", str(args.steps),
-                        "--eval-interval", "0", "--no-plots", "--no-progress", "--save-interval", "0",
-                        "--rollout-mode", "async", "--output-dir", out, *extra])
+    cfg = parse_config(
+        [
+            "--config",
+            str(tree / "configs/local/default.yaml"),
+            "--num-rollout",
+            str(args.steps),
+            "--eval-interval",
+            "0",
+            "--no-plots",
+            "--no-progress",
+            "--save-interval",
+            "0",
+            "--rollout-mode",
+            "async",
+            "--output-dir",
+            out,
+            *extra,
+        ]
+    )
     driver.run_training(cfg)
     idle = WALL["trainer_idle_s"]
     ends = WALL.get("at_step_end", [])
     print(f"tree {tree}, async, {args.steps} steps, budget in the runtime: {hasattr(driver.Run, '_room')}")
     print("worker checks: " + ", ".join(f"{k} {v}" for k, v in COUNTS.items() if k != "start_order_waits"))
     print(f"start-order waits: {COUNTS['start_order_waits']} ({WALL['start_order_wait_s'] * 1e3:.1f} ms in all)")
-    print(f"trainer idle between steps: median {statistics.median(idle) * 1e3:.1f} ms, max {max(idle) * 1e3:.1f} ms, "
-          f"sum {sum(idle) * 1e3:.1f} ms over {len(idle)} gaps")
+    print(
+        f"trainer idle between steps: median {statistics.median(idle) * 1e3:.1f} ms, max {max(idle) * 1e3:.1f} ms, "
+        f"sum {sum(idle) * 1e3:.1f} ms over {len(idle)} gaps"
+    )
     cpu = WALL["cpu"]
     steps = len(cpu) - 1
-    print(f"CPU per step, steps 2-{len(cpu)}: " + ", ".join(
-        f"{k} {(cpu[-1][k] - cpu[0][k]) / steps * 1e3:.1f} ms" for k in cpu[0]))
-    print(f"at step ends: requests' samples in flight {sorted({e[0] for e in ends})}, "
-          f"batches buffered {sorted({e[1] for e in ends})}")
+    print(
+        f"CPU per step, steps 2-{len(cpu)}: "
+        + ", ".join(f"{k} {(cpu[-1][k] - cpu[0][k]) / steps * 1e3:.1f} ms" for k in cpu[0])
+    )
+    print(
+        f"at step ends: requests' samples in flight {sorted({e[0] for e in ends})}, "
+        f"batches buffered {sorted({e[1] for e in ends})}"
+    )
     return 0
 
 

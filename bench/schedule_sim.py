@@ -104,8 +104,10 @@ class _GroupErrors(logging.Filter):
     def summary(self) -> str | None:
         if not self.count:
             return None
-        return (f"note: {self.count} rollout-group error line(s) in the simulated runs were counted, not printed "
-                f"(first: {self.first})")
+        return (
+            f"note: {self.count} rollout-group error line(s) in the simulated runs were counted, not printed "
+            f"(first: {self.first})"
+        )
 
 
 def main(argv=None) -> int:
@@ -113,9 +115,24 @@ def main(argv=None) -> int:
     errors = _GroupErrors()
     logging.getLogger("epic_slime.slime.group_stream").addFilter(errors)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", nargs="?", default="simulate",
-                    choices=["simulate", "frontier", "plan", "calibrate", "measure-runtime", "launch-table", "predict",
-                             "pick", "verl", "verl-fit"], help="see 'commands' above")
+    ap.add_argument(
+        "command",
+        nargs="?",
+        default="simulate",
+        choices=[
+            "simulate",
+            "frontier",
+            "plan",
+            "calibrate",
+            "measure-runtime",
+            "launch-table",
+            "predict",
+            "pick",
+            "verl",
+            "verl-fit",
+        ],
+        help="see 'commands' above",
+    )
     ap.add_argument("--preset", default="all", choices=[*PRESETS, "all"])
     ap.add_argument("--rollouts", type=int, default=12)
     ap.add_argument("--no-sensitivity", action="store_true")
@@ -131,31 +148,45 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", default="64x8", help="PROMPTSxSAMPLES")
     ap.add_argument("--lengths", default="9000,0.6,16384", help="MEAN,SIGMA,CAP of the response lengths")
     ap.add_argument("--max-staleness", type=int, default=2)
-    ap.add_argument("--push-mode", default="abort", choices=PUSH_MODES)   # the launcher's default
+    ap.add_argument("--push-mode", default="abort", choices=PUSH_MODES)  # the launcher's default
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--actor-nodes", type=int, default=1)
     ap.add_argument("--gpus-per-engine", type=int, default=8)
     ap.add_argument("--k", default="2", help="predict / pick: the launcher's MAX_STALENESS (pick at 0: colocated)")
-    ap.add_argument("--oversample-ratio", default="0",
-                    help="plan / frontier / simulate: 0 (the launcher's default at K >= 2), Table 2's 0.1 caps groups in flight")
-    ap.add_argument("--tp-alpha", type=float, default=None,
-                    help="calibrate / plan / frontier: engine speed-up gpus ** alpha (default: the fitted "
-                         "TP_ALPHA_FITTED; 1: the old linear scaling, for the sensitivity comparison)")
+    ap.add_argument(
+        "--oversample-ratio",
+        default="0",
+        help="plan / frontier / simulate: 0 (the launcher's default at K >= 2), Table 2's 0.1 caps groups in flight",
+    )
+    ap.add_argument(
+        "--tp-alpha",
+        type=float,
+        default=None,
+        help="calibrate / plan / frontier: engine speed-up gpus ** alpha (default: the fitted "
+        "TP_ALPHA_FITTED; 1: the old linear scaling, for the sensitivity comparison)",
+    )
     a = ap.parse_args(argv)
     tp = {} if a.tp_alpha is None else {"tp_alpha": a.tp_alpha}
     if a.command in ("predict", "pick"):
         from schedsim import launch_table
 
         if not launch_table.TABLE.exists():
-            print("" if a.command == "pick" else f"# simulator: no price ({launch_table.TABLE.name} is missing: "
-                  "python bench/schedule_sim.py launch-table builds it)")
+            print(
+                ""
+                if a.command == "pick"
+                else f"# simulator: no price ({launch_table.TABLE.name} is missing: "
+                "python bench/schedule_sim.py launch-table builds it)"
+            )
             return 0
         if a.command == "pick":
             best = launch_table.pick(a.nodes, a.gpus_per_node, k=a.k)
             print("" if best is None else f"{best['actor_nodes']} {best['gpus_per_engine']}")
         else:
-            print(launch_table.predict(a.nodes, a.gpus_per_node, a.actor_nodes, a.gpus_per_engine, a.k,
-                                       a.push_mode, a.oversample_ratio))
+            print(
+                launch_table.predict(
+                    a.nodes, a.gpus_per_node, a.actor_nodes, a.gpus_per_engine, a.k, a.push_mode, a.oversample_ratio
+                )
+            )
         return 0
     note = use_standin_if_needed() if a.command != "calibrate" else None
     if note:
@@ -200,8 +231,11 @@ def _run(a, tp: dict) -> int:
         return 0
     if a.command == "frontier":
         p = PRESETS["paper" if a.preset == "all" else a.preset](oversample_ratio=float(a.oversample_ratio), **tp)
-        out = Path(a.out) if a.out != str(ROOT / "bench" / "runtime_measurement.json") else \
-            ROOT / "bench" / "schedsim" / f"frontier_{p.name.split(':')[0]}"
+        out = (
+            Path(a.out)
+            if a.out != str(ROOT / "bench" / "runtime_measurement.json")
+            else ROOT / "bench" / "schedsim" / f"frontier_{p.name.split(':')[0]}"
+        )
         sync, rows = frontier(p, a.rollouts, log=lambda line: print(line, flush=True))
         print(write_frontier(p, sync, rows, out))
         return 0
@@ -218,15 +252,21 @@ def _run(a, tp: dict) -> int:
     report = {}
     if a.preset in ("paper", "all"):
         paper = default_run(a.rollouts, float(a.oversample_ratio), not a.no_sensitivity, say)
-        report.update(paper=[{k: v for k, v in r.items() if k not in _SKIP} for r in paper["paper"]],
-                      sync=paper["sync"], headline=paper["headline"], best=paper["best"],
-                      sensitivity=paper.get("sensitivity"))
-    for name in (["smoke"] if a.preset == "all" else [a.preset] if a.preset != "paper" else []):
+        report.update(
+            paper=[{k: v for k, v in r.items() if k not in _SKIP} for r in paper["paper"]],
+            sync=paper["sync"],
+            headline=paper["headline"],
+            best=paper["best"],
+            sensitivity=paper.get("sensitivity"),
+        )
+    for name in ["smoke"] if a.preset == "all" else [a.preset] if a.preset != "paper" else []:
         p = PRESETS[name]()
         rows = run_preset(p, a.rollouts)
-        say(f"== {p.name}: {p.rollout_batch_size} prompts x {p.n_samples}, D = {p.update_depth}, oversampling "
+        say(
+            f"== {p.name}: {p.rollout_batch_size} prompts x {p.n_samples}, D = {p.update_depth}, oversampling "
             f"{p.oversample_ratio}, mean response {rows[0]['mean_response']:.0f} tokens (cap {p.max_response_len}), "
-            f"{split_heading(p)}, push {p.push_mode} ==")
+            f"{split_heading(p)}, push {p.push_mode} =="
+        )
         say(f"   source: {p.source}")
         say(format_table(p, rows))
         report[name] = [{k: v for k, v in r.items() if k not in _SKIP} for r in rows]
@@ -234,8 +274,10 @@ def _run(a, tp: dict) -> int:
     if measurement.exists() and a.preset == "all":
         m = json.loads(measurement.read_text())
         v = runtime_validation(m)
-        say(f"== validation against the embedded runtime ({measurement.name}): measured async/sync "
-            f"{v['measured']:.2f}, simulated {v['simulated']:.2f} ({v['simulated'] / v['measured'] - 1:+.0%}) ==")
+        say(
+            f"== validation against the embedded runtime ({measurement.name}): measured async/sync "
+            f"{v['measured']:.2f}, simulated {v['simulated']:.2f} ({v['simulated'] / v['measured'] - 1:+.0%}) =="
+        )
         report["validation"] = v
     if a.text:
         Path(a.text).write_text("\n".join(lines) + "\n")

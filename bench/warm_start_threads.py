@@ -43,8 +43,14 @@ print(json.dumps({"threads": torch.get_num_threads(), "wall": time.perf_counter(
 def probe(threads: int, steps: int) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env.pop("EPIC_SLIME_TORCH_THREADS", None)
-    out = subprocess.run([sys.executable, "-c", PROBE, str(threads), str(steps)], env=env, check=True,
-                         capture_output=True, text=True, timeout=1800).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(threads), str(steps)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -64,18 +70,29 @@ def main(argv: list[str] | None = None) -> int:
         loops = busy_loops(load)
         try:
             time.sleep(0.5 if load else 0.0)
-            for threads in (1, 0):          # 0: torch's default (one per core)
+            for threads in (1, 0):  # 0: torch's default (one per core)
                 runs = [probe(threads, args.steps) for _ in range(args.repeats)]
-                rows.append({"load": load, "threads": runs[0]["threads"], "default": threads == 0,
-                             "wall": [r["wall"] / args.steps for r in runs], "cpu": [r["cpu"] / args.steps for r in runs]})
+                rows.append(
+                    {
+                        "load": load,
+                        "threads": runs[0]["threads"],
+                        "default": threads == 0,
+                        "wall": [r["wall"] / args.steps for r in runs],
+                        "cpu": [r["cpu"] / args.steps for r in runs],
+                    }
+                )
         finally:
             for p in loops:
                 p.kill()
                 p.wait()
     base = statistics.median(rows[0]["wall"])
-    print(f"warm start, {args.steps} steps per measurement, median of {args.repeats}; {os.cpu_count()} cores; "
-          f"ratios against 1 thread, idle")
-    print(f"{'background load':>16} {'torch threads':>14} {'wall ms/step':>13} {'cpu ms/step':>12} {'ratio':>6}  runs (wall ms)")
+    print(
+        f"warm start, {args.steps} steps per measurement, median of {args.repeats}; {os.cpu_count()} cores; "
+        f"ratios against 1 thread, idle"
+    )
+    print(
+        f"{'background load':>16} {'torch threads':>14} {'wall ms/step':>13} {'cpu ms/step':>12} {'ratio':>6}  runs (wall ms)"
+    )
     for r in rows:
         wall, cpu = statistics.median(r["wall"]), statistics.median(r["cpu"])
         threads = f"{r['threads']}{' (default)' if r['default'] else ''}"

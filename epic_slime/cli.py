@@ -14,10 +14,18 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("epic_slime.runtime.cli", "train_main", "run the embedded asynchronous EPIC loop on CPU"),
     "sweep": ("epic_slime.runtime.cli", "sweep_main", "loss modes x update depths x seeds on the embedded runtime"),
-    "study": ("epic_slime.study.cli", "main", "the paper's claims at toy scale: every method paired by seed (--quick: a smoke, 39 min on 2 busy cores)"),
+    "study": (
+        "epic_slime.study.cli",
+        "main",
+        "the paper's claims at toy scale: every method paired by seed (--quick: a smoke, 39 min on 2 busy cores)",
+    ),
     "prepare-data": ("epic_slime.data.prepare", "main", "download / convert DAPO-Math-17k and the eval sets"),
     "report": ("epic_slime.evaluation.report", "main", "Table 1 report and plots from eval records"),
-    "evaluate": ("epic_slime.evaluation.evaluate", "main", "a checkpoint's samples on the eval sets (SGLang or transformers)"),
+    "evaluate": (
+        "epic_slime.evaluation.evaluate",
+        "main",
+        "a checkpoint's samples on the eval sets (SGLang or transformers)",
+    ),
 }
 
 

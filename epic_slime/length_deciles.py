@@ -27,11 +27,11 @@ DECILES = 10
 
 @dataclass
 class DecileRow:
-    decile: int                   # 0 = shortest tenth
+    decile: int  # 0 = shortest tenth
     min_length: float | None = None
     max_length: float | None = None
     counts: dict = field(default_factory=lambda: {o: 0 for o in OUTCOMES})
-    lag_sum: int = 0              # over trained groups (trained + over_k)
+    lag_sum: int = 0  # over trained groups (trained + over_k)
 
     @property
     def groups(self) -> int:

@@ -12,8 +12,8 @@ This table is the documentation (docs/metrics.md's table is checked against it).
 
 from __future__ import annotations
 
-SLIME_LOG_PREFIX = "train/"             # what slime puts in front of every loss-function metric
-POLICY_PREFIX = "train/policy/"         # + a core diagnostic name: train/policy/clipfrac, ...
+SLIME_LOG_PREFIX = "train/"  # what slime puts in front of every loss-function metric
+POLICY_PREFIX = "train/policy/"  # + a core diagnostic name: train/policy/clipfrac, ...
 STALENESS_PREFIX = "rollout/staleness/"  # + mean, max, ...
 
 TRAIN_LOSS = "train/loss"

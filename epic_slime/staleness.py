@@ -49,6 +49,7 @@ def over_limit(lag: int, max_staleness: int | None) -> bool:
     """True when a lag exceeds the bound K (None: unbounded)."""
     return max_staleness is not None and lag > max_staleness
 
+
 def trainer_version_for_rollout(rollout_id: int, start_rollout_id: int = 0) -> int:
     """Weight version of the policy that starts training rollout ``rollout_id``."""
     if rollout_id < start_rollout_id:
@@ -111,7 +112,7 @@ class StalenessGate:
     dropped_groups: int = 0
     dropped_samples: int = 0
     kept_over_limit_groups: int = 0
-    requeued_groups: int = 0      # rejected, and regenerated from the fresh prompt instead of dropped
+    requeued_groups: int = 0  # rejected, and regenerated from the fresh prompt instead of dropped
     histogram: Counter = dataclasses.field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -246,9 +247,9 @@ async def collect_admitted_groups(
 
 @dataclass
 class Group:
-    group_id: int              # data position of the prompt (unique over the run)
-    version: int               # weight version that generated it
-    samples: list[dict]        # prompt_ids, response_ids, behavior_log_probs, status, reward, ...
+    group_id: int  # data position of the prompt (unique over the run)
+    version: int  # weight version that generated it
+    samples: list[dict]  # prompt_ids, response_ids, behavior_log_probs, status, reward, ...
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -256,13 +257,19 @@ class Group:
 
 @dataclass
 class Selection:
-    batch: list[Group] | None     # None: not enough fresh groups yet
-    dropped: list[Group]          # removed for staleness (final)
-    stale_kept: int = 0           # samples over K kept because stale_policy == "keep"
+    batch: list[Group] | None  # None: not enough fresh groups yet
+    dropped: list[Group]  # removed for staleness (final)
+    stale_kept: int = 0  # samples over K kept because stale_policy == "keep"
 
 
-def select_batch(buffer: deque, current_version: int, n_groups: int, max_staleness: int,
-                 stale_policy: str, first_unfinished: int | None = None) -> Selection:
+def select_batch(
+    buffer: deque,
+    current_version: int,
+    n_groups: int,
+    max_staleness: int,
+    stale_policy: str,
+    first_unfinished: int | None = None,
+) -> Selection:
     """Take the oldest n_groups trainable groups in START order (group_id: the data position, handed
     out as groups start) from `buffer`, dropping stale ones on the way.
 
@@ -305,18 +312,20 @@ def trainable_groups(buffer: deque, current_version: int, max_staleness: int, st
 
 @dataclass
 class Accounting:
-    generated: int = 0        # samples returned by rollout workers
+    generated: int = 0  # samples returned by rollout workers
     trained: int = 0
-    dropped: int = 0          # over K with stale_policy drop
-    stale_kept: int = 0       # over K with stale_policy keep (also in trained)
-    lost: int = 0             # requested from a worker that died before answering
+    dropped: int = 0  # over K with stale_policy drop
+    stale_kept: int = 0  # over K with stale_policy keep (also in trained)
+    lost: int = 0  # requested from a worker that died before answering
     worker_restarts: int = 0
-    lag_hist: Counter = field(default_factory=Counter)   # lag -> trained samples
+    lag_hist: Counter = field(default_factory=Counter)  # lag -> trained samples
 
     def check(self, buffered: int) -> None:
         if self.generated != self.trained + self.dropped + buffered:
-            raise RuntimeError(f"sample accounting broken: generated {self.generated} != trained {self.trained} "
-                               f"+ dropped {self.dropped} + buffered {buffered}")
+            raise RuntimeError(
+                f"sample accounting broken: generated {self.generated} != trained {self.trained} "
+                f"+ dropped {self.dropped} + buffered {buffered}"
+            )
 
     def state(self) -> dict:
         d = {k: getattr(self, k) for k in ("generated", "trained", "dropped", "stale_kept", "lost", "worker_restarts")}
@@ -337,11 +346,11 @@ class GroupLedger:
     index); the payload is what a resumed run needs to regenerate the group (its fresh prompt).
     """
 
-    payloads: dict = field(default_factory=dict)     # key -> payload, for groups not yet final
-    delivered: dict = field(default_factory=dict)    # key -> rollout id it was delivered in
+    payloads: dict = field(default_factory=dict)  # key -> payload, for groups not yet final
+    delivered: dict = field(default_factory=dict)  # key -> rollout id it was delivered in
     consumed: int = 0
     dropped: int = 0
-    trained: int = 0                                 # delivered in a rollout <= the last one closed
+    trained: int = 0  # delivered in a rollout <= the last one closed
 
     def consume(self, key: Hashable, payload: Any) -> None:
         if key in self.payloads or key in self.delivered:

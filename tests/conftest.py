@@ -33,27 +33,27 @@ def shared_math_dir():
 # EPIC_SLIME_TEST_TIMEOUT_SCALE multiplies every limit (e.g. 3 on a very busy machine); `--timeout N`
 # on the command line sets one limit for all (0: none, e.g. under a debugger).
 SLOW_FILE_TIMEOUT_S: dict[str, float] = {
-    "tests/runtime/test_runtime_e2e.py": 300,             # [20 s idle; the loaded run: 122 s]
-    "tests/slime_adapter/test_slime_e2e.py": 300,         # [98 s the two-engine run through the router]
-     "tests/slime_adapter/test_slime_e2e_deciles.py": 300,  # one 8-rollout K = 2 session
-    "tests/study/test_study_runner.py": 600,              # [116 s the tiny study]
-    "tests/evaluation/test_evaluation_cli.py": 300,       # [11 s]
-    "tests/evaluation/test_reward_isolation.py": 300,     # [9 s]
+    "tests/runtime/test_runtime_e2e.py": 300,  # [20 s idle; the loaded run: 122 s]
+    "tests/slime_adapter/test_slime_e2e.py": 300,  # [98 s the two-engine run through the router]
+    "tests/slime_adapter/test_slime_e2e_deciles.py": 300,  # one 8-rollout K = 2 session
+    "tests/study/test_study_runner.py": 600,  # [116 s the tiny study]
+    "tests/evaluation/test_evaluation_cli.py": 300,  # [11 s]
+    "tests/evaluation/test_reward_isolation.py": 300,  # [9 s]
     "tests/launch/test_launch_reeval.py": 300,
-    "tests/bench/test_gpu_check.py": 300,                 # [43 s its module's set-up]
-    "tests/slime_adapter/test_slime_contract.py": 300,    # [19 s]
-    "tests/slime_adapter/test_router_standin.py": 300,    # [35 s starting two SGLang stand-ins at load 8-10]
+    "tests/bench/test_gpu_check.py": 300,  # [43 s its module's set-up]
+    "tests/slime_adapter/test_slime_contract.py": 300,  # [19 s]
+    "tests/slime_adapter/test_router_standin.py": 300,  # [35 s starting two SGLang stand-ins at load 8-10]
     # the first test to use `real_engines` may wait for the real server's start (~2.5 min at load 6)
     "tests/slime_adapter/test_real_sglang.py": 600,
-    "tests/integrations/test_trl.py": 300,                # [25 s the 8-step GRPOTrainer run at load 17-22]
-    "tests/integrations/test_verl.py": 300,               # [21 s a fresh process importing verl at load 17-22]
-    "tests/slime_adapter/test_real_sglang_retract.py": 600,   # as above when it runs first
-    "tests/evaluation/test_evaluate_real_sglang.py": 900,     # two starts of sglang.Engine on CPU, 2 x 256 samples
+    "tests/integrations/test_trl.py": 300,  # [25 s the 8-step GRPOTrainer run at load 17-22]
+    "tests/integrations/test_verl.py": 300,  # [21 s a fresh process importing verl at load 17-22]
+    "tests/slime_adapter/test_real_sglang_retract.py": 600,  # as above when it runs first
+    "tests/evaluation/test_evaluate_real_sglang.py": 900,  # two starts of sglang.Engine on CPU, 2 x 256 samples
     # one e2e session against the real server (plus its start when this file runs first)
     "tests/slime_adapter/test_slime_e2e_real.py": 1200,
     "tests/slime_adapter/test_sglang_conformance.py": 600,
     "tests/slime_adapter/test_sglang_conformance_weights.py": 600,
-    "tests/slime_adapter/test_router_conformance.py": 300,   # a real router (~30 s to start) before two stand-ins
+    "tests/slime_adapter/test_router_conformance.py": 300,  # a real router (~30 s to start) before two stand-ins
     # a real server of its own (started beside the router outage session) and three real-engine sessions
     # [209 s the outage session's set-up; the whole file 510-596 s at load average 15-25 on 2026-12-06]
     "tests/slime_adapter/test_real_router_driver_faults.py": 1500,
@@ -62,7 +62,7 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {
-    "tests/study/test_study_runner.py::test_quick_ladder_end_to_end": 1500,   # [378 s; ~15 min at load 5-11]
+    "tests/study/test_study_runner.py::test_quick_ladder_end_to_end": 1500,  # [378 s; ~15 min at load 5-11]
 }
 TIMEOUT_SCALE_ENV = "EPIC_SLIME_TEST_TIMEOUT_SCALE"
 
@@ -91,20 +91,18 @@ def time_limit_s(item, default_s: float) -> float:
     return (own or SLOW_FILE_TIMEOUT_S.get(path, default_s)) * _timeout_scale()
 
 
-
-
-@pytest.hookimpl(trylast=True)   # after -k / -m deselection: no server for tests not run
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: no server for tests not run
 def pytest_collection_modifyitems(config, items):
     _launch_real_engines_if_needed(items)
     _ANNOUNCE.clear()
     _ANNOUNCE.update(announcements(items, float(config.getini("timeout") or 0)))
-    if config.getoption("timeout", None) is not None:      # --timeout N given: one limit for all
+    if config.getoption("timeout", None) is not None:  # --timeout N given: one limit for all
         return
     default_s = float(config.getini("timeout") or 0)
     if default_s <= 0:
         return
     for item in items:
-        if item.get_closest_marker("timeout") is None:     # a test's own marker wins
+        if item.get_closest_marker("timeout") is None:  # a test's own marker wins
             item.add_marker(pytest.mark.timeout(time_limit_s(item, default_s)))
 
 
@@ -132,7 +130,7 @@ def pytest_runtest_logstart(nodeid, location):
     tr = _REPORTER.get("tr")
     if line is None or tr is None:
         return
-    if getattr(getattr(tr, "_tw", None), "width_of_current_line", 0):   # after -q's dots: a line of its own
+    if getattr(getattr(tr, "_tw", None), "width_of_current_line", 0):  # after -q's dots: a line of its own
         tr.write("\n")
     tr.write_line(line)
 

@@ -28,10 +28,22 @@ class Sizes:
     slime_vocab: int
 
 
-GPU_SIZES = Sizes(correctness=(64, 4096), bounds_points=1 << 20, speed=(512, 16384), repeats=10,
-                  slime_samples=((1100, 1024), (2100, 2048), (300, 200), (700, 77)), slime_vocab=4096)
-CPU_SIZES = Sizes(correctness=(4, 96), bounds_points=4096, speed=(4, 512), repeats=3,
-                  slime_samples=((9, 5), (20, 17), (7, 1), (33, 30)), slime_vocab=11)
+GPU_SIZES = Sizes(
+    correctness=(64, 4096),
+    bounds_points=1 << 20,
+    speed=(512, 16384),
+    repeats=10,
+    slime_samples=((1100, 1024), (2100, 2048), (300, 200), (700, 77)),
+    slime_vocab=4096,
+)
+CPU_SIZES = Sizes(
+    correctness=(4, 96),
+    bounds_points=4096,
+    speed=(4, 512),
+    repeats=3,
+    slime_samples=((9, 5), (20, 17), (7, 1), (33, 30)),
+    slime_vocab=11,
+)
 
 
 def device_inputs(batch, seq, dtype, device, seed=0, with_topk=True):
@@ -43,10 +55,13 @@ def device_inputs(batch, seq, dtype, device, seed=0, with_topk=True):
     if with_topk:
         topk = topk_inputs_around(lp.double(), blp.double(), TOPK, generator=torch.Generator().manual_seed(seed + 1))
         topk_kw = {k: v.to(dtype) if v.is_floating_point() else v for k, v in topk.loss_kwargs().items()}
-    ref = dict(inputs=tuple(t.double() if t.is_floating_point() else t for t in (lp, blp, adv, mask)),
-               topk={k: v.double() if v.is_floating_point() else v for k, v in topk_kw.items()})
-    dev = dict(inputs=tuple(t.to(device) for t in (lp, blp, adv, mask)),
-               topk={k: v.to(device) for k, v in topk_kw.items()})
+    ref = dict(
+        inputs=tuple(t.double() if t.is_floating_point() else t for t in (lp, blp, adv, mask)),
+        topk={k: v.double() if v.is_floating_point() else v for k, v in topk_kw.items()},
+    )
+    dev = dict(
+        inputs=tuple(t.to(device) for t in (lp, blp, adv, mask)), topk={k: v.to(device) for k, v in topk_kw.items()}
+    )
     return dev, ref
 
 

@@ -23,15 +23,23 @@ def check_mode(mode, dev, ref, dtype):
     mismatch = (out.clipped.cpu() != ref_out.clipped) & mask
     agree = mask & ~mismatch
     n_valid = int(mask.sum())
-    row = dict(mode=mode, dtype=str(dtype).replace("torch.", ""),
-               loss=float(out.loss.detach()), loss_ref=float(ref_out.loss.detach()),
-               loss_rel_err=relative_error(out.loss, ref_out.loss),
-               grad_rel_err=relative_error(grad, ref_grad, agree),
-               decision_mismatch_frac=int(mismatch.sum()) / max(n_valid, 1),
-               clipfrac=float(ref_out.metrics["clipfrac"]),
-               finite=bool(torch.isfinite(out.loss).item() and torch.isfinite(grad).all().item()))
-    row["ok"] = (row["finite"] and row["loss_rel_err"] <= LOSS_RTOL and row["grad_rel_err"] <= GRAD_RTOL[dtype]
-                 and row["decision_mismatch_frac"] <= MAX_DECISION_MISMATCH)
+    row = dict(
+        mode=mode,
+        dtype=str(dtype).replace("torch.", ""),
+        loss=float(out.loss.detach()),
+        loss_ref=float(ref_out.loss.detach()),
+        loss_rel_err=relative_error(out.loss, ref_out.loss),
+        grad_rel_err=relative_error(grad, ref_grad, agree),
+        decision_mismatch_frac=int(mismatch.sum()) / max(n_valid, 1),
+        clipfrac=float(ref_out.metrics["clipfrac"]),
+        finite=bool(torch.isfinite(out.loss).item() and torch.isfinite(grad).all().item()),
+    )
+    row["ok"] = (
+        row["finite"]
+        and row["loss_rel_err"] <= LOSS_RTOL
+        and row["grad_rel_err"] <= GRAD_RTOL[dtype]
+        and row["decision_mismatch_frac"] <= MAX_DECISION_MISMATCH
+    )
     return row
 
 
@@ -45,10 +53,19 @@ def section_correctness(device, sizes):
     dev, _ = device_inputs(*sizes.correctness, torch.float32, device, seed=4, with_topk=False)
     grpo_out, grpo_grad = forward_backward("grpo", dev["inputs"], dev["topk"])
     plain_loss, plain_grad = forward_backward(PLAIN, dev["inputs"], dev["topk"])
-    plain = dict(loss_rel_err=relative_error(plain_loss, grpo_out.loss),
-                 grad_rel_err=relative_error(plain_grad, grpo_grad))
+    plain = dict(
+        loss_rel_err=relative_error(plain_loss, grpo_out.loss), grad_rel_err=relative_error(plain_grad, grpo_grad)
+    )
     plain["ok"] = plain["loss_rel_err"] <= LOSS_RTOL and plain["grad_rel_err"] <= GRAD_RTOL[torch.float32]
     ok = all(r["ok"] for r in rows) and plain["ok"]
-    return dict(status="pass" if ok else "fail", size=list(sizes.correctness), modes=rows, grpo_vs_plain_ppo=plain,
-                tolerances=dict(loss_rel=LOSS_RTOL, grad_rel={str(k): v for k, v in GRAD_RTOL.items()},
-                                decision_mismatch=MAX_DECISION_MISMATCH))
+    return dict(
+        status="pass" if ok else "fail",
+        size=list(sizes.correctness),
+        modes=rows,
+        grpo_vs_plain_ppo=plain,
+        tolerances=dict(
+            loss_rel=LOSS_RTOL,
+            grad_rel={str(k): v for k, v in GRAD_RTOL.items()},
+            decision_mismatch=MAX_DECISION_MISMATCH,
+        ),
+    )

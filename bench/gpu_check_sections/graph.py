@@ -45,8 +45,11 @@ def cuda_graph_replay(mode, inputs, topk) -> dict:
         return dict(captured=False, error=sync_site(exc))
     graph.replay()
     torch.cuda.synchronize()
-    return dict(captured=True, loss_rel_err=relative_error(static_loss, eager_loss),
-                grad_rel_err=relative_error(leaf.grad, eager_grad))
+    return dict(
+        captured=True,
+        loss_rel_err=relative_error(static_loss, eager_loss),
+        grad_rel_err=relative_error(leaf.grad, eager_grad),
+    )
 
 
 def cuda_context_healthy() -> bool:
@@ -65,15 +68,22 @@ def section_graph(device, sizes, require_sync_free, capture=None, healthy=None):
             return dict(status="skip", reason="no CUDA device (--cpu): CUDA-graph capture needs one")
         capture, healthy = cuda_graph_replay, cuda_context_healthy
     cpu_dev, _ = device_inputs(*sizes.correctness, torch.float32, "cpu", seed=5)
-    flagged = {m: detect_syncs(m, cpu_dev["inputs"], cpu_dev["topk"], on_meta=True, compute_metrics=False)
-               for m in LOSS_MODES}
+    flagged = {
+        m: detect_syncs(m, cpu_dev["inputs"], cpu_dev["topk"], on_meta=True, compute_metrics=False) for m in LOSS_MODES
+    }
     order = [PLAIN, *sorted(LOSS_MODES, key=lambda m: (bool(flagged[m]), m))]
     dev, _ = device_inputs(*sizes.correctness, torch.float32, device, seed=5)
     rows, unusable_after = [], None
     for mode in order:
         if unusable_after is not None:
-            rows.append(dict(mode=mode, captured=False, ok=True,
-                             error=f"not run: the CUDA context was unusable after {unusable_after}'s failed capture"))
+            rows.append(
+                dict(
+                    mode=mode,
+                    captured=False,
+                    ok=True,
+                    error=f"not run: the CUDA context was unusable after {unusable_after}'s failed capture",
+                )
+            )
             continue
         row = dict(mode=mode, expected_syncs=flagged.get(mode, []), **capture(mode, dev["inputs"], dev["topk"]))
         if not row["captured"] and not healthy():

@@ -19,8 +19,20 @@ from epic_slime.losses import bounds as loss_bounds
 from .common import BENCH_DIR, REPO_ROOT, device_inputs, forward_backward
 
 # aten ops that wait for the device on CUDA (data-dependent output size or a value read back).
-SYNCING_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2",
-               "unique_consecutive", "unique_dim", "bincount", "item", "repeat_interleave", "multinomial"}
+SYNCING_OPS = {
+    "_local_scalar_dense",
+    "nonzero",
+    "masked_select",
+    "unique",
+    "_unique",
+    "_unique2",
+    "unique_consecutive",
+    "unique_dim",
+    "bincount",
+    "item",
+    "repeat_interleave",
+    "multinomial",
+}
 
 
 def _caller_outside() -> str:
@@ -64,6 +76,7 @@ class SyncDetector(TorchDispatchMode):
                 if device is not None and torch.device(device).type != "cpu":
                     self.sites.append(f"torch.{name}(..., device={torch.device(device).type}) at {_caller_outside()}")
                 return fn(*args, **kwargs)
+
             return spy
 
         for name, fn in originals.items():
@@ -135,19 +148,32 @@ def section_sync(device, sizes, require_sync_free):
         cuda_dev, _ = device_inputs(*sizes.correctness, torch.float32, "cuda", seed=5)
     rows = []
     for mode in sorted(LOSS_MODES):
-        row = dict(mode=mode,
-                   meta_sites=detect_syncs(mode, small_inputs, small_topk, on_meta=True, compute_metrics=False),
-                   meta_metrics_sites=_sites_or_error(mode, small_inputs, small_topk, on_meta=True),
-                   metrics_sites=_sites_or_error(mode, small_inputs, small_topk, on_meta=False))
+        row = dict(
+            mode=mode,
+            meta_sites=detect_syncs(mode, small_inputs, small_topk, on_meta=True, compute_metrics=False),
+            meta_metrics_sites=_sites_or_error(mode, small_inputs, small_topk, on_meta=True),
+            metrics_sites=_sites_or_error(mode, small_inputs, small_topk, on_meta=False),
+        )
         if device == "cuda":
             row["cuda_sync_debug"] = cuda_sync_debug(mode, cuda_dev["inputs"], cuda_dev["topk"], False)
             row["cuda_sync_debug_metrics"] = cuda_sync_debug(mode, cuda_dev["inputs"], cuda_dev["topk"], True)
-        row["sync_free"] = not (row["meta_sites"] or row["meta_metrics_sites"] or row["metrics_sites"]
-                                or row.get("cuda_sync_debug") or row.get("cuda_sync_debug_metrics"))
+        row["sync_free"] = not (
+            row["meta_sites"]
+            or row["meta_metrics_sites"]
+            or row["metrics_sites"]
+            or row.get("cuda_sync_debug")
+            or row.get("cuda_sync_debug_metrics")
+        )
         rows.append(row)
     not_free = [r["mode"] for r in rows if not r["sync_free"]]
-    out = dict(status="fail" if require_sync_free and not_free else "pass", modes=rows, not_sync_free=not_free,
-               require_sync_free=require_sync_free)
+    out = dict(
+        status="fail" if require_sync_free and not_free else "pass",
+        modes=rows,
+        not_sync_free=not_free,
+        require_sync_free=require_sync_free,
+    )
     if device != "cuda":
-        out["cuda_parts"] = "skipped: no CUDA device (--cpu); set_sync_debug_mode needs one (CUDA graphs: section graph)"
+        out["cuda_parts"] = (
+            "skipped: no CUDA device (--cpu); set_sync_debug_mode needs one (CUDA graphs: section graph)"
+        )
     return out

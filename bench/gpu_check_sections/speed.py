@@ -23,6 +23,7 @@ SPEED_MODES = ("epic", "epic_raw_prob", "epic_cumulative", "grpo", "gspo", "ctpo
 
 def _timer(device):
     if torch.device(device).type == "cuda":
+
         def measure(fn):
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -31,18 +32,21 @@ def _timer(device):
             stop.synchronize()
             return start.elapsed_time(stop) / 1e3
     else:
+
         def measure(fn):
             start = time.perf_counter()
             fn()
             return time.perf_counter() - start
+
     return measure
 
 
 def time_modes(modes, dev, device, repeats, compute_metrics):
     """Median seconds of forward + backward, modes interleaved so that drift hits all alike."""
     measure = _timer(device)
-    run = {m: (lambda m=m: forward_backward(m, dev["inputs"], dev["topk"], compute_metrics=compute_metrics))
-           for m in modes}
+    run = {
+        m: (lambda m=m: forward_backward(m, dev["inputs"], dev["topk"], compute_metrics=compute_metrics)) for m in modes
+    }
     for m in modes:
         run[m]()
     samples = {m: [] for m in modes}
@@ -90,9 +94,15 @@ def compiled_variant(mode, dev, device, repeats) -> dict:
         return dict(mode=mode, backend=backend, compiled=False, error=f"{type(exc).__name__}: {str(exc)[:200]}")
     compile_s = time.perf_counter() - start
     e_loss, e_grad = run(loss_of)
-    row = dict(mode=mode, backend=backend, compiled=True, compile_s=compile_s,
-               loss_rel_err=relative_error(c_loss, e_loss), grad_rel_err=relative_error(c_grad, e_grad),
-               bitwise=bool(torch.equal(c_loss, e_loss) and torch.equal(c_grad, e_grad)))
+    row = dict(
+        mode=mode,
+        backend=backend,
+        compiled=True,
+        compile_s=compile_s,
+        loss_rel_err=relative_error(c_loss, e_loss),
+        grad_rel_err=relative_error(c_grad, e_grad),
+        bitwise=bool(torch.equal(c_loss, e_loss) and torch.equal(c_grad, e_grad)),
+    )
     measure = _timer(device)
     eager_t = statistics.median(measure(lambda: run(loss_of)) for _ in range(repeats))
     compiled_t = statistics.median(measure(lambda: run(compiled)) for _ in range(repeats))
@@ -107,12 +117,21 @@ def compiled_in_subprocess(mode, device, timeout_s) -> dict:
     runs long is cut off after ``timeout_s`` instead of eating the GPU's minutes."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "compiled.json"
-        cmd = [sys.executable, str(ENTRY_POINT), "--compile-one", mode, "--out", str(out),
-               *(["--cpu"] if device == "cpu" else [])]
+        cmd = [
+            sys.executable,
+            str(ENTRY_POINT),
+            "--compile-one",
+            mode,
+            "--out",
+            str(out),
+            *(["--cpu"] if device == "cpu" else []),
+        ]
         try:
             proc = subprocess.run(cmd, timeout=timeout_s, capture_output=True, text=True)
         except subprocess.TimeoutExpired:
-            return dict(mode=mode, compiled=False, error=f"compile + timing did not finish in {timeout_s:.0f} s (cut off)")
+            return dict(
+                mode=mode, compiled=False, error=f"compile + timing did not finish in {timeout_s:.0f} s (cut off)"
+            )
         if proc.returncode != 0 or not out.is_file():
             return dict(mode=mode, compiled=False, error=f"exit {proc.returncode}: {proc.stderr[-400:]}")
         return json.loads(out.read_text())
@@ -136,18 +155,31 @@ def section_speed(device, sizes, compile_modes, compile_timeout_s):
     memory = {m: peak_memory(m, dev, device) for m in modes}
     rows = []
     for m in modes:
-        row = dict(mode=m, ms=with_metrics[m] * 1e3, ms_no_metrics=without[m] * 1e3,
-                   x_grpo=with_metrics[m] / with_metrics["grpo"], x_grpo_no_metrics=without[m] / without["grpo"],
-                   x_plain=with_metrics[m] / with_metrics[PLAIN], x_plain_no_metrics=without[m] / without[PLAIN],
-                   peak_mib=None if memory[m] is None else memory[m] / 2**20)
+        row = dict(
+            mode=m,
+            ms=with_metrics[m] * 1e3,
+            ms_no_metrics=without[m] * 1e3,
+            x_grpo=with_metrics[m] / with_metrics["grpo"],
+            x_grpo_no_metrics=without[m] / without["grpo"],
+            x_plain=with_metrics[m] / with_metrics[PLAIN],
+            x_plain_no_metrics=without[m] / without[PLAIN],
+            peak_mib=None if memory[m] is None else memory[m] / 2**20,
+        )
         row["peak_x_grpo"] = None if memory[m] is None else memory[m] / max(memory["grpo"], 1)
         rows.append(row)
     input_bytes = sum(t.numel() * t.element_size() for t in dev["inputs"])
     del dev  # the compiled variants run in their own processes, on their own copy of the inputs
     compiled = [compiled_in_subprocess(m, device, compile_timeout_s) for m in compile_modes]
-    out = dict(status="pass", size=list(sizes.speed), dtype="float32", repeats=sizes.repeats,
-               input_mib=input_bytes / 2**20, clock="cuda events" if device == "cuda" else "wall (perf_counter)",
-               modes=rows, compiled=compiled)
+    out = dict(
+        status="pass",
+        size=list(sizes.speed),
+        dtype="float32",
+        repeats=sizes.repeats,
+        input_mib=input_bytes / 2**20,
+        clock="cuda events" if device == "cuda" else "wall (perf_counter)",
+        modes=rows,
+        compiled=compiled,
+    )
     if device != "cuda":
         out["note"] = "--cpu: small sizes to exercise the code; no memory figures, ratios not meaningful"
     return out

@@ -28,10 +28,19 @@ class SimRolloutManager:
         self.sim, self.args, self.stream, self.data_source = sim, args, stream, data_source
         self._lock = asyncio.Lock()
         self.gates: dict[int, Any] = {}
-        self.trained: dict[int, list[dict]] = {}     # rollout id -> per trained group: key, lags (reported / true)
+        self.trained: dict[int, list[dict]] = {}  # rollout id -> per trained group: key, lags (reported / true)
         self.batches: dict[int, dict] = {}
-        for name in ("generate", "eval", "save", "offload", "onload_weights", "onload_kv",
-                     "get_updatable_engines_and_lock", "check_weights", "dispose"):
+        for name in (
+            "generate",
+            "eval",
+            "save",
+            "offload",
+            "onload_weights",
+            "onload_kv",
+            "get_updatable_engines_and_lock",
+            "check_weights",
+            "dispose",
+        ):
             setattr(self, name, _Remote(self, getattr(self, "_" + name)))
 
     async def serve(self, fn, *args, **kwargs):
@@ -59,10 +68,13 @@ class SimRolloutManager:
             self.data_source.ledger.close_rollout(rollout_id - 1)
         else:
             gate = StalenessGate(args.max_staleness, args.stale_policy)
-            groups, _, _ = await ro._collect(args, self.stream, trainer_version, gate, rollout_id, poll_seconds=sim.p.poll_s)
+            groups, _, _ = await ro._collect(
+                args, self.stream, trainer_version, gate, rollout_id, poll_seconds=sim.p.poll_s
+            )
         self.gates[rollout_id] = gate
-        self.batches[rollout_id] = dict(start=t0, end=sim.now(),
-                                        tokens=sum(s.response_length for g in groups for s in g))
+        self.batches[rollout_id] = dict(
+            start=t0, end=sim.now(), tokens=sum(s.response_length for g in groups for s in g)
+        )
         self.trained[rollout_id] = [_trained_record(g, trainer_version) for g in groups]
         return groups
 
@@ -132,9 +144,9 @@ class SimTrainGroup:
         for e in self.sim.engines:
             e.paused = True
             if self.sim.p.push_mode == "abort":
-                e.abort_all()      # in_place: running requests keep their KV and continue after the push
+                e.abort_all()  # in_place: running requests keep their KV and continue after the push
             elif self.sim.p.push_mode == "retract":
-                e.retract_all()    # back to the queue with their tokens, prefilled again after the push
+                e.retract_all()  # back to the queue with their tokens, prefilled again after the push
         await asyncio.sleep(self.push_s)
         for e in self.sim.engines:
             e.version = self.version
@@ -172,13 +184,22 @@ async def _generate_group(args, group, sampling_params=None, evaluation=False):
             continue
         target = s.metadata["sim_target"]
         engine = min(sim.engines, key=lambda e: e.load())
-        pending.append((s, engine.submit(sim.p.prompt_len + s.response_length, target - s.response_length,
-                                         sim.p.max_response_len - s.response_length, partial=s.response_length)))
+        pending.append(
+            (
+                s,
+                engine.submit(
+                    sim.p.prompt_len + s.response_length,
+                    target - s.response_length,
+                    sim.p.max_response_len - s.response_length,
+                    partial=s.response_length,
+                ),
+            )
+        )
     for s, fut in pending:
         tokens, version, aborted, oldest = await fut
         s.response_length += tokens
-        s.weight_versions.append(str(version))     # SGLang's meta_info weight_version: the version at response time
-        if tokens and oldest is not None:          # the truth, for the report: the version of the call's first token
+        s.weight_versions.append(str(version))  # SGLang's meta_info weight_version: the version at response time
+        if tokens and oldest is not None:  # the truth, for the report: the version of the call's first token
             s.metadata["sim_oldest_version"] = min(oldest, s.metadata.get("sim_oldest_version", oldest))
         if aborted:
             s.status = Sample.Status.ABORTED
@@ -215,8 +236,15 @@ class SimDataSource:
         group = []
         for j in range(self.n_samples):
             target = min(self.sim.draw_length(key), self.sim.p.max_response_len)
-            group.append(Sample(group_index=key, index=key * self.n_samples + j, response_length=0,
-                                weight_versions=[], metadata={"sim_target": target}))
+            group.append(
+                Sample(
+                    group_index=key,
+                    index=key * self.n_samples + j,
+                    response_length=0,
+                    weight_versions=[],
+                    metadata={"sim_target": target},
+                )
+            )
         # the group's length for the per-decile report: its first draw (a requeue draws anew)
         self.sim.group_length.setdefault(key, sum(s.metadata["sim_target"] for s in group) / len(group))
         return group

@@ -37,8 +37,10 @@ def ranges_text(p: Preset) -> str:
     from .calibration import tp_alpha_range
 
     lo, hi = tp_alpha_range(p)
-    return (f"tp_alpha {lo:g}-{hi:g}, push {PUSH_S_RANGE[0]:g}-{PUSH_S_RANGE[1]:g} s, batch-1 step "
-            f"{T_BASE_RANGE[0] * 1000:g}-{T_BASE_RANGE[1] * 1000:g} ms, train MFU {TRAIN_MFU_RANGE[0]:g}-{TRAIN_MFU_RANGE[1]:g}")
+    return (
+        f"tp_alpha {lo:g}-{hi:g}, push {PUSH_S_RANGE[0]:g}-{PUSH_S_RANGE[1]:g} s, batch-1 step "
+        f"{T_BASE_RANGE[0] * 1000:g}-{T_BASE_RANGE[1] * 1000:g} ms, train MFU {TRAIN_MFU_RANGE[0]:g}-{TRAIN_MFU_RANGE[1]:g}"
+    )
 
 
 def varied(p: Preset, field: str, value: float) -> Preset:
@@ -74,8 +76,10 @@ class Band:
             ratio = self.sync(label, base) / simulate(v, schedule, n, warmup=warmup)["s_per_rollout"]
             cells.append((label, ratio))
             if self.log:
-                self.log(f"   {schedule} {q.total_gpus - q.train_gpus_split}:{q.train_gpus_split}x{q.gpus_per_engine} "
-                         f"{label}: {ratio:.2f}x")
+                self.log(
+                    f"   {schedule} {q.total_gpus - q.train_gpus_split}:{q.train_gpus_split}x{q.gpus_per_engine} "
+                    f"{label}: {ratio:.2f}x"
+                )
         ratios = [r for _, r in cells]
         return dict(lo=min(ratios), hi=max(ratios), cells=cells)
 

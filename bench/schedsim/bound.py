@@ -45,8 +45,15 @@ def throughput_bound(p: Preset, rollout_gpus: int, train_gpus: int, push_s: floa
     train_s = (train_seconds(p, train_gpus, lengths) - fixed) * samples / len(lengths) + fixed
     if p.train_s_fixed is not None:
         train_s = p.train_s_fixed
-    return dict(bound_s=max(gen_s, train_s) + push_s, gen_s=gen_s, train_s=train_s, push_s=push_s,
-                engine_tok_s=per_engine, engines=engines, tokens_per_rollout=samples * mean)
+    return dict(
+        bound_s=max(gen_s, train_s) + push_s,
+        gen_s=gen_s,
+        train_s=train_s,
+        push_s=push_s,
+        engine_tok_s=per_engine,
+        engines=engines,
+        tokens_per_rollout=samples * mean,
+    )
 
 
 def bound_for(p: Preset, row: dict, warmup: int = 2) -> dict:

@@ -53,14 +53,23 @@ REQUESTS = 1000
 
 def modelled_tok_s(base: Preset, gpu: str, tp: int, concurrency: int | None, isl: int, osl: int) -> tuple[float, float]:
     """(output tok/s, batch) the engine model predicts for one measurement's setting."""
-    p = dataclasses.replace(base, gpu=gpu, gpus_per_engine=tp, c_tok=0.0, c_kv=0.0, kv_capacity_tokens=0.0,
-                            prefill_tok_s=0.0, peak_flops=0.0, hbm_bytes_s=0.0,
-                            mem_fraction=STANDALONE_MEM_FRACTION).derived()
+    p = dataclasses.replace(
+        base,
+        gpu=gpu,
+        gpus_per_engine=tp,
+        c_tok=0.0,
+        c_kv=0.0,
+        kv_capacity_tokens=0.0,
+        prefill_tok_s=0.0,
+        peak_flops=0.0,
+        hbm_bytes_s=0.0,
+        mem_fraction=STANDALONE_MEM_FRACTION,
+    ).derived()
     ctx = isl + osl / 2
     batch = concurrency if concurrency is not None else min(REQUESTS, p.kv_capacity_tokens / ctx)
     decode = batch / (p.t_base + p.c_tok * batch + p.c_kv * batch * ctx)
     if concurrency is not None and concurrency == 1:
-        return decode, batch       # batch 1: TPOT-based decode rate (prefill is TTFT, not in it)
+        return decode, batch  # batch 1: TPOT-based decode rate (prefill is TTFT, not in it)
     prefill = p.engine_prefill_tok_s()
     return osl / (isl / prefill + osl / decode), batch
 
@@ -72,7 +81,7 @@ TP_POINTS = [
     (1000, 2000, 4247.26, 2364.46, False),
     (5000, 1000, 3416.06, 899.59, False),
 ]
-TP_ALPHA_TOP = 1.0     # linear scaling: the model's ceiling (see the module docstring)
+TP_ALPHA_TOP = 1.0  # linear scaling: the model's ceiling (see the module docstring)
 
 
 def fit_tp_alpha(base: Preset, point: tuple = TP_FIT_POINT, tol: float = 1e-6) -> float:
@@ -84,8 +93,10 @@ def fit_tp_alpha(base: Preset, point: tuple = TP_FIT_POINT, tol: float = 1e-6) -
         return modelled_tok_s(dataclasses.replace(base, tp_alpha=alpha), gpu, tp, conc, isl, osl)[0]
 
     if not model(0.0) <= measured <= model(1.0):
-        raise ValueError(f"fit_tp_alpha: measured {measured} tok/s is outside the model's range "
-                         f"{model(0.0):.1f}..{model(1.0):.1f} at tp_alpha 0..1")
+        raise ValueError(
+            f"fit_tp_alpha: measured {measured} tok/s is outside the model's range "
+            f"{model(0.0):.1f}..{model(1.0):.1f} at tp_alpha 0..1"
+        )
     return _bisect_rising(model, measured, tol)
 
 
@@ -107,8 +118,10 @@ def fit_tp_alpha_ratio(base: Preset, isl: int, osl: int, ratio: float, tol: floa
         return modelled_tok_s(dataclasses.replace(base, tp_alpha=alpha), "H20", 4, None, isl, osl)[0] / tp1
 
     if not model(0.0) <= ratio <= model(1.0):
-        raise ValueError(f"fit_tp_alpha_ratio: TP4/TP1 ratio {ratio:.3f} is outside the model's range "
-                         f"{model(0.0):.3f}..{model(1.0):.3f} at tp_alpha 0..1")
+        raise ValueError(
+            f"fit_tp_alpha_ratio: TP4/TP1 ratio {ratio:.3f} is outside the model's range "
+            f"{model(0.0):.3f}..{model(1.0):.3f} at tp_alpha 0..1"
+        )
     return _bisect_rising(model, ratio, tol)
 
 
@@ -117,8 +130,17 @@ def tp_alpha_fits(base: Preset) -> list[dict]:
     out = []
     for isl, osl, tp4, tp1, tuned in TP_POINTS:
         point = fit_tp_alpha(base, ("sglang#5839", "H20", 4, None, isl, osl, tp4))
-        out.append(dict(isl=isl, osl=osl, tp4=tp4, tp1=tp1, tuned=tuned, point=point,
-                        ratio=fit_tp_alpha_ratio(base, isl, osl, tp4 / tp1)))
+        out.append(
+            dict(
+                isl=isl,
+                osl=osl,
+                tp4=tp4,
+                tp1=tp1,
+                tuned=tuned,
+                point=point,
+                ratio=fit_tp_alpha_ratio(base, isl, osl, tp4 / tp1),
+            )
+        )
     return out
 
 
@@ -131,14 +153,20 @@ def tp_alpha_range(base: Preset) -> tuple[float, float]:
 
 
 def format_tp_fits(base: Preset) -> str:
-    out = ["-- tp_alpha from every sglang#5839 TP4 row (H20), two ways --",
-           f"{'in-out':>11s} {'kernels':8s} {'TP4':>8s} {'TP1':>8s} {'point fit':>9s} {'ratio fit':>9s}"]
+    out = [
+        "-- tp_alpha from every sglang#5839 TP4 row (H20), two ways --",
+        f"{'in-out':>11s} {'kernels':8s} {'TP4':>8s} {'TP1':>8s} {'point fit':>9s} {'ratio fit':>9s}",
+    ]
     for f in tp_alpha_fits(base):
-        out.append(f"{f['isl']:>5d}-{f['osl']:<5d} {'tuned' if f['tuned'] else 'untuned':8s} {f['tp4']:8.1f} "
-                   f"{f['tp1']:8.1f} {f['point']:9.2f} {f['ratio']:9.2f}")
+        out.append(
+            f"{f['isl']:>5d}-{f['osl']:<5d} {'tuned' if f['tuned'] else 'untuned':8s} {f['tp4']:8.1f} "
+            f"{f['tp1']:8.1f} {f['point']:9.2f} {f['ratio']:9.2f}"
+        )
     lo, hi = tp_alpha_range(base)
-    out.append(f"allowed for tuned SGLang: tp_alpha {lo}-{hi} (the preset's {base.tp_alpha}; the untuned 5000-1000 row "
-               "bounds its tuned value from below, the untuned 1000-2000 row is kernels SGLang no longer runs)")
+    out.append(
+        f"allowed for tuned SGLang: tp_alpha {lo}-{hi} (the preset's {base.tp_alpha}; the untuned 5000-1000 row "
+        "bounds its tuned value from below, the untuned 1000-2000 row is kernels SGLang no longer runs)"
+    )
     return "\n".join(out)
 
 
@@ -146,17 +174,35 @@ def calibrate(base: Preset) -> list[dict]:
     out = []
     for src, gpu, tp, conc, isl, osl, measured in MEASUREMENTS:
         model, batch = modelled_tok_s(base, gpu, tp, conc, isl, osl)
-        out.append(dict(source=src, gpu=gpu, tp=tp, concurrency=conc, isl=isl, osl=osl, batch=batch,
-                        measured=measured, model=model, error=model / measured - 1))
+        out.append(
+            dict(
+                source=src,
+                gpu=gpu,
+                tp=tp,
+                concurrency=conc,
+                isl=isl,
+                osl=osl,
+                batch=batch,
+                measured=measured,
+                model=model,
+                error=model / measured - 1,
+            )
+        )
     return out
 
 
 def format_calibration(rows: list[dict]) -> str:
-    out = [f"{'source':12s} {'GPU':5s} {'TP':>2s} {'batch':>6s} {'in-out':>11s} {'measured':>9s} {'model':>8s} {'error':>6s}"]
+    out = [
+        f"{'source':12s} {'GPU':5s} {'TP':>2s} {'batch':>6s} {'in-out':>11s} {'measured':>9s} {'model':>8s} {'error':>6s}"
+    ]
     for r in rows:
         batch = f"{r['batch']:.0f}" + ("" if r["concurrency"] else "*")
-        out.append(f"{r['source']:12s} {r['gpu']:5s} {r['tp']:2d} {batch:>6s} {r['isl']:>5d}-{r['osl']:<5d} "
-                   f"{r['measured']:9.1f} {r['model']:8.1f} {r['error']:+6.0%}")
-    out.append("* saturated: the batch the KV cache holds at that length; sources: "
-               + "; ".join(f"{k}: {v}" for k, v in SOURCES.items()))
+        out.append(
+            f"{r['source']:12s} {r['gpu']:5s} {r['tp']:2d} {batch:>6s} {r['isl']:>5d}-{r['osl']:<5d} "
+            f"{r['measured']:9.1f} {r['model']:8.1f} {r['error']:+6.0%}"
+        )
+    out.append(
+        "* saturated: the batch the KV cache holds at that length; sources: "
+        + "; ".join(f"{k}: {v}" for k, v in SOURCES.items())
+    )
     return "\n".join(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import selectors
 
+
 class _AdvancingSelector(selectors.SelectSelector):
     """select(timeout) advances the loop's virtual clock by timeout and reports no I/O."""
 
@@ -28,4 +29,3 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._clock[0]
-

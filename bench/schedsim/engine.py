@@ -35,7 +35,7 @@ class _Req:
         self.ctx, self.remaining, self.done, self.fut = float(ctx), float(remaining), 0.0, fut
         self.prefill_left = float(ctx)
         self.max_new = float(max_new)
-        self.oldest: int | None = None      # engine version of this call's first token
+        self.oldest: int | None = None  # engine version of this call's first token
 
 
 class Engine:
@@ -49,9 +49,9 @@ class Engine:
         self.busy_s = 0.0
         self.decoded = 0.0
         self.prefilled = 0.0
-        self.reprefilled = 0.0          # tokens prefilled again: aborted partials and retracted contexts
-        self.retractions = 0             # by KV pressure (retract_decode)
-        self.push_retractions = 0        # by a push in retract mode
+        self.reprefilled = 0.0  # tokens prefilled again: aborted partials and retracted contexts
+        self.retractions = 0  # by KV pressure (retract_decode)
+        self.push_retractions = 0  # by a push in retract mode
         self.peak_kv = 0.0
 
     def has_work(self) -> bool:
@@ -126,7 +126,7 @@ class Engine:
         self.busy_s += dt
         left = dt
         rate = p.engine_prefill_tok_s()
-        for req in self.running:          # prefill first (SGLang schedules prefill before decode)
+        for req in self.running:  # prefill first (SGLang schedules prefill before decode)
             if req.prefill_left > 0 and left > 0:
                 take = min(left, req.prefill_left / rate)
                 req.prefill_left -= take * rate
@@ -180,8 +180,10 @@ class Sim:
             rollout_gpus = p.total_gpus - p.train_gpus_split
         self.rollout_gpus = rollout_gpus
         if p.kv_capacity_tokens <= 0:
-            raise ValueError(f"{p.name}: the weights do not fit an engine of {p.gpus_per_engine} {p.gpu} GPUs "
-                             f"(KV capacity {p.kv_capacity_tokens:.0f} tokens)")
+            raise ValueError(
+                f"{p.name}: the weights do not fit an engine of {p.gpus_per_engine} {p.gpu} GPUs "
+                f"(KV capacity {p.kv_capacity_tokens:.0f} tokens)"
+            )
         self.engines = [Engine(self, i) for i in range(max(1, rollout_gpus // p.gpus_per_engine))]
         self.train_job: TrainJob | None = None
         self.train_busy_s = 0.0
@@ -190,8 +192,8 @@ class Sim:
         self.rng = random.Random(p.seed)
         self.mu = solve_mu(p.mean_response_len, p.length_sigma, p.max_response_len) if p.fixed_length is None else 0.0
         self.prompt_effect: dict[int, float] = {}
-        self.started_groups: Counter = Counter()    # group key -> times started from its fresh prompt
-        self.group_length: dict[int, float] = {}     # group key -> mean drawn response length (first start)
+        self.started_groups: Counter = Counter()  # group key -> times started from its fresh prompt
+        self.group_length: dict[int, float] = {}  # group key -> mean drawn response length (first start)
         self.group_calls = 0
 
     def now(self) -> float:
@@ -273,7 +275,7 @@ def solve_mu(mean: float, sigma: float, cap: float) -> float:
         if sigma == 0:
             return min(math.exp(mu), cap)
         a = (math.log(cap) - mu) / sigma
-        return math.exp(mu + sigma ** 2 / 2) * phi(a - sigma) + cap * (1 - phi(a))
+        return math.exp(mu + sigma**2 / 2) * phi(a - sigma) + cap * (1 - phi(a))
 
     lo, hi = 0.0, math.log(cap) + 5
     for _ in range(100):

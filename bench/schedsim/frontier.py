@@ -17,21 +17,28 @@ KS = (1, 2, 3, 4, 8)
 PUSH_MODES = ("abort", "in_place", "retract")
 # (train GPUs, GPUs per engine); the rollout GPUs are the rest
 SPLITS = ((16, 8), (8, 8), (16, 4), (8, 4), (12, 4))
-MIN_TRAIN_GPUS = 8     # slime trains Qwen3-30B-A3B on one 8-GPU node at the least (CPU Adam, TP4 EP8:
-                       # slime's docs/examples Qwen3-30B-A3B with 8xH100)
+MIN_TRAIN_GPUS = 8  # slime trains Qwen3-30B-A3B on one 8-GPU node at the least (CPU Adam, TP4 EP8:
+# slime's docs/examples Qwen3-30B-A3B with 8xH100)
 
 
 def split_preset(p: Preset, train_gpus: int, gpus_per_engine: int, push_mode: str) -> Preset:
     """The preset on another split / engine size / push mode, its engine constants derived again."""
-    return dataclasses.replace(p, train_gpus_split=train_gpus, gpus_per_engine=gpus_per_engine, push_mode=push_mode,
-                               c_tok=0.0, c_kv=0.0, kv_capacity_tokens=0.0).derived()
+    return dataclasses.replace(
+        p,
+        train_gpus_split=train_gpus,
+        gpus_per_engine=gpus_per_engine,
+        push_mode=push_mode,
+        c_tok=0.0,
+        c_kv=0.0,
+        kv_capacity_tokens=0.0,
+    ).derived()
 
 
 def sync_baseline(p: Preset, rollouts: int) -> dict:
     return simulate(p, "sync colocated", rollouts)
 
 
-SYNC_ENGINE_SIZES = (4, 8)    # the engine sizes the planner gives the asynchronous rows (planner.ENGINE_SIZES)
+SYNC_ENGINE_SIZES = (4, 8)  # the engine sizes the planner gives the asynchronous rows (planner.ENGINE_SIZES)
 
 
 def best_sync(p: Preset, rollouts: int, known: dict | None = None) -> dict:
@@ -56,12 +63,15 @@ def best_sync(p: Preset, rollouts: int, known: dict | None = None) -> dict:
 def sync_heading(sync: dict) -> str:
     """``sync colocated at its best engine size (4 GPUs): 315.9 s/rollout (4: 315.9 s, 8: 346.5 s)``."""
     by = ", ".join(f"{g}: {s:.1f} s" for g, s in sync["by_engine"].items())
-    return (f"sync colocated at its best engine size ({sync['gpus_per_engine']} GPUs): "
-            f"{sync['s_per_rollout']:.1f} s/rollout (by GPUs per engine: {by})")
+    return (
+        f"sync colocated at its best engine size ({sync['gpus_per_engine']} GPUs): "
+        f"{sync['s_per_rollout']:.1f} s/rollout (by GPUs per engine: {by})"
+    )
 
 
-def frontier(p: Preset, rollouts: int = 12, ks=KS, pushes=PUSH_MODES, splits=SPLITS, sync: dict | None = None,
-             log=None) -> tuple[dict, list[dict]]:
+def frontier(
+    p: Preset, rollouts: int = 12, ks=KS, pushes=PUSH_MODES, splits=SPLITS, sync: dict | None = None, log=None
+) -> tuple[dict, list[dict]]:
     sync = sync or best_sync(p, rollouts)
     rows = []
     for train, gpe in splits:
@@ -85,19 +95,33 @@ def write_frontier(p: Preset, sync: dict, rows: list[dict], out: Path) -> str:
     best = best_line(rows)
     top = best_row(rows)
     k2 = max((r for r in rows if r["schedule"] == "async K=2"), key=lambda r: r["ratio"])
-    text = [f"== frontier, {p.name}: {sync_heading(sync)} on {p.total_gpus} GPUs ==",
-            f"   source: {p.source}; tp_alpha {p.tp_alpha} (engine speed-up gpus ** tp_alpha); x sync: against "
-            f"that baseline",
-            format_frontier(rows), best,
-            f"-- per response-length decile, best row ({top['schedule']}, {top['push']}, {top['split']}x{top['gpe']}) --",
-            format_deciles(top["deciles"]),
-            f"-- per response-length decile, best K=2 row ({k2['push']}, {k2['split']}x{k2['gpe']}) --",
-            format_deciles(k2["deciles"])]
+    text = [
+        f"== frontier, {p.name}: {sync_heading(sync)} on {p.total_gpus} GPUs ==",
+        f"   source: {p.source}; tp_alpha {p.tp_alpha} (engine speed-up gpus ** tp_alpha); x sync: against "
+        f"that baseline",
+        format_frontier(rows),
+        best,
+        f"-- per response-length decile, best row ({top['schedule']}, {top['push']}, {top['split']}x{top['gpe']}) --",
+        format_deciles(top["deciles"]),
+        f"-- per response-length decile, best K=2 row ({k2['push']}, {k2['split']}x{k2['gpe']}) --",
+        format_deciles(k2["deciles"]),
+    ]
     body = "\n".join(text)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".txt").write_text(body + "\n")
-    out.with_suffix(".json").write_text(json.dumps(dict(preset=p.name, sync_colocated_s=sync["s_per_rollout"],
-                                                        sync_colocated_gpus_per_engine=sync["gpus_per_engine"],
-                                                        sync_colocated_by_engine=sync["by_engine"], tp_alpha=p.tp_alpha,
-                                                        rows=rows, best=best), indent=1, default=str))
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            dict(
+                preset=p.name,
+                sync_colocated_s=sync["s_per_rollout"],
+                sync_colocated_gpus_per_engine=sync["gpus_per_engine"],
+                sync_colocated_by_engine=sync["by_engine"],
+                tp_alpha=p.tp_alpha,
+                rows=rows,
+                best=best,
+            ),
+            indent=1,
+            default=str,
+        )
+    )
     return body

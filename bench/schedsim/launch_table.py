@@ -19,17 +19,24 @@ NODES = (4,)
 KS = ("0", "1", "2", "3", "4", "8")
 PUSH_MODES = ("abort", "in_place")
 OVERSAMPLE = ("0", "0.1")
-BAND_KS = ("0", "1", "2", "3", "4")   # the bands' rows (K = 8 needs windows too long to sweep)
-PICK_K, PICK_PUSH = 2, "abort"   # the launcher's defaults (see docs/cluster.md, "Picking K and the push mode")
+BAND_KS = ("0", "1", "2", "3", "4")  # the bands' rows (K = 8 needs windows too long to sweep)
+PICK_K, PICK_PUSH = 2, "abort"  # the launcher's defaults (see docs/cluster.md, "Picking K and the push mode")
 
 
-def key(nodes: int, gpus_per_node: int, actor_nodes: int, gpus_per_engine: int, k: str, push: str, oversample: str) -> str:
+def key(
+    nodes: int, gpus_per_node: int, actor_nodes: int, gpus_per_engine: int, k: str, push: str, oversample: str
+) -> str:
     return f"{nodes}x{gpus_per_node}|train {actor_nodes}|engine {gpus_per_engine}|K {k}|{push}|oversample {oversample}"
 
 
 def _row(r: dict, sync_s: float) -> dict:
-    return dict(s_per_rollout=r["s_per_rollout"], speedup=sync_s / r["s_per_rollout"], dropped=r["dropped_groups"],
-                requeued=r["requeued_groups"], staleness_hist={str(a): b for a, b in r["staleness_hist"].items()})
+    return dict(
+        s_per_rollout=r["s_per_rollout"],
+        speedup=sync_s / r["s_per_rollout"],
+        dropped=r["dropped_groups"],
+        requeued=r["requeued_groups"],
+        staleness_hist={str(a): b for a, b in r["staleness_hist"].items()},
+    )
 
 
 def build(rollouts: int = 10, gpus_per_node: int = 8, frontier_json: Path | None = None, log=print) -> dict:
@@ -48,32 +55,55 @@ def build(rollouts: int = 10, gpus_per_node: int = 8, frontier_json: Path | None
     front = json.loads(frontier_json.read_text())
     sync = front["sync_colocated_s"]
     sync_gpe = front["sync_colocated_gpus_per_engine"]
-    table = {"source": f"python bench/schedule_sim.py launch-table: {frontier_json.name} + K = 0 and oversampling 0.1 rows",
-             "rollouts": rollouts, "band_ranges": "", "picks": {},
-             "prices": {f"{nodes}x{gpus_per_node}|sync colocated": dict(s_per_rollout=sync, speedup=1.0,
-                                                                          gpus_per_engine=sync_gpe)}}
+    table = {
+        "source": f"python bench/schedule_sim.py launch-table: {frontier_json.name} + K = 0 and oversampling 0.1 rows",
+        "rollouts": rollouts,
+        "band_ranges": "",
+        "picks": {},
+        "prices": {
+            f"{nodes}x{gpus_per_node}|sync colocated": dict(s_per_rollout=sync, speedup=1.0, gpus_per_engine=sync_gpe)
+        },
+    }
     best = None
     for r in front["rows"]:
         train = int(r["split"].split(":")[1])
         if train % gpus_per_node:
             continue
         k = r["schedule"].split("=")[-1]
-        row = dict(s_per_rollout=r["s"], speedup=r["ratio"], dropped=r["dropped"], requeued=r["requeued"],
-                   staleness_hist={str(a): b for a, b in r["hist"].items()})
+        row = dict(
+            s_per_rollout=r["s"],
+            speedup=r["ratio"],
+            dropped=r["dropped"],
+            requeued=r["requeued"],
+            staleness_hist={str(a): b for a, b in r["hist"].items()},
+        )
         table["prices"][key(nodes, gpus_per_node, train // gpus_per_node, r["gpe"], k, r["push"], "0")] = row
         steady = r["share"] <= STEADY_SHARE_MAX and r["dropped"] == 0 and r["requeued"] == 0
-        if (k == str(PICK_K) and r["push"] == PICK_PUSH and steady
-                and (best is None or row["s_per_rollout"] < best["s_per_rollout"])):
+        if (
+            k == str(PICK_K)
+            and r["push"] == PICK_PUSH
+            and steady
+            and (best is None or row["s_per_rollout"] < best["s_per_rollout"])
+        ):
             best = dict(row, actor_nodes=train // gpus_per_node, gpus_per_engine=r["gpe"])
     base = paper_preset(total_gpus=nodes * gpus_per_node, oversample_ratio=0.0)
-    splits = sorted({(int(r["split"].split(":")[1]), r["gpe"]) for r in front["rows"]
-                     if int(r["split"].split(":")[1]) % gpus_per_node == 0})
-    specs = {}     # price key -> (preset, schedule, warmup) for the band
+    splits = sorted(
+        {
+            (int(r["split"].split(":")[1]), r["gpe"])
+            for r in front["rows"]
+            if int(r["split"].split(":")[1]) % gpus_per_node == 0
+        }
+    )
+    specs = {}  # price key -> (preset, schedule, warmup) for the band
     for train, gpe in splits:
         q = split_preset(base, train, gpe, "abort")
         tenth = dataclasses.replace(q, oversample_ratio=0.1)
-        extra = [("0", "0", q, "sync split", 2), ("0", "0.1", tenth, "sync split", 2),
-                 ("1", "0.1", tenth, "async K=1", 3), ("2", "0.1", tenth, "async K=2", 4)]
+        extra = [
+            ("0", "0", q, "sync split", 2),
+            ("0", "0.1", tenth, "sync split", 2),
+            ("1", "0.1", tenth, "async K=1", 3),
+            ("2", "0.1", tenth, "async K=2", 4),
+        ]
         for k, over, preset, schedule, warmup in extra:
             r = simulate(preset, schedule, max(rollouts, 12), warmup=warmup)
             name = key(nodes, gpus_per_node, train // gpus_per_node, gpe, k, "abort", over)
@@ -83,7 +113,9 @@ def build(rollouts: int = 10, gpus_per_node: int = 8, frontier_json: Path | None
     # at each engine size the frontier's sync colocated rows have, at the oversampling it may submit
     for gpe in sorted(int(g) for g in front["sync_colocated_by_engine"]):
         for over in OVERSAMPLE:
-            q = dataclasses.replace(split_preset(base, nodes * gpus_per_node, gpe, "abort"), oversample_ratio=float(over))
+            q = dataclasses.replace(
+                split_preset(base, nodes * gpus_per_node, gpe, "abort"), oversample_ratio=float(over)
+            )
             r = simulate(q, "sync colocated", max(rollouts, 12), warmup=2)
             name = key(nodes, gpus_per_node, nodes, gpe, "0", "abort", over)
             table["prices"][name] = _row(r, sync)
@@ -97,12 +129,16 @@ def build(rollouts: int = 10, gpus_per_node: int = 8, frontier_json: Path | None
             # at K >= 2 (the oversampling it submits); at K = 0 colocated on every node at the sync colocated best
             # engine size (its default), and the split layout (--layout split: half the nodes, 8-GPU engines)
             over = "0.1" if k in ("0", "1") else "0"
-            layouts = ([(nodes, sync_gpe, "sync colocated"), (nodes // 2, 8, "sync split")] if k == "0"
-                       else [(best["actor_nodes"], best["gpus_per_engine"], f"async K={k}")])
+            layouts = (
+                [(nodes, sync_gpe, "sync colocated"), (nodes // 2, 8, "sync split")]
+                if k == "0"
+                else [(best["actor_nodes"], best["gpus_per_engine"], f"async K={k}")]
+            )
             for train_nodes, gpe, schedule in layouts:
                 name = key(nodes, gpus_per_node, train_nodes, gpe, k, "abort", over)
-                q = dataclasses.replace(split_preset(base, train_nodes * gpus_per_node, gpe, "abort"),
-                                        oversample_ratio=float(over))
+                q = dataclasses.replace(
+                    split_preset(base, train_nodes * gpus_per_node, gpe, "abort"), oversample_ratio=float(over)
+                )
                 b = band.row(q, schedule, warmup=max(2, int(k) + 2))
                 table["prices"][name]["band"] = [round(b["lo"], 4), round(b["hi"], 4)]
     return table
@@ -128,25 +164,39 @@ def pick(nodes: int, gpus_per_node: int, path: Path = TABLE, k: str = str(PICK_K
     return table["picks"].get(f"{nodes}x{gpus_per_node}")
 
 
-def predict(nodes: int, gpus_per_node: int, actor_nodes: int, gpus_per_engine: int, k: str, push: str,
-            oversample: str, path: Path = TABLE) -> str:
+def predict(
+    nodes: int,
+    gpus_per_node: int,
+    actor_nodes: int,
+    gpus_per_engine: int,
+    k: str,
+    push: str,
+    oversample: str,
+    path: Path = TABLE,
+) -> str:
     """One line for the launcher's dry run: the simulated price of its settings, or why there is none."""
     table = load(path)
     sync = table["prices"].get(f"{nodes}x{gpus_per_node}|sync colocated")
     over = oversample if oversample in OVERSAMPLE else str(float(oversample)).rstrip("0").rstrip(".")
     row = table["prices"].get(key(nodes, gpus_per_node, actor_nodes, gpus_per_engine, str(k), push, over))
-    settings = (f"{nodes} x {gpus_per_node} GPUs, {actor_nodes} train node(s), {gpus_per_engine} GPUs per engine, "
-                f"K={k}, push {push}, oversampling {oversample}")
+    settings = (
+        f"{nodes} x {gpus_per_node} GPUs, {actor_nodes} train node(s), {gpus_per_engine} GPUs per engine, "
+        f"K={k}, push {push}, oversampling {oversample}"
+    )
     if sync is None or row is None:
-        return (f"# simulator: no precomputed price for {settings} ({path.name} covers 4 x 8 GPUs, K 1-8 with "
-                f"oversampling 0, K 0-2 at 0.1); run python bench/schedule_sim.py plan --gpus {nodes * gpus_per_node} "
-                f"--max-staleness {k} --push-mode {push} --oversample-ratio {oversample}")
+        return (
+            f"# simulator: no precomputed price for {settings} ({path.name} covers 4 x 8 GPUs, K 1-8 with "
+            f"oversampling 0, K 0-2 at 0.1); run python bench/schedule_sim.py plan --gpus {nodes * gpus_per_node} "
+            f"--max-staleness {k} --push-mode {push} --oversample-ratio {oversample}"
+        )
     hist = " ".join(f"{a}:{b}" for a, b in row["staleness_hist"].items())
     if "band" in row:
         lo, hi = min(row["band"][0], row["speedup"]), max(row["band"][1], row["speedup"])
         band = f" ({lo:.2f}-{hi:.2f}x over {table['band_ranges']})"
     else:
         band = " (no band precomputed for this setting: the pick's split carries them)"
-    return (f"# simulator (paper preset, {path.name}): {settings}: {row['s_per_rollout']:.1f} s/rollout, "
-            f"{row['speedup']:.2f}x sync colocated{band} at its best engine size ({sync['gpus_per_engine']} GPUs, "
-            f"{sync['s_per_rollout']:.1f} s/rollout); staleness {hist}; dropped {row['dropped']}, requeued {row['requeued']}")
+    return (
+        f"# simulator (paper preset, {path.name}): {settings}: {row['s_per_rollout']:.1f} s/rollout, "
+        f"{row['speedup']:.2f}x sync colocated{band} at its best engine size ({sync['gpus_per_engine']} GPUs, "
+        f"{sync['s_per_rollout']:.1f} s/rollout); staleness {hist}; dropped {row['dropped']}, requeued {row['requeued']}"
+    )

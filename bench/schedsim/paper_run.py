@@ -30,9 +30,11 @@ def launcher_preset(oversample_ratio: float = 0.0) -> Preset:
 def sensitivity(p: Preset, rollouts: int = 8, speeds=(0.5, 1.0, 2.0), sigmas=(0.3, 0.6, 0.9)) -> str:
     """async K=2 over sync colocated at its best engine size (and over sync split) at ``p``'s own split,
     engine size and oversampling, for decode speed x length sigma."""
-    lines = [f"async K=2 / sync colocated at its best engine size (async K=2 / sync split), at the launcher's "
-             f"setting: {split_heading(p)}, {p.gpus_per_engine}-GPU engines, oversampling {p.oversample_ratio}, push {p.push_mode}",
-             f"{'decode x':>8s} | " + " | ".join(f"sigma {s:.1f}".center(15) for s in sigmas)]
+    lines = [
+        f"async K=2 / sync colocated at its best engine size (async K=2 / sync split), at the launcher's "
+        f"setting: {split_heading(p)}, {p.gpus_per_engine}-GPU engines, oversampling {p.oversample_ratio}, push {p.push_mode}",
+        f"{'decode x':>8s} | " + " | ".join(f"sigma {s:.1f}".center(15) for s in sigmas),
+    ]
     for speed in speeds:
         cells = []
         for sigma in sigmas:
@@ -51,9 +53,11 @@ def default_run(rollouts: int, oversample_ratio: float, with_sensitivity: bool, 
     rows = run_preset(p, rollouts)
     by = {r["schedule"]: r for r in rows}
     sync = best_sync(p, rollouts, known=by["sync colocated"])
-    say(f"== {p.name}: {p.rollout_batch_size} prompts x {p.n_samples}, D = {p.update_depth}, oversampling "
+    say(
+        f"== {p.name}: {p.rollout_batch_size} prompts x {p.n_samples}, D = {p.update_depth}, oversampling "
         f"{p.oversample_ratio}, mean response {rows[0]['mean_response']:.0f} tokens (cap {p.max_response_len}), "
-        f"{split_heading(p)}, {p.gpus_per_engine}-GPU engines, push {p.push_mode} ==")
+        f"{split_heading(p)}, {p.gpus_per_engine}-GPU engines, push {p.push_mode} =="
+    )
     say(f"   source: {p.source}")
     say(format_table(p, rows))
     report = {"paper": rows, "sync": sync}
@@ -77,10 +81,13 @@ def default_run(rollouts: int, oversample_ratio: float, with_sensitivity: bool, 
     _, front = frontier(base, rollouts, splits=((p.train_gpus_split, p.gpus_per_engine),), sync=sync)
     top = best_row(front)
     k = int(top["schedule"].split("=")[-1])
-    tb = band.row(split_preset(base, p.train_gpus_split, p.gpus_per_engine, top["push"]), top["schedule"],
-                  warmup=max(2, k + 2))
-    report["best"] = (f"best at the launcher's split: K={k} push={top['push']} split={top['split']}x{top['gpe']}: "
-                      f"{band_text(top['ratio'], tb)} ({top['share']:.0%} of bound)")
+    tb = band.row(
+        split_preset(base, p.train_gpus_split, p.gpus_per_engine, top["push"]), top["schedule"], warmup=max(2, k + 2)
+    )
+    report["best"] = (
+        f"best at the launcher's split: K={k} push={top['push']} split={top['split']}x{top['gpe']}: "
+        f"{band_text(top['ratio'], tb)} ({top['share']:.0%} of bound)"
+    )
     say(report["best"])
     say(report["headline"])
     return report

@@ -60,20 +60,35 @@ def plan(p: Preset, k: int, push_mode: str, gpus_per_node: int = 8, rollouts: in
     rows = []
     for train, gpe in candidates(p, gpus_per_node):
         q = split_preset(p, train, gpe, push_mode)
-        warmup = max(2, k + 2)      # past the budget's start-up (up to K batches ahead)
+        warmup = max(2, k + 2)  # past the budget's start-up (up to K batches ahead)
         r = simulate(q, f"async K={k}", max(rollouts, warmup + 8), warmup=warmup)
         b = throughput_bound(q, p.total_gpus - train, train, q.push_s_split)
-        rows.append(dict(train_gpus=train, rollout_gpus=p.total_gpus - train, gpus_per_engine=gpe,
-                         s_per_rollout=r["s_per_rollout"], speedup=sync["s_per_rollout"] / r["s_per_rollout"],
-                         bound_s=b["bound_s"], share=b["bound_s"] / r["s_per_rollout"],
-                         dropped=r["dropped_groups"], requeued=r["requeued_groups"]))
+        rows.append(
+            dict(
+                train_gpus=train,
+                rollout_gpus=p.total_gpus - train,
+                gpus_per_engine=gpe,
+                s_per_rollout=r["s_per_rollout"],
+                speedup=sync["s_per_rollout"] / r["s_per_rollout"],
+                bound_s=b["bound_s"],
+                share=b["bound_s"] / r["s_per_rollout"],
+                dropped=r["dropped_groups"],
+                requeued=r["requeued_groups"],
+            )
+        )
     if not rows:
         raise ValueError(f"no split of {p.total_gpus} GPUs leaves {MIN_TRAIN_GPUS}+ train GPUs and a rollout node")
     steady = [r for r in rows if r["share"] <= STEADY_SHARE_MAX and r["dropped"] == 0 and r["requeued"] == 0]
     best = min(steady, key=lambda r: r["s_per_rollout"]) if steady else None
-    return dict(k=k, push_mode=push_mode, sync_colocated_s=sync["s_per_rollout"],
-                sync_colocated_gpus_per_engine=sync["gpus_per_engine"], sync_colocated_by_engine=sync["by_engine"],
-                rows=rows, pick=best)
+    return dict(
+        k=k,
+        push_mode=push_mode,
+        sync_colocated_s=sync["s_per_rollout"],
+        sync_colocated_gpus_per_engine=sync["gpus_per_engine"],
+        sync_colocated_by_engine=sync["by_engine"],
+        rows=rows,
+        pick=best,
+    )
 
 
 def preset_for(model: str, gpus: int, gpu: str, batch: str, lengths: str, base: Preset) -> Preset:
@@ -83,28 +98,50 @@ def preset_for(model: str, gpus: int, gpu: str, batch: str, lengths: str, base: 
         raise ValueError(f"--gpu must be one of {sorted(GPUS)}, got {gpu!r}")
     prompts, samples = parse_batch(batch)
     mean, sigma, cap = parse_lengths(lengths)
-    return dataclasses.replace(base, name=f"plan: {model}, {gpus} {gpu}", model=dict(MODELS[model]), total_gpus=gpus,
-                               gpu=gpu, rollout_batch_size=prompts, n_samples=samples, mean_response_len=mean,
-                               length_sigma=sigma, max_response_len=cap, peak_flops=0.0, hbm_bytes_s=0.0,
-                               prefill_tok_s=0.0, c_tok=0.0, c_kv=0.0, kv_capacity_tokens=0.0).derived()
+    return dataclasses.replace(
+        base,
+        name=f"plan: {model}, {gpus} {gpu}",
+        model=dict(MODELS[model]),
+        total_gpus=gpus,
+        gpu=gpu,
+        rollout_batch_size=prompts,
+        n_samples=samples,
+        mean_response_len=mean,
+        length_sigma=sigma,
+        max_response_len=cap,
+        peak_flops=0.0,
+        hbm_bytes_s=0.0,
+        prefill_tok_s=0.0,
+        c_tok=0.0,
+        c_kv=0.0,
+        kv_capacity_tokens=0.0,
+    ).derived()
 
 
 def format_plan(result: dict) -> str:
     by = ", ".join(f"{g}: {t:.1f} s" for g, t in result["sync_colocated_by_engine"].items())
-    out = [f"plan at K={result['k']} push={result['push_mode']}: sync colocated at its best engine size "
-           f"({result['sync_colocated_gpus_per_engine']} GPUs) {result['sync_colocated_s']:.1f} s/rollout ({by})",
-           f"{'train':>5s} {'rollout':>7s} {'GPU/eng':>7s} {'s/rollout':>9s} {'x sync':>6s} {'bound':>6s} {'of bnd':>6s} "
-           f"{'drop':>4s} {'requeue':>7s}"]
+    out = [
+        f"plan at K={result['k']} push={result['push_mode']}: sync colocated at its best engine size "
+        f"({result['sync_colocated_gpus_per_engine']} GPUs) {result['sync_colocated_s']:.1f} s/rollout ({by})",
+        f"{'train':>5s} {'rollout':>7s} {'GPU/eng':>7s} {'s/rollout':>9s} {'x sync':>6s} {'bound':>6s} {'of bnd':>6s} "
+        f"{'drop':>4s} {'requeue':>7s}",
+    ]
     for r in result["rows"]:
         mark = "" if r["share"] <= STEADY_SHARE_MAX else "  not steady (past its bound: window too short)"
-        out.append(f"{r['train_gpus']:5d} {r['rollout_gpus']:7d} {r['gpus_per_engine']:7d} {r['s_per_rollout']:9.1f} "
-                   f"{r['speedup']:6.2f} {r['bound_s']:6.1f} {r['share']:6.0%} {r['dropped']:4d} {r['requeued']:7d}{mark}")
+        out.append(
+            f"{r['train_gpus']:5d} {r['rollout_gpus']:7d} {r['gpus_per_engine']:7d} {r['s_per_rollout']:9.1f} "
+            f"{r['speedup']:6.2f} {r['bound_s']:6.1f} {r['share']:6.0%} {r['dropped']:4d} {r['requeued']:7d}{mark}"
+        )
     b = result["pick"]
     if b is None:
-        out.append(f"pick: none (no row steady, at most {STEADY_SHARE_MAX:.0%} of its bound, with nothing dropped or "
-                   "requeued: rerun with more --rollouts)")
+        out.append(
+            f"pick: none (no row steady, at most {STEADY_SHARE_MAX:.0%} of its bound, with nothing dropped or "
+            "requeued: rerun with more --rollouts)"
+        )
     else:
-        out.append(f"pick: train_gpus={b['train_gpus']} rollout_gpus={b['rollout_gpus']} gpus_per_engine={b['gpus_per_engine']} "
-                   f"push={result['push_mode']} K={result['k']}: {b['s_per_rollout']:.1f} s/rollout, {b['speedup']:.2f}x "
-                   f"sync colocated at its best engine size ({b['share']:.0%} of bound)")
+        out.append(
+            f"pick: train_gpus={b['train_gpus']} rollout_gpus={b['rollout_gpus']} gpus_per_engine={b['gpus_per_engine']} "
+            f"push={result['push_mode']} K={result['k']}: {b['s_per_rollout']:.1f} s/rollout, {b['speedup']:.2f}x "
+            f"sync colocated at its best engine size ({b['share']:.0%} of bound)"
+        )
     return "\n".join(out)

@@ -15,8 +15,10 @@ import importlib.util
 import sys
 import types
 
-NOTE = ("note: slime is not installed here: the simulator uses its own stand-in for slime's Sample record "
-        "(bench/schedsim/sample_standin.py); for slime's own, PYTHONPATH=.:$SLIME_PATH with a slime checkout")
+NOTE = (
+    "note: slime is not installed here: the simulator uses its own stand-in for slime's Sample record "
+    "(bench/schedsim/sample_standin.py); for slime's own, PYTHONPATH=.:$SLIME_PATH with a slime checkout"
+)
 
 
 class Status(enum.Enum):
@@ -30,6 +32,7 @@ class Status(enum.Enum):
 @dataclasses.dataclass
 class Sample:
     """The fields of slime's Sample that the stream, the staleness gate and the simulator use."""
+
     group_index: int | None = None
     index: int | None = None
     response_length: int = 0
@@ -52,7 +55,7 @@ def use_standin_if_needed() -> str | None:
     if slime_installed():
         return None
     package = types.ModuleType("slime")
-    package.__path__ = []          # a package: ``import slime.x`` of anything else fails as not installed
+    package.__path__ = []  # a package: ``import slime.x`` of anything else fails as not installed
     utils = types.ModuleType("slime.utils")
     utils.__path__ = []
     mod = types.ModuleType("slime.utils.types")

@@ -48,32 +48,49 @@ def driver_groups_in_flight(batch: int, ratio: float, max_staleness: int) -> int
     (None) and the stream before it as one batch."""
     from epic_slime.slime.command_line import oversampling_flags, read_command_line
 
-    parsed = read_command_line(["--rollout-batch-size", str(batch), "--oversample-ratio", str(ratio),
-                                "--max-staleness", str(max_staleness)], check=False).parsed
+    parsed = read_command_line(
+        ["--rollout-batch-size", str(batch), "--oversample-ratio", str(ratio), "--max-staleness", str(max_staleness)],
+        check=False,
+    ).parsed
     out = oversampling_flags(parsed)
     if out:
         return int(out[1])
     return None if stream_has_budget() else batch
 
 
-def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, push_waits_for_manager: bool = True,
-             loop_fn=None) -> dict:
+def simulate(
+    p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, push_waits_for_manager: bool = True, loop_fn=None
+) -> dict:
     """Runs the real driver loop of ``schedule`` for ``rollouts`` rollouts; steady state = after ``warmup``."""
     from epic_slime.slime import train
 
     spec = schedule_spec(schedule)
     colocated = spec["colocated"] and p.shared_cores is None
     if colocated and p.push_mode != "abort":
-        p = dataclasses.replace(p, push_mode="abort")   # colocated: the engines are idle at the push (no in_place / retract)
+        p = dataclasses.replace(
+            p, push_mode="abort"
+        )  # colocated: the engines are idle at the push (no in_place / retract)
     sim = Sim(p, colocated)
     k = spec["max_staleness"]
     args = SimpleNamespace(
-        start_rollout_id=0, num_rollout=rollouts, eval_interval=None, save_interval=None,
-        rollout_global_dataset=True, offload_rollout=colocated, offload_train=colocated, release_train=False,
-        max_staleness=k, stale_policy="drop", rollout_batch_size=p.rollout_batch_size,
-        n_samples_per_prompt=p.n_samples, oversample_ratio=p.oversample_ratio,
+        start_rollout_id=0,
+        num_rollout=rollouts,
+        eval_interval=None,
+        save_interval=None,
+        rollout_global_dataset=True,
+        offload_rollout=colocated,
+        offload_train=colocated,
+        release_train=False,
+        max_staleness=k,
+        stale_policy="drop",
+        rollout_batch_size=p.rollout_batch_size,
+        n_samples_per_prompt=p.n_samples,
+        oversample_ratio=p.oversample_ratio,
         async_groups_in_flight=driver_groups_in_flight(p.rollout_batch_size, p.oversample_ratio, k),
-        use_rollout_routing_replay=False, use_wandb=False, use_tensorboard=False, check_weight_update_equal=False,
+        use_rollout_routing_replay=False,
+        use_wandb=False,
+        use_tensorboard=False,
+        check_weight_update_equal=False,
         weight_push_mode=p.push_mode if not colocated else "abort",
     )
     data_source = actors.SimDataSource(sim, p.n_samples)
@@ -99,13 +116,15 @@ def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, p
         pending = [t for t in asyncio.all_tasks(sim.loop) if not t.done()]
         for t in pending:
             if stream is not None:
-                t.remove_done_callback(stream._on_done)   # not a failure of the group: the run ended
+                t.remove_done_callback(stream._on_done)  # not a failure of the group: the run ended
             t.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             sim.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     # steady state: from the end of the warmup-th training to the end of the last one
     ends = [b for _, b in actor.trains]
-    steady_s = (ends[-1] - ends[warmup - 1]) / (len(ends) - warmup) if len(ends) > warmup else (t_end - t_start) / rollouts
+    steady_s = (
+        (ends[-1] - ends[warmup - 1]) / (len(ends) - warmup) if len(ends) > warmup else (t_end - t_start) / rollouts
+    )
     hist: Counter = Counter()
     dropped = requeued = 0
     for r, gate in manager.gates.items():
@@ -124,17 +143,32 @@ def simulate(p: Preset, schedule: str, rollouts: int = 12, warmup: int = 2, *, p
     else:
         pool_util = {"rollout pool": rollout_util, "train pool": train_util}
     return dict(
-        schedule=schedule, preset=p.name, rollouts=rollouts, wall_s=wall, s_per_rollout=steady_s,
-        utilisation=pool_util, staleness_hist=dict(sorted(hist.items())), dropped_groups=dropped,
-        requeued_groups=requeued, abort_resubmits=stream.abort_resubmits if stream else 0,
+        schedule=schedule,
+        preset=p.name,
+        rollouts=rollouts,
+        wall_s=wall,
+        s_per_rollout=steady_s,
+        utilisation=pool_util,
+        staleness_hist=dict(sorted(hist.items())),
+        dropped_groups=dropped,
+        requeued_groups=requeued,
+        abort_resubmits=stream.abort_resubmits if stream else 0,
         stale_requeues=stream.stale_requeues if stream else 0,
-        started_groups=sum(sim.started_groups.values()), gpus=gpus,
+        started_groups=sum(sim.started_groups.values()),
+        gpus=gpus,
         gpu_hours_paper_run=steady_s * p.paper_rollouts * gpus / 3600.0,
-        mean_response=sum(b["tokens"] for b in manager.batches.values()) / (len(manager.batches) * p.rollout_batch_size * p.n_samples),
-        trace=trace, pushes=actor.pushes, trains=actor.trains, batches=manager.batches,
+        mean_response=sum(b["tokens"] for b in manager.batches.values())
+        / (len(manager.batches) * p.rollout_batch_size * p.n_samples),
+        trace=trace,
+        pushes=actor.pushes,
+        trains=actor.trains,
+        batches=manager.batches,
         per_rollout_hist={r: dict(g.histogram) for r, g in manager.gates.items()},
-        push_mode=p.push_mode, split=f"{sim.rollout_gpus}:{sim.train_gpus}", gpus_per_engine=p.gpus_per_engine,
-        engines=n_eng, retractions=sum(e.retractions for e in sim.engines),
+        push_mode=p.push_mode,
+        split=f"{sim.rollout_gpus}:{sim.train_gpus}",
+        gpus_per_engine=p.gpus_per_engine,
+        engines=n_eng,
+        retractions=sum(e.retractions for e in sim.engines),
         push_retractions=sum(e.push_retractions for e in sim.engines),
         reprefill_tokens=sum(e.reprefilled for e in sim.engines),
         peak_kv_share=max(e.peak_kv for e in sim.engines) / p.kv_capacity_tokens,
@@ -151,10 +185,18 @@ def _group_records(sim, manager, stream, data_source, warmup: int, k: int) -> li
     out = []
     for key, length in sim.group_length.items():
         r, rec = trained.get(key, (None, None))
-        out.append(dict(key=key, length=length, requeued=requeues.get(key, 0), dropped=key in dropped,
-                        steady=r is not None and r >= warmup,
-                        lag=rec["lag"] if rec else None, true_lag=rec["true_lag"] if rec else None,
-                        over_k=bool(rec and k and rec["true_lag"] > k)))
+        out.append(
+            dict(
+                key=key,
+                length=length,
+                requeued=requeues.get(key, 0),
+                dropped=key in dropped,
+                steady=r is not None and r >= warmup,
+                lag=rec["lag"] if rec else None,
+                true_lag=rec["true_lag"] if rec else None,
+                over_k=bool(rec and k and rec["true_lag"] > k),
+            )
+        )
     return out
 
 
@@ -163,10 +205,11 @@ def split_heading(p: Preset) -> str:
     rollout = p.total_gpus - p.train_gpus_split
     if rollout >= p.gpus_per_engine:
         return f"split {rollout} rollout : {p.train_gpus_split} train GPUs"
-    return (f"{p.total_gpus} GPU colocated; the split and async rows add {p.gpus_per_engine} rollout GPU "
-            f"({p.gpus_per_engine} rollout : {p.train_gpus_split} train, counted in their GPU-h)")
+    return (
+        f"{p.total_gpus} GPU colocated; the split and async rows add {p.gpus_per_engine} rollout GPU "
+        f"({p.gpus_per_engine} rollout : {p.train_gpus_split} train, counted in their GPU-h)"
+    )
 
 
 def run_preset(p: Preset, rollouts: int, schedules=tuple(SCHEDULES)) -> list[dict]:
     return [simulate(p, s, rollouts) for s in schedules]
-

@@ -77,7 +77,9 @@ def answer_value(row: dict) -> str:
     ground_truth = _nested(row, "reward_model.ground_truth")
     if ground_truth is not None and str(ground_truth).strip():
         return canonical_answer(ground_truth)
-    raise RowError(f"row has no answer (looked for {_ANSWER_KEYS + ('reward_model.ground_truth',)}); keys: {sorted(row)}")
+    raise RowError(
+        f"row has no answer (looked for {_ANSWER_KEYS + ('reward_model.ground_truth',)}); keys: {sorted(row)}"
+    )
 
 
 def row_id(row: dict, position: int, benchmark: str = "") -> str:
@@ -107,9 +109,13 @@ class ConversionReport:
     conflicting_duplicates: list[str] = field(default_factory=list)  # ids whose repeated prompt had another answer
 
     def as_dict(self) -> dict:
-        return {"rows_in": self.rows_in, "records_out": self.records_out, "duplicates_removed": self.duplicates,
-                "conflicting_duplicates": self.conflicting_duplicates[:50],
-                "conflicting_duplicates_count": len(self.conflicting_duplicates)}
+        return {
+            "rows_in": self.rows_in,
+            "records_out": self.records_out,
+            "duplicates_removed": self.duplicates,
+            "conflicting_duplicates": self.conflicting_duplicates[:50],
+            "conflicting_duplicates_count": len(self.conflicting_duplicates),
+        }
 
 
 def convert_rows(rows: Iterable[dict], benchmark: str, source: str) -> tuple[list[dict], ConversionReport]:
@@ -131,10 +137,12 @@ def convert_rows(rows: Iterable[dict], benchmark: str, source: str) -> tuple[lis
                 report.conflicting_duplicates.append(row_id(row, position, benchmark))
             continue
         seen[key] = label
-        records.append({
-            "prompt": dapo_chat_prompt(problem),
-            "label": label,
-            "metadata": {"benchmark": benchmark, "problem_id": row_id(row, position, benchmark), "source": source},
-        })
+        records.append(
+            {
+                "prompt": dapo_chat_prompt(problem),
+                "label": label,
+                "metadata": {"benchmark": benchmark, "problem_id": row_id(row, position, benchmark), "source": source},
+            }
+        )
     report.records_out = len(records)
     return records, report

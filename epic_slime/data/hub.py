@@ -26,7 +26,7 @@ class DataUnavailableError(RuntimeError):
 
 @dataclass(frozen=True)
 class HubFile:
-    path: str        # path inside the repository ("data/train.parquet"), the manifest key
+    path: str  # path inside the repository ("data/train.parquet"), the manifest key
     local_path: str  # where huggingface_hub keeps it (the HF cache snapshot)
     sha256: str
     size: int
@@ -34,8 +34,8 @@ class HubFile:
 
 @dataclass(frozen=True)
 class HubSnapshot:
-    revision: str    # as asked ("main", a tag or a commit)
-    commit: str      # the commit it resolved to
+    revision: str  # as asked ("main", a tag or a commit)
+    commit: str  # the commit it resolved to
     files: tuple[HubFile, ...]
 
 
@@ -48,9 +48,11 @@ def file_sha256(path: str) -> str:
 
 
 def from_local_hint(spec: DatasetSpec) -> str:
-    return (f"If this machine cannot reach the Hub, put the files in a folder and run "
-            f"`epic-slime prepare-data --out DIR --from-local FOLDER`; accepted file names for "
-            f"'{spec.name}': {', '.join(spec.local_files)}.")
+    return (
+        f"If this machine cannot reach the Hub, put the files in a folder and run "
+        f"`epic-slime prepare-data --out DIR --from-local FOLDER`; accepted file names for "
+        f"'{spec.name}': {', '.join(spec.local_files)}."
+    )
 
 
 def _library_reason(error: Exception) -> str:
@@ -59,8 +61,9 @@ def _library_reason(error: Exception) -> str:
 
     reason = f"{type(error).__name__}: {error}".strip()
     if isinstance(error, GatedRepoError):
-        reason += ("\n(gated dataset: accept its conditions on the dataset page, then set HF_TOKEN "
-                   "or run `hf auth login`)")
+        reason += (
+            "\n(gated dataset: accept its conditions on the dataset page, then set HF_TOKEN or run `hf auth login`)"
+        )
     cause = error.__cause__
     if isinstance(cause, OfflineModeIsEnabled):
         reason += "\n(HF_HUB_OFFLINE is set and this revision is not in the Hugging Face cache)"
@@ -78,23 +81,30 @@ def _data_files(snapshot_dir: str) -> list[str]:
     return sorted(found)
 
 
-def download_snapshot(spec: DatasetSpec, revision: str, cache_dir: str | None = None,
-                      timeout: float = 15.0) -> HubSnapshot:
+def download_snapshot(
+    spec: DatasetSpec, revision: str, cache_dir: str | None = None, timeout: float = 15.0
+) -> HubSnapshot:
     """Download (or reuse from the HF cache) the data files of ``spec.hf_id`` at ``revision``."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 
     try:
         snapshot_dir = snapshot_download(
-            spec.hf_id, repo_type="dataset", revision=revision, cache_dir=cache_dir,
-            allow_patterns=[f"*{suffix}" for suffix in DATA_SUFFIXES], etag_timeout=timeout,
+            spec.hf_id,
+            repo_type="dataset",
+            revision=revision,
+            cache_dir=cache_dir,
+            allow_patterns=[f"*{suffix}" for suffix in DATA_SUFFIXES],
+            etag_timeout=timeout,
             # read at call time: the library reads HF_ENDPOINT once, at import
-            endpoint=os.environ.get("HF_ENDPOINT") or None)
+            endpoint=os.environ.get("HF_ENDPOINT") or None,
+        )
     except (HfHubHTTPError, LocalEntryNotFoundError, HFValidationError, OSError, ValueError) as error:
         endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
         raise DataUnavailableError(
             f"could not download dataset '{spec.name}' (Hugging Face dataset {spec.hf_id}, revision "
-            f"{revision}) from {endpoint}:\n{_library_reason(error)}\n{from_local_hint(spec)}") from None
+            f"{revision}) from {endpoint}:\n{_library_reason(error)}\n{from_local_hint(spec)}"
+        ) from None
     commit = os.path.basename(os.path.normpath(snapshot_dir))
     if not _COMMIT.fullmatch(commit):  # a snapshot folder is always named by its commit
         raise DataUnavailableError(f"dataset '{spec.name}': unexpected snapshot folder {snapshot_dir}")
@@ -102,7 +112,8 @@ def download_snapshot(spec: DatasetSpec, revision: str, cache_dir: str | None = 
     if not paths:
         raise DataUnavailableError(
             f"dataset '{spec.name}' ({spec.hf_id} at {commit}) has no data files ({', '.join(DATA_SUFFIXES)})\n"
-            f"{from_local_hint(spec)}")
+            f"{from_local_hint(spec)}"
+        )
     files = []
     for path in paths:
         local = os.path.join(snapshot_dir, path)

@@ -52,8 +52,9 @@ def _chain_rows(paths: list[str]):
         yield from iter_rows(path)
 
 
-def check_recorded_hashes(spec: DatasetSpec, previous: dict | None, source: str, files: list[dict],
-                          commit: str | None) -> None:
+def check_recorded_hashes(
+    spec: DatasetSpec, previous: dict | None, source: str, files: list[dict], commit: str | None
+) -> None:
     """Refuse a file whose sha256 differs from the previous manifest entry of the same source."""
     if not previous or previous.get("source") != source:
         return
@@ -63,18 +64,30 @@ def check_recorded_hashes(spec: DatasetSpec, previous: dict | None, source: str,
         return
     lines = [f"  {f['path']}: recorded sha256 {recorded[f['path']]}, now {f['sha256']}" for f in changed]
     old_commit = previous.get("commit")
-    pin = (f" To rebuild the recorded data, pass --revision {spec.name}={old_commit}."
-           if old_commit and old_commit != commit else "")
+    pin = (
+        f" To rebuild the recorded data, pass --revision {spec.name}={old_commit}."
+        if old_commit and old_commit != commit
+        else ""
+    )
     raise DataChangedError(
         f"dataset '{spec.name}' ({source}{', commit ' + commit if commit else ''}) has files that differ from "
-        f"the ones recorded in the manifest{' at commit ' + old_commit if old_commit else ''}:\n" + "\n".join(lines)
+        f"the ones recorded in the manifest{' at commit ' + old_commit if old_commit else ''}:\n"
+        + "\n".join(lines)
         + f"\nRefusing to overwrite the prepared data.{pin} To accept the new files, pass "
-        f"--accept-changed {spec.name}.")
+        f"--accept-changed {spec.name}."
+    )
 
 
-def prepare_one(spec: DatasetSpec, out_dir: str, from_local: str | None, timeout: float,
-                revision: str | None = None, cache_dir: str | None = None, previous: dict | None = None,
-                accept_changed: bool = False) -> dict:
+def prepare_one(
+    spec: DatasetSpec,
+    out_dir: str,
+    from_local: str | None,
+    timeout: float,
+    revision: str | None = None,
+    cache_dir: str | None = None,
+    previous: dict | None = None,
+    accept_changed: bool = False,
+) -> dict:
     """One dataset: fetch (or find), hash, check against ``previous`` (its manifest entry), convert, write."""
     revision = revision or spec.revision
     if from_local:
@@ -94,18 +107,27 @@ def prepare_one(spec: DatasetSpec, out_dir: str, from_local: str | None, timeout
         raise DataUnavailableError(f"dataset '{spec.name}': no rows in {', '.join(paths)}")
     out_path = os.path.join(out_dir, spec.split, f"{spec.name}.jsonl")
     write_jsonl(out_path, records)
-    entry = {"path": os.path.relpath(out_path, out_dir), "source": source, "hf_id": spec.hf_id,
-             "revision": None if from_local else revision, "commit": commit, "files": files,
-             **report.as_dict(), "warnings": []}
+    entry = {
+        "path": os.path.relpath(out_path, out_dir),
+        "source": source,
+        "hf_id": spec.hf_id,
+        "revision": None if from_local else revision,
+        "commit": commit,
+        "files": files,
+        **report.as_dict(),
+        "warnings": [],
+    }
     if from_local and os.path.basename(paths[0]) in spec.sample_files:
         entry["warnings"].append(
             f"{os.path.basename(paths[0])} is a {report.rows_in}-row sample of {spec.display}, not the full set: "
-            f"enough to check the pipeline, not to train on (drop --from-local to download {spec.hf_id})")
+            f"enough to check the pipeline, not to train on (drop --from-local to download {spec.hf_id})"
+        )
     if spec.expected_prompts is not None and len(records) != spec.expected_prompts:
         entry["warnings"].append(f"expected {spec.expected_prompts} prompts, got {len(records)}")
     if report.conflicting_duplicates:
         entry["warnings"].append(
-            f"{len(report.conflicting_duplicates)} repeated prompts had a different answer (first kept)")
+            f"{len(report.conflicting_duplicates)} repeated prompts had a different answer (first kept)"
+        )
     return entry
 
 
@@ -125,18 +147,41 @@ def parse_revisions(values: list[str] | None) -> dict[str, str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epic-slime prepare-data", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="output folder (keep it outside the repository)")
-    parser.add_argument("--from-local", metavar="FOLDER", default=None,
-                        help="convert local files instead of downloading; file names: "
-                        + "; ".join(f"{s.name}: {' | '.join(s.local_files)}" for s in ALL))
+    parser.add_argument(
+        "--from-local",
+        metavar="FOLDER",
+        default=None,
+        help="convert local files instead of downloading; file names: "
+        + "; ".join(f"{s.name}: {' | '.join(s.local_files)}" for s in ALL),
+    )
     parser.add_argument("--only", choices=("all", "train", "eval"), default="all")
-    parser.add_argument("--datasets", nargs="+", choices=sorted(BY_NAME), default=None,
-                        help="a subset of the datasets (default: all of --only)")
-    parser.add_argument("--revision", action="append", metavar="NAME=REV", default=None,
-                        help="Hub revision (branch, tag or commit) of one dataset; repeatable (default: main)")
-    parser.add_argument("--cache-dir", default=None,
-                        help="huggingface_hub cache folder (default: the library's, from HF_HOME / HF_HUB_CACHE)")
-    parser.add_argument("--accept-changed", action="append", metavar="NAME", choices=sorted(BY_NAME), default=[],
-                        help="record this dataset's files even if their sha256 differs from the manifest's")
+    parser.add_argument(
+        "--datasets",
+        nargs="+",
+        choices=sorted(BY_NAME),
+        default=None,
+        help="a subset of the datasets (default: all of --only)",
+    )
+    parser.add_argument(
+        "--revision",
+        action="append",
+        metavar="NAME=REV",
+        default=None,
+        help="Hub revision (branch, tag or commit) of one dataset; repeatable (default: main)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        default=None,
+        help="huggingface_hub cache folder (default: the library's, from HF_HOME / HF_HUB_CACHE)",
+    )
+    parser.add_argument(
+        "--accept-changed",
+        action="append",
+        metavar="NAME",
+        choices=sorted(BY_NAME),
+        default=[],
+        help="record this dataset's files even if their sha256 differs from the manifest's",
+    )
     parser.add_argument("--timeout", type=float, default=15.0, help="network timeout per request, seconds")
     return parser
 
@@ -170,9 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for spec in selected_specs(args):
         try:
-            entry = prepare_one(spec, args.out, args.from_local, args.timeout, revision=revisions.get(spec.name),
-                                cache_dir=args.cache_dir, previous=datasets.get(spec.name),
-                                accept_changed=spec.name in args.accept_changed)
+            entry = prepare_one(
+                spec,
+                args.out,
+                args.from_local,
+                args.timeout,
+                revision=revisions.get(spec.name),
+                cache_dir=args.cache_dir,
+                previous=datasets.get(spec.name),
+                accept_changed=spec.name in args.accept_changed,
+            )
         except (DataUnavailableError, DataFormatError, RowError) as error:
             print(f"prepare-data: {error}", file=sys.stderr)
             status = 1
@@ -180,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         datasets[spec.name] = entry
         note = f" (warning: {'; '.join(entry['warnings'])})" if entry["warnings"] else ""
         at = f" @ {entry['commit'][:12]}" if entry["commit"] else ""
-        print(f"{spec.name:<15} {entry['records_out']:>6} prompts  ({entry['rows_in']} rows, "
-              f"{entry['duplicates_removed']} duplicates removed{at}) -> {entry['path']}{note}")
+        print(
+            f"{spec.name:<15} {entry['records_out']:>6} prompts  ({entry['rows_in']} rows, "
+            f"{entry['duplicates_removed']} duplicates removed{at}) -> {entry['path']}{note}"
+        )
     tmp = manifest_path + ".tmp"
     with open(tmp, "w") as handle:
         json.dump(manifest, handle, indent=2)

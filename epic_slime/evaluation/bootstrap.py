@@ -41,17 +41,18 @@ def fraction_matrix(per_seed: Sequence[dict[str, float]]) -> np.ndarray:
 
 def replicate_cell(matrix: np.ndarray, seed_draws: np.ndarray, prompt_draws: np.ndarray) -> np.ndarray:
     """[B] replicate values: mean over drawn seeds of the mean over drawn prompts (missing prompts skipped)."""
-    values = matrix[seed_draws[:, :, None], prompt_draws[:, None, :]]          # [B, S, P]
+    values = matrix[seed_draws[:, :, None], prompt_draws[:, None, :]]  # [B, S, P]
     present = ~np.isnan(values)
     per_seed = np.where(present, values, 0.0).sum(-1) / np.maximum(present.sum(-1), 1)
-    per_seed = np.where(present.any(-1), per_seed, np.nan)   # a draw with none of a seed's prompts: skip that seed
+    per_seed = np.where(present.any(-1), per_seed, np.nan)  # a draw with none of a seed's prompts: skip that seed
     counted = ~np.isnan(per_seed)
     # NaN when no drawn seed has a drawn prompt (only with uneven prompt sets); the percentile skips it
     return np.where(counted.any(1), np.where(counted, per_seed, 0.0).sum(1) / np.maximum(counted.sum(1), 1), np.nan)
 
 
-def bootstrap_replicates(per_benchmark: dict[str, list[dict[str, float]]], replicates: int,
-                         rng: np.random.Generator) -> dict[str, np.ndarray]:
+def bootstrap_replicates(
+    per_benchmark: dict[str, list[dict[str, float]]], replicates: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
     """Replicates of every benchmark cell and of their equal-weight average ("average").
 
     ``per_benchmark[b][s]`` maps prompt id -> fraction correct of seed s (same seed order for all b).
@@ -76,8 +77,14 @@ def percentile_interval(values: np.ndarray, level: float = 0.95) -> Interval:
     return Interval(float(low), float(high))
 
 
-def method_intervals(row: MethodRow, runs: dict[str, RunInfo], benchmarks: Sequence[str], replicates: int = 2000,
-                     seed: int = 0, level: float = 0.95) -> dict[str, Interval]:
+def method_intervals(
+    row: MethodRow,
+    runs: dict[str, RunInfo],
+    benchmarks: Sequence[str],
+    replicates: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, Interval]:
     """Intervals of one Table 1 row (benchmark columns and "average"); empty when no run was selected."""
     if not row.runs or replicates <= 0:
         return {}

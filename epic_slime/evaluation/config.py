@@ -15,10 +15,10 @@ BENCHMARKS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class EvalProtocol:
-    samples_per_prompt: int = 8      # mean@8
+    samples_per_prompt: int = 8  # mean@8
     temperature: float = 1.0
     top_p: float = 0.7
-    interval_steps: int = 5          # evaluate every 5 training steps (rollouts)
+    interval_steps: int = 5  # evaluate every 5 training steps (rollouts)
 
 
 PAPER_PROTOCOL = EvalProtocol()
@@ -41,12 +41,25 @@ def slime_eval_arguments(data_dir: str, protocol: EvalProtocol = PAPER_PROTOCOL)
     for name in BENCHMARKS:
         prompt_data += [name, f"{data_dir.rstrip('/')}/eval/{name}.jsonl"]
     return [
-        "--eval-interval", str(protocol.interval_steps),
-        "--eval-prompt-data", *prompt_data,
-        "--n-samples-per-eval-prompt", str(protocol.samples_per_prompt),
-        "--eval-temperature", str(protocol.temperature),
-        "--eval-top-p", str(protocol.top_p),
-        "--input-key", "prompt", "--label-key", "label", "--metadata-key", "metadata", "--apply-chat-template",
-        "--custom-rm-path", "epic_slime.reward.slime_rm.reward",
-        "--custom-eval-rollout-log-function-path", "epic_slime.slime.eval_hooks.log_eval_rollout",
+        "--eval-interval",
+        str(protocol.interval_steps),
+        "--eval-prompt-data",
+        *prompt_data,
+        "--n-samples-per-eval-prompt",
+        str(protocol.samples_per_prompt),
+        "--eval-temperature",
+        str(protocol.temperature),
+        "--eval-top-p",
+        str(protocol.top_p),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--metadata-key",
+        "metadata",
+        "--apply-chat-template",
+        "--custom-rm-path",
+        "epic_slime.reward.slime_rm.reward",
+        "--custom-eval-rollout-log-function-path",
+        "epic_slime.slime.eval_hooks.log_eval_rollout",
     ]

@@ -32,9 +32,15 @@ class Sampling:
 
 # SGLang's CPU engine without the sgl-kernel package: PyTorch attention and sampling, no overlap
 # schedule, no CUDA graphs, a small KV pool (the CPU engine sizes it from host memory otherwise)
-CPU_SERVER_ARGS = {"device": "cpu", "attention_backend": "torch_native", "sampling_backend": "pytorch",
-                   "disable_overlap_schedule": True, "cuda_graph_backend_decode": "disabled",
-                   "cuda_graph_backend_prefill": "disabled", "max_total_tokens": 4096}
+CPU_SERVER_ARGS = {
+    "device": "cpu",
+    "attention_backend": "torch_native",
+    "sampling_backend": "pytorch",
+    "disable_overlap_schedule": True,
+    "cuda_graph_backend_decode": "disabled",
+    "cuda_graph_backend_prefill": "disabled",
+    "max_total_tokens": 4096,
+}
 CPU_MEM_FRACTION_STATIC = 0.05
 CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 
@@ -51,17 +57,27 @@ def prompt_text(tokenizer, chat: list[dict]) -> str:
 
 
 class SGLangEngine:
-    def __init__(self, model_path: str, tp_size: int = 1, seed: int = 0, mem_fraction_static: float | None = None,
-                 context_length: int | None = None, chunk_prompts: int = 64, device: str | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        tp_size: int = 1,
+        seed: int = 0,
+        mem_fraction_static: float | None = None,
+        context_length: int | None = None,
+        chunk_prompts: int = 64,
+        device: str | None = None,
+    ):
         if device not in (None, "cuda", "cpu"):
             raise EngineError(f"--engine sglang runs on cuda or cpu, got --device {device!r}")
         if device == "cpu":
-            os.environ[CPU_ENGINE_ENV] = "1"   # read when sglang is imported, and by its scheduler processes
+            os.environ[CPU_ENGINE_ENV] = "1"  # read when sglang is imported, and by its scheduler processes
         try:
             import sglang
         except ImportError as error:
-            raise EngineError(f"--engine sglang needs SGLang in this environment (the cluster image has it): {error}. "
-                              "Without it use --engine transformers.") from None
+            raise EngineError(
+                f"--engine sglang needs SGLang in this environment (the cluster image has it): {error}. "
+                "Without it use --engine transformers."
+            ) from None
         server_args = {"model_path": model_path, "tp_size": tp_size, "random_seed": seed}
         if device == "cpu":
             server_args.update(CPU_SERVER_ARGS)
@@ -120,9 +136,14 @@ class TransformersEngine:
             inputs = tokenizer(batch, return_tensors="pt", padding=True).to(self.model.device)
             with torch.no_grad():
                 generated = self.model.generate(
-                    **inputs, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                    max_new_tokens=sampling.max_new_tokens, num_return_sequences=k,
-                    pad_token_id=tokenizer.pad_token_id)
+                    **inputs,
+                    do_sample=True,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    max_new_tokens=sampling.max_new_tokens,
+                    num_return_sequences=k,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
             decoded = tokenizer.batch_decode(generated[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
             out += [decoded[i * k : (i + 1) * k] for i in range(len(batch))]
         return out

@@ -40,9 +40,17 @@ def response_rows(prompts: list[dict], responses: list[list[str]]) -> list[dict]
     """Prompt rows x their k responses -> score_rows input (sample_idx 0..k-1 in generation order)."""
     if len(responses) != len(prompts):
         raise EngineError(f"engine returned responses for {len(responses)} of {len(prompts)} prompts")
-    return [{"response": text, "label": row["label"], "benchmark": row["metadata"]["benchmark"],
-             "prompt_id": row["metadata"]["problem_id"], "sample_idx": j}
-            for row, texts in zip(prompts, responses) for j, text in enumerate(texts)]
+    return [
+        {
+            "response": text,
+            "label": row["label"],
+            "benchmark": row["metadata"]["benchmark"],
+            "prompt_id": row["metadata"]["problem_id"],
+            "sample_idx": j,
+        }
+        for row, texts in zip(prompts, responses)
+        for j, text in enumerate(texts)
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,15 +62,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--method", required=True)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--step", type=int, required=True)
-    parser.add_argument("--engine", choices=ENGINES, default=None,
-                        help="sglang (GPUs, tensor parallel) or transformers (CPU fallback); default: sglang when "
-                             "importable, else transformers")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=None,
+        help="sglang (GPUs, tensor parallel) or transformers (CPU fallback); default: sglang when "
+        "importable, else transformers",
+    )
     parser.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS))
-    parser.add_argument("--samples-per-prompt", type=int, default=None,
-                        help=f"default {PAPER_PROTOCOL.samples_per_prompt} (paper), "
-                             f"{REEVAL_SAMPLES_PER_PROMPT} with --reeval-protocol")
-    parser.add_argument("--reeval-protocol", action="store_true",
-                        help=f"the authors' re-evaluation: {REEVAL_SAMPLES_PER_PROMPT} samples per prompt")
+    parser.add_argument(
+        "--samples-per-prompt",
+        type=int,
+        default=None,
+        help=f"default {PAPER_PROTOCOL.samples_per_prompt} (paper), {REEVAL_SAMPLES_PER_PROMPT} with --reeval-protocol",
+    )
+    parser.add_argument(
+        "--reeval-protocol",
+        action="store_true",
+        help=f"the authors' re-evaluation: {REEVAL_SAMPLES_PER_PROMPT} samples per prompt",
+    )
     parser.add_argument("--temperature", type=float, default=PAPER_PROTOCOL.temperature)
     parser.add_argument("--top-p", type=float, default=PAPER_PROTOCOL.top_p)
     parser.add_argument("--max-new-tokens", type=int, default=8192, help="the training runs' max response length")
@@ -73,9 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     sglang.add_argument("--context-length", type=int, default=None)
     hf = parser.add_argument_group("transformers engine")
     hf.add_argument("--batch-size", type=int, default=4, help="prompts per generate call")
-    parser.add_argument("--device", default=None,
-                        help="transformers: default cuda when available, else cpu; sglang: default the GPUs, "
-                             "cpu runs SGLang's CPU engine (small models; see docs/evaluation.md)")
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="transformers: default cuda when available, else cpu; sglang: default the GPUs, "
+        "cpu runs SGLang's CPU engine (small models; see docs/evaluation.md)",
+    )
     return parser
 
 
@@ -98,38 +119,51 @@ def default_engine() -> str:
 
 def open_engine(args, tokenizer):
     if args.engine == "sglang":
-        return SGLangEngine(args.model, tp_size=args.tp_size, seed=args.seed, device=args.device,
-                            mem_fraction_static=args.mem_fraction_static, context_length=args.context_length)
-    return TransformersEngine(args.model, tokenizer, device=args.device or _default_device(), seed=args.seed,
-                              batch_size=args.batch_size)
+        return SGLangEngine(
+            args.model,
+            tp_size=args.tp_size,
+            seed=args.seed,
+            device=args.device,
+            mem_fraction_static=args.mem_fraction_static,
+            context_length=args.context_length,
+        )
+    return TransformersEngine(
+        args.model, tokenizer, device=args.device or _default_device(), seed=args.seed, batch_size=args.batch_size
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.samples_per_prompt is None:
-        args.samples_per_prompt = REEVAL_SAMPLES_PER_PROMPT if args.reeval_protocol else PAPER_PROTOCOL.samples_per_prompt
+        args.samples_per_prompt = (
+            REEVAL_SAMPLES_PER_PROMPT if args.reeval_protocol else PAPER_PROTOCOL.samples_per_prompt
+        )
     args.engine = args.engine or default_engine()
     try:
         check_args(args)
         prompts = load_eval_prompts(args.data, args.benchmarks, args.max_prompts)
     except (ValueError, FileNotFoundError) as error:
         print(f"epic-slime evaluate: error: {error}", file=sys.stderr)
-        return 2   # bad input (a flag, missing data), as every other epic-slime command
+        return 2  # bad input (a flag, missing data), as every other epic-slime command
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     texts = [prompt_text(tokenizer, row["prompt"]) for row in prompts]
     sampling = Sampling(args.samples_per_prompt, args.temperature, args.top_p, args.max_new_tokens)
-    print(f"evaluate: {len(prompts)} prompts x {sampling.samples_per_prompt} samples on {args.engine} "
-          f"(temperature {sampling.temperature}, top-p {sampling.top_p})")
+    print(
+        f"evaluate: {len(prompts)} prompts x {sampling.samples_per_prompt} samples on {args.engine} "
+        f"(temperature {sampling.temperature}, top-p {sampling.top_p})"
+    )
     try:
         engine = open_engine(args, tokenizer)
         try:
             responses = engine.generate(texts, sampling)
         finally:
             engine.close()  # SGLang keeps GPU processes until shut down
-        records = score_rows(response_rows(prompts, responses),
-                             {"run": args.run, "method": args.method, "seed": args.seed, "step": args.step})
+        records = score_rows(
+            response_rows(prompts, responses),
+            {"run": args.run, "method": args.method, "seed": args.seed, "step": args.step},
+        )
     except (EngineError, RecordError) as error:
         print(f"evaluate: {error}", file=sys.stderr)
         return 1

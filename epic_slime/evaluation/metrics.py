@@ -63,7 +63,7 @@ class BenchmarkScore:
     min_samples: int  # samples per prompt (min and max differ only for incomplete evaluations)
     max_samples: int
     prompt_counts: tuple[tuple[int, int], ...] = ()  # per prompt: (samples n, correct c)
-    prompt_ids: tuple[str, ...] = ()                 # aligned with prompt_counts (the bootstrap pairs prompts)
+    prompt_ids: tuple[str, ...] = ()  # aligned with prompt_counts (the bootstrap pairs prompts)
 
     def pass_at(self, k: int) -> float:
         """Unbiased pass@k averaged over prompts (needs k <= samples of every prompt)."""
@@ -109,9 +109,14 @@ def group_records(records: Iterable[EvalRecord], k: int | dict[str, int] | None 
         elif (info.method, info.seed) != (record.method, record.seed):
             raise RecordError(
                 f"run {record.run!r} has records with method/seed {info.method!r}/{info.seed} and "
-                f"{record.method!r}/{record.seed}: a run must be one method and one seed")
-        samples = (outcomes.setdefault(record.run, {}).setdefault(record.step, {})
-                   .setdefault(record.benchmark, {}).setdefault(record.prompt_id, {}))
+                f"{record.method!r}/{record.seed}: a run must be one method and one seed"
+            )
+        samples = (
+            outcomes.setdefault(record.run, {})
+            .setdefault(record.step, {})
+            .setdefault(record.benchmark, {})
+            .setdefault(record.prompt_id, {})
+        )
         if record.sample_idx in samples:
             raise RecordError(f"duplicate eval record {record.key()} (same run, step, benchmark, prompt, sample)")
         samples[record.sample_idx] = record.correct
@@ -120,12 +125,15 @@ def group_records(records: Iterable[EvalRecord], k: int | dict[str, int] | None 
             runs[run].scores[step] = {}
             for benchmark, by_prompt in by_benchmark.items():
                 kb = k_for(k, benchmark)
-                lists = {pid: first_k(s, kb, f"run {run!r} step {step} benchmark {benchmark!r} prompt {pid!r}")
-                         for pid, s in by_prompt.items()}
+                lists = {
+                    pid: first_k(s, kb, f"run {run!r} step {step} benchmark {benchmark!r} prompt {pid!r}")
+                    for pid, s in by_prompt.items()
+                }
                 sizes = [len(v) for v in lists.values()]
                 counts = tuple((len(v), sum(v)) for v in lists.values())
                 runs[run].scores[step][benchmark] = BenchmarkScore(
-                    mean_at_k(lists), len(lists), min(sizes), max(sizes), counts, tuple(lists))
+                    mean_at_k(lists), len(lists), min(sizes), max(sizes), counts, tuple(lists)
+                )
     check_seeds(runs)
     return runs
 
@@ -174,8 +182,9 @@ class MethodRow:
     runs_without_complete_checkpoint: list[str]
 
 
-def method_table(runs: dict[str, RunInfo], benchmarks: Sequence[str],
-                 methods: Sequence[str] | None = None) -> list[MethodRow]:
+def method_table(
+    runs: dict[str, RunInfo], benchmarks: Sequence[str], methods: Sequence[str] | None = None
+) -> list[MethodRow]:
     """Table 1 rows: per method, the seeds' selected-checkpoint scores, mean and std."""
     by_method: dict[str, list[RunInfo]] = defaultdict(list)
     for info in runs.values():
@@ -199,8 +208,7 @@ def method_table(runs: dict[str, RunInfo], benchmarks: Sequence[str],
         if chosen:
             for benchmark in benchmarks:
                 cells[benchmark] = mean_and_std([i.scores[selected[i.run]][benchmark].mean_at_k for i in chosen])
-            cells["average"] = mean_and_std(
-                [checkpoint_average(i.scores[selected[i.run]], benchmarks) for i in chosen])
+            cells["average"] = mean_and_std([checkpoint_average(i.scores[selected[i.run]], benchmarks) for i in chosen])
         rows.append(MethodRow(method, [i.run for i in chosen], [i.seed for i in chosen], selected, cells, skipped))
     return rows
 

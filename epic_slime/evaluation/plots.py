@@ -27,7 +27,11 @@ def plot_curves(runs: dict[str, RunInfo], benchmarks: Sequence[str], titles: dic
             high = [100 * max(v) for v in values]
             (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=method)
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        name = "Average of " + ", ".join(titles.get(b, b) for b in benchmarks) if column == "average" else titles.get(column, column)
+        name = (
+            "Average of " + ", ".join(titles.get(b, b) for b in benchmarks)
+            if column == "average"
+            else titles.get(column, column)
+        )
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("training step")
         ax.set_ylabel("mean@k (%)")

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Iterable
 
 
-PRE_TRAINING_STEP = -1   # slime's evaluation before training rollout 0
+PRE_TRAINING_STEP = -1  # slime's evaluation before training rollout 0
 
 
 class RecordError(ValueError):
@@ -67,7 +67,7 @@ class EvalRecord:
     prompt_id: str
     sample_idx: int
     correct: bool
-    weight_version: int | None = None   # None: a record written before records named their weights
+    weight_version: int | None = None  # None: a record written before records named their weights
 
     def key(self) -> tuple:
         """Identity of a sample: a second record with the same key is a duplicate."""
@@ -75,7 +75,7 @@ class EvalRecord:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        if data["weight_version"] is None:   # unknown: written as before, not as null
+        if data["weight_version"] is None:  # unknown: written as before, not as null
             del data["weight_version"]
         return data
 
@@ -94,14 +94,20 @@ class EvalRecord:
             values[name] = str(value)
         for name in ("seed", "step", "sample_idx"):
             value = data[name]
-            if isinstance(value, bool) or not isinstance(value, int) and not (isinstance(value, float) and value.is_integer()):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                and not (isinstance(value, float) and value.is_integer())
+            ):
                 raise RecordError(f"{where}: field '{name}' must be an integer, got {value!r}")
             values[name] = int(value)
             if name == "sample_idx" and values[name] < 0:
                 raise RecordError(f"{where}: field 'sample_idx' must be >= 0, got {value!r}")
             if name == "step" and values[name] < PRE_TRAINING_STEP:
-                raise RecordError(f"{where}: field 'step' must be >= {PRE_TRAINING_STEP} "
-                                  f"({PRE_TRAINING_STEP}: the pre-training evaluation), got {value!r}")
+                raise RecordError(
+                    f"{where}: field 'step' must be >= {PRE_TRAINING_STEP} "
+                    f"({PRE_TRAINING_STEP}: the pre-training evaluation), got {value!r}"
+                )
         correct = data["correct"]
         if isinstance(correct, bool) or correct in (0, 1):
             values["correct"] = bool(correct)
@@ -109,8 +115,11 @@ class EvalRecord:
             raise RecordError(f"{where}: field 'correct' must be true/false or 0/1, got {correct!r}")
         version = data.get("weight_version")
         if version is not None:
-            if isinstance(version, bool) or not isinstance(version, int) and not (
-                    isinstance(version, float) and version.is_integer()):
+            if (
+                isinstance(version, bool)
+                or not isinstance(version, int)
+                and not (isinstance(version, float) and version.is_integer())
+            ):
                 raise RecordError(f"{where}: field 'weight_version' must be an integer or absent, got {version!r}")
             values["weight_version"] = int(version)
         return cls(**values)
@@ -122,7 +131,8 @@ class EvalRecord:
                 f"{where}: run {self.run!r} record at step {self.step} scored weight version "
                 f"{self.weight_version}: the evaluation keyed step {self.step} ran on other weights "
                 f"(before the push of step {self.step}'s weights?); its scores would shift the curve and "
-                f"the checkpoint selection by {self.step - self.weight_version} step(s)")
+                f"the checkpoint selection by {self.step - self.weight_version} step(s)"
+            )
 
 
 def write_records(path: str, records: Iterable[EvalRecord | dict], append: bool = True) -> int:
@@ -130,8 +140,9 @@ def write_records(path: str, records: Iterable[EvalRecord | dict], append: bool 
 
     Dicts are validated first, so nothing malformed reaches the file. Returns the count written.
     """
-    checked = [r if isinstance(r, EvalRecord) else EvalRecord.from_dict(r, where=f"record {i}")
-               for i, r in enumerate(records)]
+    checked = [
+        r if isinstance(r, EvalRecord) else EvalRecord.from_dict(r, where=f"record {i}") for i, r in enumerate(records)
+    ]
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     with open(path, "a" if append else "w", encoding="utf-8") as handle:
@@ -162,27 +173,28 @@ def read_records(path: str, check_versions: bool = True) -> list[EvalRecord]:
     return records
 
 
-_thread_lock = threading.Lock()   # POSIX locks are per process: threads of one process need their own
+_thread_lock = threading.Lock()  # POSIX locks are per process: threads of one process need their own
 
 
 @contextmanager
 def _writer_lock(path: str):
     try:
         import fcntl
-    except ImportError:   # not POSIX: one writer per file is the caller's business
+    except ImportError:  # not POSIX: one writer per file is the caller's business
         with _thread_lock:
             yield
         return
     with _thread_lock, open(path + ".lock", "a") as handle:
-        fcntl.lockf(handle, fcntl.LOCK_EX)   # lockf, not flock: NFS honours POSIX locks
+        fcntl.lockf(handle, fcntl.LOCK_EX)  # lockf, not flock: NFS honours POSIX locks
         try:
             yield
         finally:
             fcntl.lockf(handle, fcntl.LOCK_UN)
 
 
-def replace_run_records(path: str, records: Iterable[EvalRecord], *, run: str, from_step: int,
-                        to_step: int | None = None) -> int:
+def replace_run_records(
+    path: str, records: Iterable[EvalRecord], *, run: str, from_step: int, to_step: int | None = None
+) -> int:
     """Atomically replace run ``run``'s records at steps ``from_step`` .. ``to_step`` (None: no upper
     end) by ``records`` (see the module docstring for the rule and the crash guarantees); other
     runs' lines, and this run's outside the range, stay as they are.
@@ -199,8 +211,10 @@ def replace_run_records(path: str, records: Iterable[EvalRecord], *, run: str, f
         if record.run != run:
             raise ValueError(f"replace_run_records: a record of run {record.run!r} among run {run!r}'s")
         if record.step < from_step or (to_step is not None and record.step > to_step):
-            raise ValueError(f"replace_run_records: record at step {record.step} outside "
-                             f"[{from_step}, {'end' if to_step is None else to_step}]")
+            raise ValueError(
+                f"replace_run_records: record at step {record.step} outside "
+                f"[{from_step}, {'end' if to_step is None else to_step}]"
+            )
     identities = {(r.method, r.seed) for r in new}
     if len(identities) > 1:
         raise RecordError(f"run {run!r}: new records disagree on method/seed: {sorted(identities)}")
@@ -220,19 +234,20 @@ def replace_run_records(path: str, records: Iterable[EvalRecord], *, run: str, f
                             raise RecordError(
                                 f"{path}:{number}: run {run!r} has field '{name}' {getattr(record, name)!r} there, "
                                 f"the new records {getattr(new[0], name)!r}: one run name per method and seed "
-                                f"(set another epic_run_name)")
+                                f"(set another epic_run_name)"
+                            )
                         if record.step >= from_step and (to_step is None or record.step <= to_step):
-                            continue   # superseded
+                            continue  # superseded
                     kept.append(line if line.endswith("\n") else line + "\n")
         mode = _file_mode(path)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
         try:
-            os.chmod(tmp, mode)   # mkstemp makes 0600: the report may run as another user
+            os.chmod(tmp, mode)  # mkstemp makes 0600: the report may run as another user
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.writelines(kept)
                 handle.write("".join(json.dumps(r.to_dict()) + "\n" for r in new))
                 handle.flush()
-                os.fsync(handle.fileno())   # the data is on disk before the rename makes it the file
+                os.fsync(handle.fileno())  # the data is on disk before the rename makes it the file
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
@@ -247,7 +262,7 @@ def _file_mode(path: str) -> int:
     try:
         return stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
-        umask = os.umask(0)   # reading the umask means setting it; put it straight back
+        umask = os.umask(0)  # reading the umask means setting it; put it straight back
         os.umask(umask)
         return 0o666 & ~umask
 

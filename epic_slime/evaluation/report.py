@@ -26,7 +26,11 @@ from typing import Sequence
 from epic_slime.evaluation.bootstrap import Interval, method_intervals
 from epic_slime.evaluation.config import BENCHMARKS, PAPER_PROTOCOL, REEVAL_K
 from epic_slime.evaluation.metrics import (
-    MethodRow, RunInfo, checkpoint_average, group_records, method_table,
+    MethodRow,
+    RunInfo,
+    checkpoint_average,
+    group_records,
+    method_table,
 )
 from epic_slime.evaluation.records import RecordError, read_record_paths
 
@@ -43,8 +47,12 @@ def format_cell(cell: tuple[float, float | None] | None, interval: Interval | No
     return text
 
 
-def table1_markdown(rows: Sequence[MethodRow], benchmarks: Sequence[str], titles: dict[str, str],
-                    intervals: dict[str, dict[str, Interval]] | None = None) -> str:
+def table1_markdown(
+    rows: Sequence[MethodRow],
+    benchmarks: Sequence[str],
+    titles: dict[str, str],
+    intervals: dict[str, dict[str, Interval]] | None = None,
+) -> str:
     header = ["Method"] + [titles.get(b, b) for b in benchmarks] + ["Average"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + [":---:"] * (len(header) - 1)) + "|"]
     for row in rows:
@@ -80,8 +88,13 @@ def resolve_k(args) -> int | dict[str, int] | None:
     return per_benchmark
 
 
-def runs_markdown(rows: Sequence[MethodRow], runs: dict[str, RunInfo], benchmarks: Sequence[str],
-                  titles: dict[str, str], pass_k: int | None) -> str:
+def runs_markdown(
+    rows: Sequence[MethodRow],
+    runs: dict[str, RunInfo],
+    benchmarks: Sequence[str],
+    titles: dict[str, str],
+    pass_k: int | None,
+) -> str:
     header = ["Run", "Method", "Seed", "Selected step"] + [titles.get(b, b) for b in benchmarks] + ["Average"]
     if pass_k:
         header += [f"pass@{pass_k} {titles.get(b, b)}" for b in benchmarks]
@@ -93,8 +106,10 @@ def runs_markdown(rows: Sequence[MethodRow], runs: dict[str, RunInfo], benchmark
             cells = [f"{100 * scores[b].mean_at_k:.1f}" for b in benchmarks]
             cells.append(f"{100 * checkpoint_average(scores, benchmarks):.1f}")
             if pass_k:
-                cells += [f"{100 * scores[b].pass_at(pass_k):.1f}" if scores[b].min_samples >= pass_k else "n/a"
-                          for b in benchmarks]
+                cells += [
+                    f"{100 * scores[b].pass_at(pass_k):.1f}" if scores[b].min_samples >= pass_k else "n/a"
+                    for b in benchmarks
+                ]
             lines.append("| " + " | ".join([run, info.method, str(info.seed), str(step)] + cells) + " |")
     return "\n".join(lines)
 
@@ -106,39 +121,65 @@ def version_note(records) -> list[str]:
     if not unnamed:
         return []
     count = sum(r.weight_version is None for r in records)
-    return [f"{count} of {len(records)} records (run(s) {', '.join(unnamed)}) name no weight version (written "
-            f"before records carried one): their step is taken as the weights they scored, unchecked"]
+    return [
+        f"{count} of {len(records)} records (run(s) {', '.join(unnamed)}) name no weight version (written "
+        f"before records carried one): their step is taken as the weights they scored, unchecked"
+    ]
 
 
-def notes(rows: Sequence[MethodRow], runs: dict[str, RunInfo], benchmarks: Sequence[str], k_expected: int,
-          k: int | dict[str, int] | None = None, records=()) -> list[str]:
+def notes(
+    rows: Sequence[MethodRow],
+    runs: dict[str, RunInfo],
+    benchmarks: Sequence[str],
+    k_expected: int,
+    k: int | dict[str, int] | None = None,
+    records=(),
+) -> list[str]:
     out = version_note(records)
     if k is not None:
         chosen = {b: (k.get(b) if isinstance(k, dict) else k) for b in benchmarks}
-        out.append("mean@k from the first k samples of each prompt: "
-                   + ", ".join(f"{b} k={v if v is not None else 'all'}" for b, v in chosen.items()))
+        out.append(
+            "mean@k from the first k samples of each prompt: "
+            + ", ".join(f"{b} k={v if v is not None else 'all'}" for b, v in chosen.items())
+        )
         if isinstance(k, int) or len({v for v in chosen.values()}) == 1 and None not in chosen.values():
             k_expected = next(iter(chosen.values()))
         else:
             k_expected = None
-    prompts = {b: sorted({s[b].num_prompts for i in runs.values() for s in i.scores.values() if b in s})
-               for b in benchmarks}
-    samples = sorted({(s[b].min_samples, s[b].max_samples) for i in runs.values()
-                      for s in i.scores.values() for b in benchmarks if b in s})
-    out.append("Prompts per benchmark: " + ", ".join(f"{b} {'/'.join(map(str, p)) or 'none'}" for b, p in prompts.items()))
+    prompts = {
+        b: sorted({s[b].num_prompts for i in runs.values() for s in i.scores.values() if b in s}) for b in benchmarks
+    }
+    samples = sorted(
+        {
+            (s[b].min_samples, s[b].max_samples)
+            for i in runs.values()
+            for s in i.scores.values()
+            for b in benchmarks
+            if b in s
+        }
+    )
+    out.append(
+        "Prompts per benchmark: " + ", ".join(f"{b} {'/'.join(map(str, p)) or 'none'}" for b, p in prompts.items())
+    )
     sample_sizes = sorted({n for pair in samples for n in pair})
-    out.append(f"Samples per prompt: {'/'.join(map(str, sample_sizes)) or 'none'}"
-               + (f" (protocol: {k_expected})" if k_expected is not None else ""))
+    out.append(
+        f"Samples per prompt: {'/'.join(map(str, sample_sizes)) or 'none'}"
+        + (f" (protocol: {k_expected})" if k_expected is not None else "")
+    )
     if k_expected is not None and sample_sizes and sample_sizes != [k_expected]:
-        out.append(f"WARNING: samples per prompt differ from the protocol's {k_expected}: "
-                   f"these are mean@{'/'.join(map(str, sample_sizes))} numbers")
+        out.append(
+            f"WARNING: samples per prompt differ from the protocol's {k_expected}: "
+            f"these are mean@{'/'.join(map(str, sample_sizes))} numbers"
+        )
     for b, p in prompts.items():
         if len(p) > 1:
             out.append(f"WARNING: {b} was evaluated on different numbers of prompts across checkpoints: {p}")
     for row in rows:
         if row.runs_without_complete_checkpoint:
-            out.append(f"WARNING: method {row.method}: run(s) {', '.join(row.runs_without_complete_checkpoint)} "
-                       f"have no checkpoint with all {len(benchmarks)} benchmarks and are left out")
+            out.append(
+                f"WARNING: method {row.method}: run(s) {', '.join(row.runs_without_complete_checkpoint)} "
+                f"have no checkpoint with all {len(benchmarks)} benchmarks and are left out"
+            )
         if len(row.runs) == 1:
             out.append(f"Method {row.method}: a single seed, no standard deviation")
     return out
@@ -147,14 +188,26 @@ def notes(rows: Sequence[MethodRow], runs: dict[str, RunInfo], benchmarks: Seque
 def write_scores_csv(path: str, runs: dict[str, RunInfo], benchmarks: Sequence[str]) -> None:
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["run", "method", "seed", "step", "benchmark", "mean_at_k", "num_prompts", "samples_per_prompt"])
+        writer.writerow(
+            ["run", "method", "seed", "step", "benchmark", "mean_at_k", "num_prompts", "samples_per_prompt"]
+        )
         for info in sorted(runs.values(), key=lambda i: (i.method, i.seed, i.run)):
             for step in sorted(info.scores):
                 scores = info.scores[step]
                 for b in sorted(scores, key=lambda x: (x not in benchmarks, x)):
                     s = scores[b]
-                    writer.writerow([info.run, info.method, info.seed, step, b, f"{s.mean_at_k:.6f}", s.num_prompts,
-                                     s.min_samples if s.min_samples == s.max_samples else f"{s.min_samples}-{s.max_samples}"])
+                    writer.writerow(
+                        [
+                            info.run,
+                            info.method,
+                            info.seed,
+                            step,
+                            b,
+                            f"{s.mean_at_k:.6f}",
+                            s.num_prompts,
+                            s.min_samples if s.min_samples == s.max_samples else f"{s.min_samples}-{s.max_samples}",
+                        ]
+                    )
                 average = checkpoint_average(scores, benchmarks)
                 if average is not None:
                     writer.writerow([info.run, info.method, info.seed, step, "average", f"{average:.6f}", "", ""])
@@ -162,29 +215,62 @@ def write_scores_csv(path: str, runs: dict[str, RunInfo], benchmarks: Sequence[s
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epic-slime report", description="Table 1 and curves from eval records")
-    parser.add_argument("--records", nargs="+", required=True,
-                        help="record files (JSONL), folders of them, or run folders of `epic-slime train` "
-                             "(their eval_records.jsonl)")
+    parser.add_argument(
+        "--records",
+        nargs="+",
+        required=True,
+        help="record files (JSONL), folders of them, or run folders of `epic-slime train` (their eval_records.jsonl)",
+    )
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--benchmarks", nargs="+", default=None,
-                        help="benchmarks of the average, in column order (default: the ones the records hold, "
-                             "the paper's four first in their order, then the rest sorted)")
-    parser.add_argument("--methods", nargs="+", default=None, help="methods (rows) to show, in order (default: all, sorted)")
-    parser.add_argument("--samples-per-prompt", type=int, default=PAPER_PROTOCOL.samples_per_prompt,
-                        help="expected k of mean@k; a mismatch is flagged in the notes (default 8)")
-    parser.add_argument("--k", type=int, default=None,
-                        help="mean@k from the first k samples of each prompt (a prompt with fewer is an error)")
-    parser.add_argument("--benchmark-k", action="append", metavar="NAME=K", default=None,
-                        help="k of one benchmark (repeatable); benchmarks without one use --k, else all samples")
-    parser.add_argument("--reeval-protocol", action="store_true",
-                        help="the authors' 32-sample re-evaluation: " + ", ".join(f"{b} k={k}" for b, k in REEVAL_K.items()))
-    parser.add_argument("--bootstrap", type=int, default=2000, metavar="N",
-                        help="bootstrap replicates for the 95%% interval of each Table 1 cell (0: no intervals)")
+    parser.add_argument(
+        "--benchmarks",
+        nargs="+",
+        default=None,
+        help="benchmarks of the average, in column order (default: the ones the records hold, "
+        "the paper's four first in their order, then the rest sorted)",
+    )
+    parser.add_argument(
+        "--methods", nargs="+", default=None, help="methods (rows) to show, in order (default: all, sorted)"
+    )
+    parser.add_argument(
+        "--samples-per-prompt",
+        type=int,
+        default=PAPER_PROTOCOL.samples_per_prompt,
+        help="expected k of mean@k; a mismatch is flagged in the notes (default 8)",
+    )
+    parser.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="mean@k from the first k samples of each prompt (a prompt with fewer is an error)",
+    )
+    parser.add_argument(
+        "--benchmark-k",
+        action="append",
+        metavar="NAME=K",
+        default=None,
+        help="k of one benchmark (repeatable); benchmarks without one use --k, else all samples",
+    )
+    parser.add_argument(
+        "--reeval-protocol",
+        action="store_true",
+        help="the authors' 32-sample re-evaluation: " + ", ".join(f"{b} k={k}" for b, k in REEVAL_K.items()),
+    )
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=2000,
+        metavar="N",
+        help="bootstrap replicates for the 95%% interval of each Table 1 cell (0: no intervals)",
+    )
     parser.add_argument("--bootstrap-seed", type=int, default=0)
     parser.add_argument("--pass-at-k", type=int, default=None, help="also list unbiased pass@k per run")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace the report already in --out (without it a folder holding one is refused)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the report already in --out (without it a folder holding one is refused)",
+    )
     return parser
 
 
@@ -197,8 +283,10 @@ def check_out_folder(out: str, overwrite: bool) -> None:
     overwritten silently (RecordError naming the folder and the files) unless --overwrite."""
     held = [n for n in REPORT_FILES if os.path.exists(os.path.join(out, n))]
     if held and not overwrite:
-        raise RecordError(f"--out {out} already holds a report ({', '.join(held)}): pass --overwrite to replace it, "
-                          "or choose another --out")
+        raise RecordError(
+            f"--out {out} already holds a report ({', '.join(held)}): pass --overwrite to replace it, "
+            "or choose another --out"
+        )
 
 
 def _check_benchmarks_present(runs: dict, benchmarks: Sequence[str]) -> None:
@@ -206,8 +294,10 @@ def _check_benchmarks_present(runs: dict, benchmarks: Sequence[str]) -> None:
     held = sorted({b for info in runs.values() for scores in info.scores.values() for b in scores})
     if not set(benchmarks) & set(held):
         local = " (`heldout` is the embedded runtime's held-out split)" if "heldout" in held else ""
-        raise RecordError(f"none of the benchmarks {' '.join(benchmarks)} is in the records; they hold "
-                          f"{' '.join(held)}{local}: pass --benchmarks {' '.join(held)}")
+        raise RecordError(
+            f"none of the benchmarks {' '.join(benchmarks)} is in the records; they hold "
+            f"{' '.join(held)}{local}: pass --benchmarks {' '.join(held)}"
+        )
 
 
 # an `epic-slime train` run folder: its records file, and the .jsonl files beside it that are not records
@@ -218,6 +308,7 @@ RUN_FOLDER_OTHER_JSONL = ("metrics.jsonl", "batches.jsonl")
 def record_paths(paths: Sequence[str]) -> list[str]:
     """A run folder of the embedded runtime stands for its eval records (a folder otherwise stands
     for every .jsonl in it, and the run's metrics and batches files are not records)."""
+
     def is_run_folder(p: str) -> bool:
         return all(os.path.isfile(os.path.join(p, n)) for n in (RUN_FOLDER_RECORDS, *RUN_FOLDER_OTHER_JSONL))
 
@@ -246,20 +337,26 @@ def main(argv: list[str] | None = None) -> int:
         runs = group_records(records, k=k)
         _check_benchmarks_present(runs, args.benchmarks)
         rows = method_table(runs, args.benchmarks, args.methods)
-        intervals = {row.method: method_intervals(row, runs, args.benchmarks, args.bootstrap, args.bootstrap_seed)
-                     for row in rows}
+        intervals = {
+            row.method: method_intervals(row, runs, args.benchmarks, args.bootstrap, args.bootstrap_seed)
+            for row in rows
+        }
     except (RecordError, ValueError) as error:
         print(f"epic-slime report: error: {error}", file=sys.stderr)
-        return 2   # bad input, as every other epic-slime command
+        return 2  # bad input, as every other epic-slime command
     titles = dict(BENCHMARKS)
     os.makedirs(args.out, exist_ok=True)
     table = table1_markdown(rows, args.benchmarks, titles, intervals)
-    interval_note = (f" [bootstrap 95% interval over prompts and seeds, {args.bootstrap} replicates]"
-                     if args.bootstrap > 0 else "")
+    interval_note = (
+        f" [bootstrap 95% interval over prompts and seeds, {args.bootstrap} replicates]" if args.bootstrap > 0 else ""
+    )
     evaluated = sorted({len(runs[run].scores) for row in rows for run in row.runs})
     chosen_from = "/".join(map(str, evaluated)) or "0"
-    benchmark_note = (f" Benchmarks: {' '.join(args.benchmarks)} (the ones the records hold; --benchmarks to choose)."
-                      if defaulted else "")
+    benchmark_note = (
+        f" Benchmarks: {' '.join(args.benchmarks)} (the ones the records hold; --benchmarks to choose)."
+        if defaulted
+        else ""
+    )
     document = [
         "# Table 1",
         "",
@@ -284,8 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "table1.md"), "w") as handle:
         handle.write("\n".join(document))
     write_scores_csv(os.path.join(args.out, "scores.csv"), runs, args.benchmarks)
-    selection = {row.method: {run: {"seed": runs[run].seed, "step": row.selected_steps[run]} for run in row.runs}
-                 for row in rows}
+    selection = {
+        row.method: {run: {"seed": runs[run].seed, "step": row.selected_steps[run]} for run in row.runs} for row in rows
+    }
     if args.bootstrap > 0:
         with open(os.path.join(args.out, "intervals.json"), "w") as handle:
             json.dump({m: {c: [i.low, i.high] for c, i in ci.items()} for m, ci in intervals.items()}, handle, indent=2)

@@ -30,8 +30,9 @@ def score_rows(rows: list[dict], defaults: dict, timeout: float = 5.0) -> list[E
     records = []
     for number, (row, reward) in enumerate(zip(rows, rewards)):
         data = {key: row.get(key, defaults.get(key)) for key in _IDENTITY}
-        data.update(benchmark=row["benchmark"], prompt_id=row["prompt_id"], sample_idx=row["sample_idx"],
-                    correct=reward > 0.5)
+        data.update(
+            benchmark=row["benchmark"], prompt_id=row["prompt_id"], sample_idx=row["sample_idx"], correct=reward > 0.5
+        )
         records.append(EvalRecord.from_dict(data, where=f"response row {number}"))
     return records
 

@@ -42,20 +42,22 @@ VERL_AGGREGATIONS = {
 VERL_METRIC_NAMES = {"clipfrac": "actor/pg_clipfrac", "clipfrac_lower": "actor/pg_clipfrac_lower"}
 POLICY_METRIC_PREFIX = "actor/policy/"
 
-REGISTERED: dict[str, str] = {}   # verl name -> project mode, what register() put in verl's registry
-SKIPPED: list[str] = []           # names left alone because something else had registered them
+REGISTERED: dict[str, str] = {}  # verl name -> project mode, what register() put in verl's registry
+SKIPPED: list[str] = []  # names left alone because something else had registered them
 
 
 def project_aggregation(loss_agg_mode: str) -> str:
     if loss_agg_mode not in VERL_AGGREGATIONS:
         raise PolicyLossInputError(
             f"actor.loss_agg_mode={loss_agg_mode!r} has no counterpart in epic_slime's aggregations; "
-            f"use one of {sorted(VERL_AGGREGATIONS)}")
+            f"use one of {sorted(VERL_AGGREGATIONS)}"
+        )
     return VERL_AGGREGATIONS[loss_agg_mode]
 
 
-def verl_metrics(metrics: dict[str, torch.Tensor], old_log_prob: torch.Tensor, log_prob: torch.Tensor,
-                 mask: torch.Tensor) -> dict[str, float]:
+def verl_metrics(
+    metrics: dict[str, torch.Tensor], old_log_prob: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
     """The core's diagnostics under verl's names, plus verl's `actor/ppo_kl` (mean k1 of old vs current)."""
     k1 = torch.where(mask, kl_penalty(old_log_prob.detach(), log_prob.detach(), "k1"), 0.0)
     names = [VERL_METRIC_NAMES.get(name, POLICY_METRIC_PREFIX + name) for name in metrics]
@@ -74,17 +76,31 @@ def make_policy_loss(mode: str, **params):
     """A function with verl's policy-loss signature computing `mode` with ``params`` (checked now)."""
     resolve_params(mode, params)
 
-    def policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
-                    response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
-                    rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    def policy_loss(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        config=None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         mask = response_mask.to(torch.bool)
-        out = compute_policy_loss(mode, log_prob, old_log_prob, advantages, mask,
-                                  aggregation=project_aggregation(loss_agg_mode), **{**params, **params_from_env()})
+        out = compute_policy_loss(
+            mode,
+            log_prob,
+            old_log_prob,
+            advantages,
+            mask,
+            aggregation=project_aggregation(loss_agg_mode),
+            **{**params, **params_from_env()},
+        )
         per_token_loss = out.per_token_loss
         if rollout_is_weights is not None:
             per_token_loss = per_token_loss * rollout_is_weights.detach()
-        loss = core_algos.agg_loss(loss_mat=per_token_loss, loss_mask=mask, loss_agg_mode=loss_agg_mode,
-                                   **_global_batch_info(config))
+        loss = core_algos.agg_loss(
+            loss_mat=per_token_loss, loss_mask=mask, loss_agg_mode=loss_agg_mode, **_global_batch_info(config)
+        )
         return loss, verl_metrics(out.metrics, old_log_prob, log_prob, mask)
 
     policy_loss.epic_slime_mode = mode

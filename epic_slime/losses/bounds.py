@@ -59,7 +59,7 @@ _SERIES = (
 )
 
 _SERIES_TERMS = 9
-_SERIES_MAX_C = 2.0 ** -10  # series region: c <= 1/1024, i.e. |s| <= 0.0442
+_SERIES_MAX_C = 2.0**-10  # series region: c <= 1/1024, i.e. |s| <= 0.0442
 _LOG_SERIES_MAX_C = math.log(_SERIES_MAX_C)
 _LOWER_ASYMPTOTE_MIN_C = 1.0  # lower-root start: asymptote above, 4-term series below
 _HALLEY_STEPS = 2
@@ -76,10 +76,11 @@ def kl_phi(ratio: torch.Tensor) -> torch.Tensor:
 # The solvers below work in place on a few preallocated buffers: on the CPU a fresh multi-MiB
 # temporary per operation costs more (page faults) than the arithmetic itself.
 
+
 def _horner(s: torch.Tensor, acc: torch.Tensor, terms: int) -> torch.Tensor:
     """acc <- sum_{k=1..terms} a_k s^k."""
     acc.fill_(_SERIES[terms - 1])
-    for coef in reversed(_SERIES[:terms - 1]):
+    for coef in reversed(_SERIES[: terms - 1]):
         acc.mul_(s).add_(coef)
     return acc.mul_(s)
 
@@ -107,9 +108,9 @@ def _exact_upper_into(x: torch.Tensor, out: torch.Tensor, w: list[torch.Tensor])
         t1.add_(1.0)
         torch.div(inv_c, t1, out=t1)
         torch.mul(t1, -1.0, out=t3).add_(1.0)
-        t1.square_().mul_(t2)               # F F''
-        t2.mul_(t3).mul_(2.0)               # 2 F F'
-        t3.square_().mul_(2.0).sub_(t1)     # 2 F'^2 - F F''
+        t1.square_().mul_(t2)  # F F''
+        t2.mul_(t3).mul_(2.0)  # 2 F F'
+        t3.square_().mul_(2.0).sub_(t1)  # 2 F'^2 - F F''
         y.sub_(t2.div_(t3))
     torch.where(x <= _LOG_SERIES_MAX_C, series, y, out=out)
 
@@ -124,27 +125,28 @@ def _exact_lower_into(x: torch.Tensor, out: torch.Tensor, w: list[torch.Tensor])
     # lanes stay finite); above 1e30, y- = -(1 + c) to the last bit and the excess is added below.
     torch.clamp(x, min=_LOG_SERIES_MAX_C, max=math.log(_LOWER_CLOSED_FORM_MIN_C), out=c_big).exp_()
     torch.add(c_big, 1.0, out=t1).neg_()
-    torch.exp(t1, out=t2).add_(t1)          # asymptote -(1 + c) + e^{-(1 + c)}, for c > 1
+    torch.exp(t1, out=t2).add_(t1)  # asymptote -(1 + c) + e^{-(1 + c)}, for c > 1
     torch.clamp(c_big, max=_LOWER_ASYMPTOTE_MIN_C, out=t1).mul_(2.0).sqrt_().neg_()
-    _horner(t1, y, 4)                       # 4-term series, for c <= 1
+    _horner(t1, y, 4)  # 4-term series, for c <= 1
     torch.where(c_big > _LOWER_ASYMPTOTE_MIN_C, t2, y, out=y)
     for _ in range(_HALLEY_STEPS):
-        torch.expm1(y, out=t1)                      # g' = e^y - 1
-        torch.sub(t1, y, out=t2).sub_(c_big)        # g
-        torch.add(t1, 1.0, out=t3).mul_(t2)         # g g''
+        torch.expm1(y, out=t1)  # g' = e^y - 1
+        torch.sub(t1, y, out=t2).sub_(c_big)  # g
+        torch.add(t1, 1.0, out=t3).mul_(t2)  # g g''
         torch.mul(t1, t1, out=t4).mul_(2.0).sub_(t3)  # 2 g'^2 - g g''
-        t2.mul_(t1).mul_(2.0).div_(t4)              # 2 g g' / (...)
+        t2.mul_(t1).mul_(2.0).div_(t4)  # 2 g g' / (...)
         y.sub_(t2)
     torch.exp(x, out=t1)
     torch.clamp(t1, max=_LOWER_CLOSED_FORM_MIN_C, out=t2)
-    y.sub_(t1.sub_(t2))                     # exactly 0 unless c > 1e30
+    y.sub_(t1.sub_(t2))  # exactly 0 unless c > 1e30
     torch.where(x <= _LOG_SERIES_MAX_C, series, y, out=out)
 
 
 def _check_log_c(log_c) -> None:
     if not torch.is_tensor(log_c) or not log_c.is_floating_point():
-        raise TypeError(f"log_c must be a floating-point tensor, got {type(log_c).__name__} "
-                        f"{getattr(log_c, 'dtype', '')}")
+        raise TypeError(
+            f"log_c must be a floating-point tensor, got {type(log_c).__name__} {getattr(log_c, 'dtype', '')}"
+        )
 
 
 def _solve_exact(x: torch.Tensor, root_into) -> torch.Tensor:
@@ -155,7 +157,7 @@ def _solve_exact(x: torch.Tensor, root_into) -> torch.Tensor:
     workspace = [torch.empty(size, dtype=torch.float64, device=x.device) for _ in range(_WORKSPACE_BUFFERS)]
     for start in range(0, n, _CHUNK):
         stop = min(start + _CHUNK, n)
-        root_into(x[start:stop], out[start:stop], [b[:stop - start] for b in workspace])
+        root_into(x[start:stop], out[start:stop], [b[: stop - start] for b in workspace])
     return out
 
 
@@ -252,7 +254,7 @@ def _chunked(which: str, log_c: torch.Tensor) -> torch.Tensor:
     below, beyond, special = _regions(flat)
     with torch.no_grad():
         for start in range(0, flat.numel(), _CHUNK):
-            x = flat[start:start + _CHUNK].to(torch.float64)
+            x = flat[start : start + _CHUNK].to(torch.float64)
             root = _interpolate(x, which, below, beyond)
             if which == "lower" and beyond:
                 # -(1 + c) overflows long before log c does: clamp it to the most negative finite
@@ -260,7 +262,7 @@ def _chunked(which: str, log_c: torch.Tensor) -> torch.Tensor:
                 root.clamp_(min=most_negative)
             if special:  # c = +inf: no bound on that side
                 root = torch.where(x == math.inf, at_infinity, root)
-            out[start:start + _CHUNK] = root
+            out[start : start + _CHUNK] = root
     return out.reshape(log_c.shape)
 
 

@@ -27,7 +27,6 @@ import torch
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum")
 
 
-
 # --------------------------------------------------------------------------------------------
 # Masked selects through the bit patterns
 # --------------------------------------------------------------------------------------------
@@ -36,8 +35,12 @@ AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum")
 # patterns with an all-ones / all-zeros mask is exactly the same select at the cost of an add,
 # keeps NaN / inf on the kept elements, and is one fused elementwise kernel on accelerators.
 
-INT_DTYPE_OF = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
-           torch.bfloat16: torch.int16}
+INT_DTYPE_OF = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+}
 
 
 def select_bits(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -81,8 +84,6 @@ def _as_int_tensor(x, like_bits: torch.Tensor) -> torch.Tensor:
 
 class PolicyLossInputError(ValueError):
     """Bad input to a policy loss: the message names the field and the offending value."""
-
-
 
 
 @dataclasses.dataclass
@@ -148,8 +149,14 @@ class LossSpec:
 LOSS_MODES: dict[str, LossSpec] = {}
 
 
-def register_loss(name: str, *, checks: Mapping[str, ParamCheck], aggregation: str = "seq-mean-token-mean",
-                  flag_prefix: str | None = None, needs_topk: bool = False):
+def register_loss(
+    name: str,
+    *,
+    checks: Mapping[str, ParamCheck],
+    aggregation: str = "seq-mean-token-mean",
+    flag_prefix: str | None = None,
+    needs_topk: bool = False,
+):
     """Register ``fn(batch, *, param=default, ...)``; its keyword defaults are the mode's defaults.
 
     ``checks`` holds one check per parameter (every keyword parameter must have one).
@@ -181,7 +188,8 @@ def resolve_params(mode: str, params: Mapping[str, object]) -> dict:
     unknown = sorted(set(params) - set(spec.defaults))
     if unknown:
         raise PolicyLossInputError(
-            f"mode {mode!r} has no parameter(s) {unknown}; its parameters are {sorted(spec.defaults)}")
+            f"mode {mode!r} has no parameter(s) {unknown}; its parameters are {sorted(spec.defaults)}"
+        )
     resolved = {**spec.defaults, **params}
     for key, value in resolved.items():
         problem = spec.checks[key](value)
@@ -194,8 +202,15 @@ def resolve_params(mode: str, params: Mapping[str, object]) -> dict:
 # The shared clipping helper and the straight-through link
 # --------------------------------------------------------------------------------------------
 
-def sign_aware_clip(log_value: torch.Tensor, advantages: torch.Tensor, *, upper_pos: torch.Tensor | float,
-                    lower_neg: torch.Tensor | float, upper_neg: torch.Tensor | float) -> TokenTerms:
+
+def sign_aware_clip(
+    log_value: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    upper_pos: torch.Tensor | float,
+    lower_neg: torch.Tensor | float,
+    upper_neg: torch.Tensor | float,
+) -> TokenTerms:
     """Clip q = exp(X) by the sign of the advantage, with the gradient of exp(X) d log pi_t inside.
 
     A >= 0: S = A min(q, e^{upper_pos});            gradient iff X < upper_pos.
@@ -220,10 +235,15 @@ def sign_aware_clip(log_value: torch.Tensor, advantages: torch.Tensor, *, upper_
     coef = value * inside  # value is finite (capped exponent), so a multiply is a safe select
     # Report the mode's bounds whatever the token's sign (what "mean bounds" and "finite lower
     # bound fraction" describe), not the sign-selected ones used above.
-    return TokenTerms(value=value, coef=coef, clipped_upper=clipped_upper, clipped_lower=clipped_lower,
-                      log_lower=torch.broadcast_to(_as_tensor(lower_neg, log_value), log_value.shape),
-                      log_upper=torch.broadcast_to(_as_tensor(upper_pos, log_value), log_value.shape),
-                      log_value=log_value)
+    return TokenTerms(
+        value=value,
+        coef=coef,
+        clipped_upper=clipped_upper,
+        clipped_lower=clipped_lower,
+        log_lower=torch.broadcast_to(_as_tensor(lower_neg, log_value), log_value.shape),
+        log_upper=torch.broadcast_to(_as_tensor(upper_pos, log_value), log_value.shape),
+        log_value=log_value,
+    )
 
 
 def _as_tensor(x, like: torch.Tensor) -> torch.Tensor:
@@ -256,7 +276,9 @@ def max_exponent(dtype: torch.dtype) -> float:
     return 0.5 * math.log(torch.finfo(dtype).max)
 
 
-def reinforce_terms(weight: torch.Tensor, log_probs: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_terms(
+    weight: torch.Tensor, log_probs: torch.Tensor, keep: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """S_t = sg(weight_t) * log pi_t on kept tokens (CISPO / DPPO style): (value, coef)."""
     coef = torch.where(keep, weight, 0.0)
     return coef * log_probs, coef
@@ -265,6 +287,7 @@ def reinforce_terms(weight: torch.Tensor, log_probs: torch.Tensor, keep: torch.T
 # --------------------------------------------------------------------------------------------
 # Aggregation
 # --------------------------------------------------------------------------------------------
+
 
 def aggregate_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, aggregation: str) -> torch.Tensor:
     """Reduce a [B, T] per-token loss (already zero on masked tokens) to a scalar.

@@ -62,15 +62,25 @@ def _parse_value(value):
 
 def add_policy_loss_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("policy loss (epic_slime.losses)")
-    group.add_argument("--policy-loss", default=DEFAULT_MODE, choices=sorted(LOSS_MODES),
-                       help="loss mode (default: %(default)s)")
-    group.add_argument("--policy-loss-aggregation", default=None, choices=AGGREGATIONS,
-                       help="loss aggregation (default: the mode's own)")
+    group.add_argument(
+        "--policy-loss", default=DEFAULT_MODE, choices=sorted(LOSS_MODES), help="loss mode (default: %(default)s)"
+    )
+    group.add_argument(
+        "--policy-loss-aggregation",
+        default=None,
+        choices=AGGREGATIONS,
+        help="loss aggregation (default: the mode's own)",
+    )
     for prefix, params in _families().items():
         for param, default in params.items():
-            group.add_argument(_flag(prefix, param), dest=_dest(prefix, param), default=None,
-                               type=_parse_value, metavar="V",
-                               help=f"{prefix} {param} (default {default})")
+            group.add_argument(
+                _flag(prefix, param),
+                dest=_dest(prefix, param),
+                default=None,
+                type=_parse_value,
+                metavar="V",
+                help=f"{prefix} {param} (default {default})",
+            )
     return parser
 
 
@@ -89,7 +99,8 @@ def policy_loss_config_from_args(args: argparse.Namespace) -> tuple[str, dict, s
             if prefix != spec.flag_prefix:
                 raise PolicyLossInputError(
                     f"{_flag(prefix, param)}={value} applies to the {prefix!r} modes, "
-                    f"but --policy-loss is {mode!r} (its flags are --{spec.flag_prefix}-*)")
+                    f"but --policy-loss is {mode!r} (its flags are --{spec.flag_prefix}-*)"
+                )
             params[param] = value
     resolve_params(mode, params)  # raises with the mode, parameter and value on a bad value
     aggregation = getattr(args, "policy_loss_aggregation", None) or spec.aggregation
@@ -110,17 +121,27 @@ def bad_token_fraction(text) -> float:
 def add_bad_token_arguments(parser: argparse.ArgumentParser, default: str = "skip") -> argparse.ArgumentParser:
     """--on-bad-tokens {raise,skip} and --max-bad-token-frac (the core's on_bad_tokens keywords)."""
     group = parser.add_argument_group("bad tokens (epic_slime.losses)")
-    group.add_argument("--on-bad-tokens", default=default, choices=ON_BAD_TOKENS,
-                       help="a NaN/inf log-prob or advantage, or a log-prob > 1e-3, on a valid token: raise, or "
-                            "skip (mask it out of the loss, count it) (default: %(default)s)")
-    group.add_argument("--max-bad-token-frac", default=DEFAULT_MAX_BAD_TOKEN_FRAC, type=bad_token_fraction,
-                       help="with --on-bad-tokens skip: abort when more than this share of a loss call's "
-                            "valid tokens are bad (default: %(default)s)")
+    group.add_argument(
+        "--on-bad-tokens",
+        default=default,
+        choices=ON_BAD_TOKENS,
+        help="a NaN/inf log-prob or advantage, or a log-prob > 1e-3, on a valid token: raise, or "
+        "skip (mask it out of the loss, count it) (default: %(default)s)",
+    )
+    group.add_argument(
+        "--max-bad-token-frac",
+        default=DEFAULT_MAX_BAD_TOKEN_FRAC,
+        type=bad_token_fraction,
+        help="with --on-bad-tokens skip: abort when more than this share of a loss call's "
+        "valid tokens are bad (default: %(default)s)",
+    )
     return parser
 
 
 def bad_token_config_from_args(args: argparse.Namespace) -> dict:
     """The core's keywords; args without the flags (older callers) keep the core's default, raise."""
     frac = getattr(args, "max_bad_token_frac", None)
-    return {"on_bad_tokens": getattr(args, "on_bad_tokens", None) or "raise",
-            "max_bad_token_frac": DEFAULT_MAX_BAD_TOKEN_FRAC if frac is None else frac}
+    return {
+        "on_bad_tokens": getattr(args, "on_bad_tokens", None) or "raise",
+        "max_bad_token_frac": DEFAULT_MAX_BAD_TOKEN_FRAC if frac is None else frac,
+    }

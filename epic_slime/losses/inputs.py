@@ -108,6 +108,7 @@ class LossBatch:
 # Validation of the [B, T] inputs
 # --------------------------------------------------------------------------------------------
 
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -117,9 +118,19 @@ def _first_bad(bad: torch.Tensor) -> str:
     return f"at index {index}"
 
 
-def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: bool = True,
-                  behavior_topk_log_probs=None, current_topk_log_probs=None, topk_mask=None,
-                  on_bad_tokens: str = "raise", max_bad_token_frac: float = DEFAULT_MAX_BAD_TOKEN_FRAC) -> LossBatch:
+def prepare_batch(
+    log_probs,
+    behavior_log_probs,
+    advantages,
+    mask,
+    *,
+    validate: bool = True,
+    behavior_topk_log_probs=None,
+    current_topk_log_probs=None,
+    topk_mask=None,
+    on_bad_tokens: str = "raise",
+    max_bad_token_frac: float = DEFAULT_MAX_BAD_TOKEN_FRAC,
+) -> LossBatch:
     """Check shapes, dtypes and values; return detached compute-dtype tensors zeroed off the mask.
 
     Raises PolicyLossInputError naming the field for: wrong types or shapes, masks outside {0, 1},
@@ -129,8 +140,12 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
     when more than ``max_bad_token_frac`` of the valid tokens are bad (the value checks then always run).
     The optional Top-K inputs are checked the same way (see `_prepare_topk_inputs`).
     """
-    for name, value in (("log_probs", log_probs), ("behavior_log_probs", behavior_log_probs),
-                        ("advantages", advantages), ("mask", mask)):
+    for name, value in (
+        ("log_probs", log_probs),
+        ("behavior_log_probs", behavior_log_probs),
+        ("advantages", advantages),
+        ("mask", mask),
+    ):
         if not torch.is_tensor(value):
             raise PolicyLossInputError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if log_probs.dim() != 2:
@@ -140,7 +155,8 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
         raise PolicyLossInputError(f"log_probs must be floating point, got dtype {log_probs.dtype}")
     if behavior_log_probs.shape != shape:
         raise PolicyLossInputError(
-            f"behavior_log_probs shape {tuple(behavior_log_probs.shape)} != log_probs shape {tuple(shape)}")
+            f"behavior_log_probs shape {tuple(behavior_log_probs.shape)} != log_probs shape {tuple(shape)}"
+        )
     if not behavior_log_probs.is_floating_point():
         raise PolicyLossInputError(f"behavior_log_probs must be floating point, got dtype {behavior_log_probs.dtype}")
     if mask.shape != shape:
@@ -149,7 +165,8 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
         advantages = advantages.unsqueeze(-1).expand(shape)
     elif advantages.shape != shape:
         raise PolicyLossInputError(
-            f"advantages shape {tuple(advantages.shape)} must be [B, T] = {tuple(shape)} or [B] = ({shape[0]},)")
+            f"advantages shape {tuple(advantages.shape)} must be [B, T] = {tuple(shape)} or [B] = ({shape[0]},)"
+        )
 
     if on_bad_tokens not in ON_BAD_TOKENS:
         raise PolicyLossInputError(f"on_bad_tokens={on_bad_tokens!r} is not one of {ON_BAD_TOKENS}")
@@ -165,8 +182,7 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
             outside = (mask != 0) & (mask != 1)
             if bool(outside.any()):
                 bad_value = float(mask[outside][0])
-                raise PolicyLossInputError(
-                    f"mask must be bool or 0/1, got value {bad_value} {_first_bad(outside)}")
+                raise PolicyLossInputError(f"mask must be bool or 0/1, got value {bad_value} {_first_bad(outside)}")
         valid = mask != 0
     m = as_float(valid, dtype)
     keep = select_bits(valid, dtype)
@@ -184,12 +200,14 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
         # finite, the log-probs' max is <= _MAX_LOG_PROB. The only host sync of a validated call.
         lp_range, blp_range, adv_range = (torch.stack(torch.aminmax(x)) for x in zeroed)
         ok = torch.isfinite(torch.cat([lp_range, blp_range, adv_range])).all() & (
-            torch.maximum(lp_range[1], blp_range[1]) <= _MAX_LOG_PROB)
+            torch.maximum(lp_range[1], blp_range[1]) <= _MAX_LOG_PROB
+        )
         if not bool(ok):  # find the field, value and index for the message (the same checks per token)
             for name, tensor, bad, what in _value_checks(*raw, valid):
                 if bool(bad.any()):
                     raise PolicyLossInputError(
-                        f"{name} has a {what} value {float(tensor[bad][0])} on a valid token {_first_bad(bad)}")
+                        f"{name} has a {what} value {float(tensor[bad][0])} on a valid token {_first_bad(bad)}"
+                    )
             raise AssertionError("the range check and the per-token checks disagree")  # unreachable
 
     batch = LossBatch(
@@ -203,8 +221,14 @@ def prepare_batch(log_probs, behavior_log_probs, advantages, mask, *, validate: 
     batch._prefix["keep_bits"] = keep
     if behavior_topk_log_probs is not None or current_topk_log_probs is not None or topk_mask is not None:
         (batch.behavior_topk_log_probs, batch.current_topk_log_probs, batch.topk_mask) = _prepare_topk_inputs(
-            behavior_topk_log_probs, current_topk_log_probs, topk_mask, valid, dtype, validate=validate,
-            behavior_log_probs=behavior_log_probs)
+            behavior_topk_log_probs,
+            current_topk_log_probs,
+            topk_mask,
+            valid,
+            dtype,
+            validate=validate,
+            behavior_log_probs=behavior_log_probs,
+        )
     return batch
 
 
@@ -234,11 +258,18 @@ def _mask_bad_tokens(checks, valid: torch.Tensor, max_frac: float) -> tuple[torc
         bad |= is_bad
     n_bad, n_valid = (int(x) for x in torch.stack([bad.sum(), valid.sum()]).tolist())  # one host sync
     if n_bad > max_frac * n_valid:
-        first = next((f"{name} has a {what} value {float(t[b][0])} {_first_bad(b)}"
-                      for name, t, b, what in checks if bool(b.any())), "")
+        first = next(
+            (
+                f"{name} has a {what} value {float(t[b][0])} {_first_bad(b)}"
+                for name, t, b, what in checks
+                if bool(b.any())
+            ),
+            "",
+        )
         raise PolicyLossInputError(
             f"{n_bad} of {n_valid} valid tokens ({n_bad / max(n_valid, 1):.2%}) are bad (non-finite or positive "
-            f"log-probs, non-finite advantages), more than max_bad_token_frac={max_frac}; first: {first}")
+            f"log-probs, non-finite advantages), more than max_bad_token_frac={max_frac}; first: {first}"
+        )
     return bad, valid & ~bad
 
 
@@ -246,8 +277,17 @@ def _mask_bad_tokens(checks, valid: torch.Tensor, max_frac: float) -> tuple[torc
 # Validation of the Top-K inputs (called by prepare_batch)
 # --------------------------------------------------------------------------------------------
 
-def _prepare_topk_inputs(behavior_topk_log_probs, current_topk_log_probs, topk_mask, valid: torch.Tensor,
-                         dtype: torch.dtype, *, validate: bool = True, behavior_log_probs: torch.Tensor | None = None):
+
+def _prepare_topk_inputs(
+    behavior_topk_log_probs,
+    current_topk_log_probs,
+    topk_mask,
+    valid: torch.Tensor,
+    dtype: torch.dtype,
+    *,
+    validate: bool = True,
+    behavior_log_probs: torch.Tensor | None = None,
+):
     """Check the Top-K inputs; return (behavior, current, mask): detached ``dtype`` tensors, -inf
     where the returned mask [B, T, K] (``topk_mask`` and the token mask ``valid``) is False.
 
@@ -262,33 +302,45 @@ def _prepare_topk_inputs(behavior_topk_log_probs, current_topk_log_probs, topk_m
         missing = "behavior_topk_log_probs" if behavior_topk_log_probs is None else "current_topk_log_probs"
         raise PolicyLossInputError(
             f"{missing} is missing: the Top-K inputs are behavior_topk_log_probs and current_topk_log_probs "
-            f"(both [B, T, K]) and optionally topk_mask; pass both log-prob tensors or none")
+            f"(both [B, T, K]) and optionally topk_mask; pass both log-prob tensors or none"
+        )
     fields = (("behavior_topk_log_probs", behavior_topk_log_probs), ("current_topk_log_probs", current_topk_log_probs))
     for name, value in fields + (("topk_mask", topk_mask),):
         if value is not None and not torch.is_tensor(value):
             raise PolicyLossInputError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     shape = behavior_topk_log_probs.shape
     if behavior_topk_log_probs.dim() != 3 or shape[:2] != valid.shape or shape[2] < 1:
-        raise PolicyLossInputError(f"behavior_topk_log_probs must be [B, T, K] with [B, T] = "
-                                   f"{tuple(valid.shape)} and K >= 1, got shape {tuple(shape)}")
+        raise PolicyLossInputError(
+            f"behavior_topk_log_probs must be [B, T, K] with [B, T] = "
+            f"{tuple(valid.shape)} and K >= 1, got shape {tuple(shape)}"
+        )
     for name, value in fields:
         if not value.is_floating_point():
             raise PolicyLossInputError(f"{name} must be floating point, got dtype {value.dtype}")
     if current_topk_log_probs.shape != shape:
-        raise PolicyLossInputError(f"current_topk_log_probs shape {tuple(current_topk_log_probs.shape)} != "
-                                   f"behavior_topk_log_probs shape {tuple(shape)}")
+        raise PolicyLossInputError(
+            f"current_topk_log_probs shape {tuple(current_topk_log_probs.shape)} != "
+            f"behavior_topk_log_probs shape {tuple(shape)}"
+        )
     if topk_mask is None:
         topk_mask = torch.ones(shape, dtype=torch.bool, device=valid.device)
     elif topk_mask.shape != shape or topk_mask.dtype != torch.bool:
-        raise PolicyLossInputError(f"topk_mask must be a bool tensor of shape {tuple(shape)}, "
-                                   f"got {topk_mask.dtype} {tuple(topk_mask.shape)}")
+        raise PolicyLossInputError(
+            f"topk_mask must be a bool tensor of shape {tuple(shape)}, got {topk_mask.dtype} {tuple(topk_mask.shape)}"
+        )
     used = topk_mask & valid.unsqueeze(-1)
     # -inf off the set: exp gives 0 there, so sums over the set need no mask.
     behavior = torch.where(used, behavior_topk_log_probs.detach().to(dtype), -math.inf)
     current = torch.where(used, current_topk_log_probs.detach().to(dtype), -math.inf)
     if validate and used.numel():
-        _validate_topk_values(behavior, current, used, valid, behavior_topk_log_probs.dtype,
-                              None if behavior_log_probs is None else behavior_log_probs.detach().to(dtype))
+        _validate_topk_values(
+            behavior,
+            current,
+            used,
+            valid,
+            behavior_topk_log_probs.dtype,
+            None if behavior_log_probs is None else behavior_log_probs.detach().to(dtype),
+        )
     return behavior, current, used
 
 
@@ -321,8 +373,10 @@ def _validate_topk_values(behavior, current, used, valid, input_dtype, behavior_
             bad = total > 1.0 + tolerance
             raise PolicyLossInputError(
                 f"{name} has probabilities summing beyond 1 (duplicate ids? mask them with topk_mask): "
-                f"{float(total[bad][0])} on a valid token {_first_bad(bad)}")
+                f"{float(total[bad][0])} on a valid token {_first_bad(bad)}"
+            )
     bad = (nearest > _SAMPLED_LOG_PROB_TOLERANCE) & valid
     raise PolicyLossInputError(
         "behavior_topk_log_probs lacks the sampled token (append it: topk.append_sampled_token); nearest "
-        f"log mu gap {float(nearest[bad][0])} on a valid token {_first_bad(bad)}")
+        f"log mu gap {float(nearest[bad][0])} on a valid token {_first_bad(bad)}"
+    )

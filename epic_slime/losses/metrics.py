@@ -122,7 +122,11 @@ def kth_smallest(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         else:
             side = torch.bitwise_right_shift(key, shift + _DIGIT_BITS, out=side).sub_(prefix).clamp_(-1, 1)
         # index: 0 below, 1 + digit on the prefix, 65537 above.
-        digit = key.bitwise_and_(_DIGITS - 1) if shift == 0 else torch.bitwise_right_shift(key, shift).bitwise_and_(_DIGITS - 1)
+        digit = (
+            key.bitwise_and_(_DIGITS - 1)
+            if shift == 0
+            else torch.bitwise_right_shift(key, shift).bitwise_and_(_DIGITS - 1)
+        )
         index = digit.add_(1).add_(side, alpha=_DIGITS + 1).clamp_(0, _DIGITS + 1)
         counts = _histogram(index, _DIGITS + 2)
         chosen = (torch.searchsorted(counts.cumsum_(0), target).reshape(()) - 1).to(key.dtype)
@@ -131,7 +135,7 @@ def kth_smallest(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 _SAMPLE_STRIDE = 64  # the bracketing sample: every 64th element
-_SMALL = 4096        # below this many elements, one partition of all of them
+_SMALL = 4096  # below this many elements, one partition of all of them
 
 
 def _kth_smallest_host(flat: torch.Tensor, k: int) -> torch.Tensor:
@@ -159,13 +163,14 @@ def _kth_smallest_host(flat: torch.Tensor, k: int) -> torch.Tensor:
         inside = x[(x >= lo) & (x <= hi)]
         at = k - 1 - below
         if 0 <= at < inside.size:
-            return torch.from_numpy(np.partition(inside, at)[at:at + 1]).reshape(())
-    return torch.from_numpy(np.partition(x, k - 1)[k - 1:k].copy()).reshape(())
+            return torch.from_numpy(np.partition(inside, at)[at : at + 1]).reshape(())
+    return torch.from_numpy(np.partition(x, k - 1)[k - 1 : k].copy()).reshape(())
 
 
 # ------------------------------------------------------------------------------------------------
 # Statistics
 # ------------------------------------------------------------------------------------------------
+
 
 def batch_statistics(batch: LossBatch) -> dict[str, torch.Tensor]:
     """The mode-independent diagnostics of a batch (cached on it: computed once for every mode)."""
@@ -177,15 +182,20 @@ def _batch_statistics(batch: LossBatch) -> dict[str, torch.Tensor]:
     n_sum = _total(m)
     rows = batch.response_length
     buffer = batch.log_prefix_ratio.abs()  # one [B, T] temporary, reused below
-    sums = [_dot(buffer, m), _dot(buffer.div_(batch.token_count), m),
-            _total(torch.abs(batch.log_ratio, out=buffer))]  # log_ratio is 0 off the mask
+    sums = [
+        _dot(buffer, m),
+        _dot(buffer.div_(batch.token_count), m),
+        _total(torch.abs(batch.log_ratio, out=buffer)),
+    ]  # log_ratio is 0 off the mask
     # r_t m_t: the importance ratio on valid tokens, 0 elsewhere (below every valid ratio or tied
     # with an underflowed one, so order statistics over it count masked tokens first).
     ratio = exp_by_exp2(batch.log_ratio).mul_(m)
     sums += [_total(ratio), n_sum, (rows == 0).sum()]
     *sums, n, empty = torch.stack(sums).to(torch.float64).unbind()  # one conversion for all of them
     out = {"valid_tokens": n, "empty_responses": empty}
-    out.update(zip(("abs_L_mean", "abs_z_mean", "logprob_abs_diff", "ratio_mean"), _frac(torch.stack(sums), n).unbind()))
+    out.update(
+        zip(("abs_L_mean", "abs_z_mean", "logprob_abs_diff", "ratio_mean"), _frac(torch.stack(sums), n).unbind())
+    )
     numel = ratio.numel()
     if numel == 0:
         out["ratio_max"] = out["ratio_p95"] = torch.zeros((), dtype=torch.float64, device=m.device)
@@ -245,10 +255,10 @@ def _prefix_at_positions(batch: LossBatch) -> dict[str, torch.Tensor]:
     the cumulative prefix log-ratio has drifted by the middle and near the end of a response.
     Fixed shapes: a searchsorted of the [B, 2] ranks in the running valid-token count."""
     m = batch.mask
-    n = batch.response_length                                   # float64 [B]
+    n = batch.response_length  # float64 [B]
     # scalar products, not a torch.tensor of the quantiles: that would be a host-to-device copy per call
     rank = torch.ceil(torch.stack([n * (p / 100) for p in PREFIX_POSITIONS], dim=-1)).clamp_(min=1.0)  # [B, 2], 1-based
-    running = torch.cumsum(m, dim=-1)                           # unclamped: 0 before the first valid token
+    running = torch.cumsum(m, dim=-1)  # unclamped: 0 before the first valid token
     at = torch.searchsorted(running.contiguous(), rank.to(running.dtype), right=False)
     at = at.clamp_(max=max(m.shape[-1] - 1, 0))
     if m.shape[-1] == 0:
@@ -318,7 +328,9 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.dot(a.reshape(-1), b.reshape(-1))
 
 
-def policy_loss_metrics(batch: LossBatch, terms: TokenTerms, clipped: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def policy_loss_metrics(
+    batch: LossBatch, terms: TokenTerms, clipped: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     """``clipped``: (clipped_upper | clipped_lower) & valid, when the caller has it already."""
     m = batch.mask
     stats = batch_statistics(batch)

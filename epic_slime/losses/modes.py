@@ -37,6 +37,7 @@ def _to(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 # EPIC and its ablations
 # ------------------------------------------------------------------------------------------
 
+
 def _epic(batch: LossBatch, delta_low: float, delta_high: float, *, geometric: bool, per_token: bool) -> TokenTerms:
     inv_t = batch.inv_token_count
     # Budgets in log space: log c-+_t = log t + log delta-+ - M_t / t   (raw-prob ablation: - M_t).
@@ -72,6 +73,7 @@ def epic_cumulative(batch: LossBatch, *, delta_low: float = 5e-4, delta_high: fl
 # Token-ratio PPO family
 # ------------------------------------------------------------------------------------------
 
+
 def _ppo(log_value: torch.Tensor, advantages: torch.Tensor, log_low, log_high, dual_clip) -> TokenTerms:
     """S = min(q A, clip(q, e^lo, e^hi) A), optionally dual-clipped at c A for A < 0."""
     upper_neg = math.inf if dual_clip is None else math.log(dual_clip)
@@ -79,13 +81,17 @@ def _ppo(log_value: torch.Tensor, advantages: torch.Tensor, log_low, log_high, d
 
 
 @register_loss("grpo", checks=_PPO_CHECKS)
-def grpo(batch: LossBatch, *, clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None) -> TokenTerms:
+def grpo(
+    batch: LossBatch, *, clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None
+) -> TokenTerms:
     """GRPO/PPO: token ratio r_t = pi_t / mu_t clipped to [1 - eps_lo, 1 + eps_hi]."""
     return _ppo(batch.log_ratio, batch.advantages, math.log1p(-clip_low), math.log1p(clip_high), dual_clip)
 
 
 @register_loss("dapo", checks=_PPO_CHECKS, aggregation="token-mean")
-def dapo(batch: LossBatch, *, clip_low: float = 0.2, clip_high: float = 0.28, dual_clip: float | None = None) -> TokenTerms:
+def dapo(
+    batch: LossBatch, *, clip_low: float = 0.2, clip_high: float = 0.28, dual_clip: float | None = None
+) -> TokenTerms:
     """DAPO: GRPO with clip-higher (0.2 / 0.28) and token-mean aggregation."""
     return _ppo(batch.log_ratio, batch.advantages, math.log1p(-clip_low), math.log1p(clip_high), dual_clip)
 
@@ -99,21 +105,41 @@ def gspo(batch: LossBatch, *, clip_low: float = 3e-4, clip_high: float = 4e-4) -
     return _ppo(log_value, batch.advantages, math.log1p(-clip_low), math.log1p(clip_high), None)
 
 
-@register_loss("ctpo", checks={"clip_low": positive, "clip_high": positive, "power": nonnegative,
-                               "clip_cap": positive})
-def ctpo(batch: LossBatch, *, clip_low: float = 0.025, clip_high: float = 0.05, power: float = 0.5,
-         clip_cap: float = 0.05) -> TokenTerms:
+@register_loss("ctpo", checks={"clip_low": positive, "clip_high": positive, "power": nonnegative, "clip_cap": positive})
+def ctpo(
+    batch: LossBatch, *, clip_low: float = 0.025, clip_high: float = 0.05, power: float = 0.5, clip_cap: float = 0.05
+) -> TokenTerms:
     """CTPO: cumulative prefix ratio L_t in [-eps_lo t^p, eps_hi t^p]; A < 0 capped at exp(eps_c t^p)."""
     scale = batch.token_count.pow(power)
-    return sign_aware_clip(batch.log_prefix_ratio, batch.advantages, upper_pos=clip_high * scale,
-                           lower_neg=-clip_low * scale, upper_neg=clip_cap * scale)
+    return sign_aware_clip(
+        batch.log_prefix_ratio,
+        batch.advantages,
+        upper_pos=clip_high * scale,
+        lower_neg=-clip_low * scale,
+        upper_neg=clip_cap * scale,
+    )
 
 
-@register_loss("ripo", checks={"delta_low": positive, "delta_high": positive,
-                               "ratio_floor": in_unit_interval, "ratio_cap": greater_than_one,
-                               "dual_clip": optional(greater_than_one)}, aggregation="token-mean")
-def ripo(batch: LossBatch, *, delta_low: float = 0.05, delta_high: float = 0.05, ratio_floor: float = 0.5,
-         ratio_cap: float = 10.0, dual_clip: float | None = None) -> TokenTerms:
+@register_loss(
+    "ripo",
+    checks={
+        "delta_low": positive,
+        "delta_high": positive,
+        "ratio_floor": in_unit_interval,
+        "ratio_cap": greater_than_one,
+        "dual_clip": optional(greater_than_one),
+    },
+    aggregation="token-mean",
+)
+def ripo(
+    batch: LossBatch,
+    *,
+    delta_low: float = 0.05,
+    delta_high: float = 0.05,
+    ratio_floor: float = 0.5,
+    ratio_cap: float = 10.0,
+    dual_clip: float | None = None,
+) -> TokenTerms:
     """RIPO: token ratio in [max(1 - sqrt(d/mu_t), floor), min(1 + sqrt(d/mu_t), cap)]."""
     inv_sqrt_mu = torch.exp(-0.5 * batch.behavior_log_probs)  # 1 / sqrt(mu_t), no division by a tiny mu
     low = torch.clamp(1.0 - math.sqrt(delta_low) * inv_sqrt_mu, min=ratio_floor)
@@ -125,8 +151,15 @@ def ripo(batch: LossBatch, *, delta_low: float = 0.05, delta_high: float = 0.05,
 # Masking / weighting modes (REINFORCE form: S_t = sg(w_t) log pi_t)
 # ------------------------------------------------------------------------------------------
 
-def dppo_terms(batch: LossBatch, move_too_far_up, move_too_far_down, ratio_cap: float,
-          log_lower: torch.Tensor, log_upper: torch.Tensor) -> TokenTerms:
+
+def dppo_terms(
+    batch: LossBatch,
+    move_too_far_up,
+    move_too_far_down,
+    ratio_cap: float,
+    log_lower: torch.Tensor,
+    log_upper: torch.Tensor,
+) -> TokenTerms:
     """Mask a token whose move is too far in its advantage's direction; -A sg(min(r, C)) log pi on the rest."""
     positive_adv = batch.advantages > 0
     clipped_upper = positive_adv & move_too_far_up
@@ -134,8 +167,15 @@ def dppo_terms(batch: LossBatch, move_too_far_up, move_too_far_down, ratio_cap: 
     keep = ~(clipped_upper | clipped_lower)
     ratio = torch.exp(torch.clamp(batch.log_ratio, max=math.log(ratio_cap)))
     value, coef = reinforce_terms(batch.advantages * ratio, batch.log_probs, keep)
-    return TokenTerms(value=value, coef=coef, clipped_upper=clipped_upper, clipped_lower=clipped_lower,
-                      log_lower=log_lower, log_upper=log_upper, log_value=batch.log_ratio)
+    return TokenTerms(
+        value=value,
+        coef=coef,
+        clipped_upper=clipped_upper,
+        clipped_lower=clipped_lower,
+        log_lower=log_lower,
+        log_upper=log_upper,
+        log_value=batch.log_ratio,
+    )
 
 
 @register_loss("dppo_tv", checks={"clip_low": positive, "clip_high": positive, "ratio_cap": greater_than_one})
@@ -172,6 +212,12 @@ def cispo(batch: LossBatch, *, clip_low: float | None = None, clip_high: float =
     weight = torch.exp(torch.clamp(log_ratio, min=log_low, max=log_high))
     value, coef = reinforce_terms(batch.advantages * weight, batch.log_probs, torch.ones_like(batch.valid))
     like = batch.log_probs
-    return TokenTerms(value=value, coef=coef, clipped_upper=log_ratio > log_high, clipped_lower=log_ratio < log_low,
-                      log_lower=torch.full_like(like, log_low), log_upper=torch.full_like(like, log_high),
-                      log_value=log_ratio)
+    return TokenTerms(
+        value=value,
+        coef=coef,
+        clipped_upper=log_ratio > log_high,
+        clipped_lower=log_ratio < log_low,
+        log_lower=torch.full_like(like, log_low),
+        log_upper=torch.full_like(like, log_high),
+        log_value=log_ratio,
+    )

@@ -48,13 +48,23 @@ class PolicyLossOutput:
     bad: torch.Tensor | None = None  # on_bad_tokens="skip": [B, T] bool, valid tokens masked out as bad
 
 
-def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: torch.Tensor,
-                        advantages: torch.Tensor, mask: torch.Tensor, *, aggregation: str | None = None,
-                        compute_metrics: bool = True, validate: bool = True,
-                        behavior_topk_log_probs: torch.Tensor | None = None,
-                        current_topk_log_probs: torch.Tensor | None = None,
-                        topk_mask: torch.Tensor | None = None, on_bad_tokens: str = "raise",
-                        max_bad_token_frac: float = DEFAULT_MAX_BAD_TOKEN_FRAC, **params) -> PolicyLossOutput:
+def compute_policy_loss(
+    mode: str,
+    log_probs: torch.Tensor,
+    behavior_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    aggregation: str | None = None,
+    compute_metrics: bool = True,
+    validate: bool = True,
+    behavior_topk_log_probs: torch.Tensor | None = None,
+    current_topk_log_probs: torch.Tensor | None = None,
+    topk_mask: torch.Tensor | None = None,
+    on_bad_tokens: str = "raise",
+    max_bad_token_frac: float = DEFAULT_MAX_BAD_TOKEN_FRAC,
+    **params,
+) -> PolicyLossOutput:
     """The policy loss of ``mode`` (a key of LOSS_MODES) on padded [B, T] tensors.
 
     log_probs: current policy log pi_t of the sampled tokens (carries the gradient).
@@ -85,10 +95,18 @@ def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: 
     resolved = resolve_params(mode, params)
     spec = LOSS_MODES[mode]
     aggregation = aggregation or spec.aggregation
-    batch = prepare_batch(log_probs, behavior_log_probs, advantages, mask, validate=validate,
-                          behavior_topk_log_probs=behavior_topk_log_probs,
-                          current_topk_log_probs=current_topk_log_probs, topk_mask=topk_mask,
-                          on_bad_tokens=on_bad_tokens, max_bad_token_frac=max_bad_token_frac)
+    batch = prepare_batch(
+        log_probs,
+        behavior_log_probs,
+        advantages,
+        mask,
+        validate=validate,
+        behavior_topk_log_probs=behavior_topk_log_probs,
+        current_topk_log_probs=current_topk_log_probs,
+        topk_mask=topk_mask,
+        on_bad_tokens=on_bad_tokens,
+        max_bad_token_frac=max_bad_token_frac,
+    )
     with torch.no_grad():
         terms = spec.fn(batch, **resolved)
         value = terms.value.to(batch.mask.dtype) * batch.mask
@@ -104,7 +122,18 @@ def compute_policy_loss(mode: str, log_probs: torch.Tensor, behavior_log_probs: 
     if compute_metrics:
         with torch.no_grad():
             metrics = policy_loss_metrics(batch, terms, clipped)
-            metrics["bad_tokens"] = (batch.bad.sum() if batch.bad is not None
-                                     else torch.zeros((), dtype=torch.int64, device=batch.mask.device))
-    return PolicyLossOutput(loss=loss, per_token_loss=per_token_loss, clipped=clipped, metrics=metrics,
-                            mode=mode, aggregation=aggregation, params=resolved, bad=batch.bad)
+            metrics["bad_tokens"] = (
+                batch.bad.sum()
+                if batch.bad is not None
+                else torch.zeros((), dtype=torch.int64, device=batch.mask.device)
+            )
+    return PolicyLossOutput(
+        loss=loss,
+        per_token_loss=per_token_loss,
+        clipped=clipped,
+        metrics=metrics,
+        mode=mode,
+        aggregation=aggregation,
+        params=resolved,
+        bad=batch.bad,
+    )

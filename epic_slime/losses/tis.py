@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_TIS_CLIP = 2.0   # slime's --tis-clip default
-DEFAULT_TIS_CLIP_LOW = 0.0   # slime's --tis-clip-low default: no lower truncation
+DEFAULT_TIS_CLIP = 2.0  # slime's --tis-clip default
+DEFAULT_TIS_CLIP_LOW = 0.0  # slime's --tis-clip-low default: no lower truncation
 
 
 def check_tis_clips(clip: float, clip_low: float = DEFAULT_TIS_CLIP_LOW) -> None:
@@ -29,8 +29,13 @@ def check_tis_clips(clip: float, clip_low: float = DEFAULT_TIS_CLIP_LOW) -> None
         raise ValueError(f"--tis-clip-low must be in [0, --tis-clip = {clip}), got {clip_low!r}")
 
 
-def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor,
-                clip: float = DEFAULT_TIS_CLIP, clip_low: float = DEFAULT_TIS_CLIP_LOW) -> torch.Tensor:
+def tis_weights(
+    old_log_probs: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = DEFAULT_TIS_CLIP,
+    clip_low: float = DEFAULT_TIS_CLIP_LOW,
+) -> torch.Tensor:
     """Per-token weights clamp(exp(log pi_old - log mu), clip_low, clip) on the mask, 0 off it, no
     gradient. Any shape; ``mask`` is bool (or 0/1) of the same shape. A non-finite log-prob on a
     valid token gives a NaN weight (callers check their inputs first: the slime adapter's bad-token
@@ -49,8 +54,9 @@ def tis_diagnostics(weights: torch.Tensor, mask: torch.Tensor, clip: float) -> d
     return {"tis_weight_mean": weights.sum() / count, "tis_truncated_frac": ((weights >= clip) & mask).sum() / count}
 
 
-def tis_weighted_loss(per_token_loss: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor,
-                      aggregation: str) -> torch.Tensor:
+def tis_weighted_loss(
+    per_token_loss: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, aggregation: str
+) -> torch.Tensor:
     """The mode's loss with each token's per-token loss times its TIS weight, aggregated as the mode
     aggregates (the runtime's loss under --use-tis; the slime adapter weights the same per-token loss
     before slime's reducer)."""

@@ -41,21 +41,25 @@ class TopKInputs:
 
     def loss_kwargs(self) -> dict[str, torch.Tensor]:
         """Keyword arguments for `compute_policy_loss`."""
-        return {"behavior_topk_log_probs": self.behavior_topk_log_probs,
-                "current_topk_log_probs": self.current_topk_log_probs,
-                "topk_mask": self.topk_mask}
+        return {
+            "behavior_topk_log_probs": self.behavior_topk_log_probs,
+            "current_topk_log_probs": self.current_topk_log_probs,
+            "topk_mask": self.topk_mask,
+        }
 
 
 # --------------------------------------------------------------------------------------------
 # Building the inputs
 # --------------------------------------------------------------------------------------------
 
+
 def append_sampled_token(topk_ids: torch.Tensor, sampled_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [B, T, k + 1] = mu's top-k ids then the sampled id; mask False on the sampled column where
     it duplicates a top-k id, and on negative (absent) ids."""
     if topk_ids.shape[:-1] != sampled_ids.shape:
         raise PolicyLossInputError(
-            f"topk_ids shape {tuple(topk_ids.shape)} must be sampled_ids shape {tuple(sampled_ids.shape)} + (k,)")
+            f"topk_ids shape {tuple(topk_ids.shape)} must be sampled_ids shape {tuple(sampled_ids.shape)} + (k,)"
+        )
     sampled = sampled_ids.unsqueeze(-1).to(topk_ids.dtype)
     ids = torch.cat([topk_ids, sampled], dim=-1)
     present = topk_ids >= 0
@@ -64,8 +68,9 @@ def append_sampled_token(topk_ids: torch.Tensor, sampled_ids: torch.Tensor) -> t
     return ids, mask
 
 
-def behavior_topk_set(topk_ids: torch.Tensor, topk_log_probs: torch.Tensor, sampled_ids: torch.Tensor,
-                      behavior_log_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def behavior_topk_set(
+    topk_ids: torch.Tensor, topk_log_probs: torch.Tensor, sampled_ids: torch.Tensor, behavior_log_probs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The behaviour side of the Top-K inputs from what a rollout engine records per generated token.
 
     topk_ids / topk_log_probs [B, T, k]: mu's top-k ids and their log mu (SGLang: the
@@ -77,7 +82,8 @@ def behavior_topk_set(topk_ids: torch.Tensor, topk_log_probs: torch.Tensor, samp
     if topk_log_probs.shape != topk_ids.shape or behavior_log_probs.shape != sampled_ids.shape:
         raise PolicyLossInputError(
             f"topk_log_probs {tuple(topk_log_probs.shape)} must match topk_ids {tuple(topk_ids.shape)}, and "
-            f"behavior_log_probs {tuple(behavior_log_probs.shape)} sampled_ids {tuple(sampled_ids.shape)}")
+            f"behavior_log_probs {tuple(behavior_log_probs.shape)} sampled_ids {tuple(sampled_ids.shape)}"
+        )
     ids, mask = append_sampled_token(topk_ids, sampled_ids)
     values = torch.cat([topk_log_probs, behavior_log_probs.to(topk_log_probs.dtype).unsqueeze(-1)], dim=-1)
     return ids, torch.where(mask, values, 0.0), mask
@@ -94,22 +100,25 @@ def gather_log_probs(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor
     return torch.where(keep, picked, 0.0)
 
 
-def topk_inputs_from_logits(logits: torch.Tensor, behavior_logits: torch.Tensor, sampled_ids: torch.Tensor,
-                            k: int) -> TopKInputs:
+def topk_inputs_from_logits(
+    logits: torch.Tensor, behavior_logits: torch.Tensor, sampled_ids: torch.Tensor, k: int
+) -> TopKInputs:
     """Top-K inputs from full logits [B, T, V] of pi (``logits``) and mu (``behavior_logits``).
 
     The set at each position is mu's top-k ids plus the sampled id (K = k + 1 columns, the last one
     masked where it duplicates a top-k id). ``current_topk_log_probs`` keeps the graph of ``logits``.
     """
     if logits.shape != behavior_logits.shape or logits.dim() != 3:
-        raise PolicyLossInputError(f"logits {tuple(logits.shape)} and behavior_logits "
-                                   f"{tuple(behavior_logits.shape)} must both be [B, T, V]")
+        raise PolicyLossInputError(
+            f"logits {tuple(logits.shape)} and behavior_logits {tuple(behavior_logits.shape)} must both be [B, T, V]"
+        )
     vocab = logits.shape[-1]
     if not isinstance(k, int) or not 1 <= k <= vocab:
         raise PolicyLossInputError(f"k={k!r} must be an int in [1, vocabulary size {vocab}]")
     if sampled_ids.shape != logits.shape[:2]:
-        raise PolicyLossInputError(f"sampled_ids shape {tuple(sampled_ids.shape)} != logits [B, T] "
-                                   f"{tuple(logits.shape[:2])}")
+        raise PolicyLossInputError(
+            f"sampled_ids shape {tuple(sampled_ids.shape)} != logits [B, T] {tuple(logits.shape[:2])}"
+        )
     with torch.no_grad():
         top_ids = torch.topk(behavior_logits, k, dim=-1).indices
         ids, mask = append_sampled_token(top_ids, sampled_ids.long())
@@ -118,9 +127,17 @@ def topk_inputs_from_logits(logits: torch.Tensor, behavior_logits: torch.Tensor,
     return TopKInputs(behavior_topk_log_probs=behavior, current_topk_log_probs=current, topk_mask=mask, ids=ids)
 
 
-def synthetic_topk_inputs(batch_size: int, seq_len: int, k: int, *, vocab_size: int | None = None,
-                          noise: float = 0.1, dtype: torch.dtype = torch.float32, device=None,
-                          generator: torch.Generator | None = None):
+def synthetic_topk_inputs(
+    batch_size: int,
+    seq_len: int,
+    k: int,
+    *,
+    vocab_size: int | None = None,
+    noise: float = 0.1,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+    generator: torch.Generator | None = None,
+):
     """Random but consistent inputs for benchmarks and tests: (log_probs, behavior_log_probs, TopKInputs).
 
     mu is a random softmax over a small vocabulary (default 2k), pi = mu's logits + ``noise``
@@ -139,12 +156,24 @@ def synthetic_topk_inputs(batch_size: int, seq_len: int, k: int, *, vocab_size: 
     log_probs = gather_log_probs(logits, sampled.unsqueeze(-1)).squeeze(-1)
     behavior_log_probs = gather_log_probs(behavior_logits, sampled.unsqueeze(-1)).squeeze(-1)
     cast = lambda x: x.to(dtype)  # noqa: E731
-    return cast(log_probs), cast(behavior_log_probs), TopKInputs(
-        cast(inputs.behavior_topk_log_probs), cast(inputs.current_topk_log_probs), inputs.topk_mask, inputs.ids)
+    return (
+        cast(log_probs),
+        cast(behavior_log_probs),
+        TopKInputs(
+            cast(inputs.behavior_topk_log_probs), cast(inputs.current_topk_log_probs), inputs.topk_mask, inputs.ids
+        ),
+    )
 
 
-def topk_inputs_around(log_probs: torch.Tensor, behavior_log_probs: torch.Tensor, k: int, *, noise: float = 0.1,
-                       set_mass: float = 0.9, generator: torch.Generator | None = None) -> TopKInputs:
+def topk_inputs_around(
+    log_probs: torch.Tensor,
+    behavior_log_probs: torch.Tensor,
+    k: int,
+    *,
+    noise: float = 0.1,
+    set_mass: float = 0.9,
+    generator: torch.Generator | None = None,
+) -> TopKInputs:
     """Top-K inputs [B, T, k + 1] consistent with given sampled-token log-probs [B, T] (benchmarks).
 
     Column k is the sampled token (log mu = behavior_log_probs, log pi = log_probs); columns 0..k-1
@@ -162,6 +191,8 @@ def topk_inputs_around(log_probs: torch.Tensor, behavior_log_probs: torch.Tensor
         rest = torch.log(-torch.expm1(sampled))  # log(1 - p_sampled)
         return torch.log_softmax(weights.to(device), dim=-1) + (math.log(set_mass) + rest).unsqueeze(-1)
 
-    behavior = torch.cat([others(log_weights, behavior_log_probs), behavior_log_probs.detach().to(dtype)[..., None]], -1)
+    behavior = torch.cat(
+        [others(log_weights, behavior_log_probs), behavior_log_probs.detach().to(dtype)[..., None]], -1
+    )
     current = torch.cat([others(current_weights, log_probs), log_probs.detach().to(dtype)[..., None]], -1)
     return TopKInputs(behavior, current, torch.ones(behavior.shape, dtype=torch.bool, device=device))

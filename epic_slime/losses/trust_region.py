@@ -38,7 +38,9 @@ TOPK_REST_FLOOR = 1e-12
 # (q -> 0: [0, 1/q] capped at ratio_cap; q -> 1: [e^-delta, 1]).
 _LOG_Q_MIN = -700.0
 _LOG_Q_MAX = -1e-300
-_BANDPO_HALLEY_STEPS = 3  # 2 reach ~1e-12 relative on the whole (q, delta) range (tests/losses/test_losses_trust_region.py)
+_BANDPO_HALLEY_STEPS = (
+    3  # 2 reach ~1e-12 relative on the whole (q, delta) range (tests/losses/test_losses_trust_region.py)
+)
 _CHUNK = 1 << 18  # elements per chunk of the float64 bound computation
 
 
@@ -53,6 +55,7 @@ def _f64(x: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------
 # CPPO
 # ------------------------------------------------------------------------------------------
+
 
 def row_quantile(values: torch.Tensor, valid: torch.Tensor, quantile: float) -> torch.Tensor:
     """Per-row quantile of the valid entries of [B, T] ``values``, [B] (0 for an empty row).
@@ -114,15 +117,21 @@ def cppo(batch: LossBatch, *, delta: float = 0.2, weight_min: float = 0.8, budge
     # The rule as a ratio band (metrics): Z_t <= c_t  <=>  |r_t - 1| <= max(c_t, 0) / (w_t q_t).
     half_width = torch.exp(torch.log(threshold.clamp(min=0.0)) - torch.log(weights.clamp(min=1e-300)) - log_q)
     like = batch.log_probs
-    return TokenTerms(value=value, coef=coef, clipped_upper=masked & (advantages > 0),
-                      clipped_lower=masked & (advantages < 0),
-                      log_lower=torch.log((1.0 - half_width).clamp(min=0.0)).to(like.dtype),
-                      log_upper=torch.log1p(half_width).to(like.dtype), log_value=log_ratio)
+    return TokenTerms(
+        value=value,
+        coef=coef,
+        clipped_upper=masked & (advantages > 0),
+        clipped_lower=masked & (advantages < 0),
+        log_lower=torch.log((1.0 - half_width).clamp(min=0.0)).to(like.dtype),
+        log_upper=torch.log1p(half_width).to(like.dtype),
+        log_value=log_ratio,
+    )
 
 
 # ------------------------------------------------------------------------------------------
 # BandPO
 # ------------------------------------------------------------------------------------------
+
 
 def _log1m_exp(log_x: torch.Tensor) -> torch.Tensor:
     """log(1 - e^{log_x}) for log_x < 0, accurate at both ends."""
@@ -182,8 +191,9 @@ def _band_log_bounds(log_q: torch.Tensor, delta: float, generator: str) -> tuple
     return lower, upper
 
 
-def bandpo_log_bounds(log_q: torch.Tensor, delta: float = 0.05, generator: str = "kl",
-                      ratio_cap: float = 10.0) -> tuple[torch.Tensor, torch.Tensor]:
+def bandpo_log_bounds(
+    log_q: torch.Tensor, delta: float = 0.05, generator: str = "kl", ratio_cap: float = 10.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """BandPO's per-token ratio bounds in log space, (log lo_t, log hi_t), from log q_t = log mu(o_t).
 
     [lo, hi] = {r in [0, 1/q]: q f(r) + (1 - q) f((1 - r q) / (1 - q)) <= delta}, hi capped at
@@ -200,28 +210,32 @@ def bandpo_log_bounds(log_q: torch.Tensor, delta: float = 0.05, generator: str =
     log_cap = math.log(ratio_cap)
     with torch.no_grad():
         for start in range(0, flat.numel(), _CHUNK):
-            piece = _f64(flat[start:start + _CHUNK])
+            piece = _f64(flat[start : start + _CHUNK])
             lo, hi = _band_log_bounds(piece, delta, generator)
-            lower[start:start + _CHUNK] = lo
-            upper[start:start + _CHUNK] = hi.clamp(max=log_cap)
+            lower[start : start + _CHUNK] = lo
+            upper[start : start + _CHUNK] = hi.clamp(max=log_cap)
     return lower.reshape(log_q.shape), upper.reshape(log_q.shape)
 
 
-@register_loss("bandpo", checks={"delta": positive, "generator": one_of(*BANDPO_GENERATORS),
-                                 "ratio_cap": greater_than_one})
+@register_loss(
+    "bandpo", checks={"delta": positive, "generator": one_of(*BANDPO_GENERATORS), "ratio_cap": greater_than_one}
+)
 def bandpo(batch: LossBatch, *, delta: float = 0.05, generator: str = "kl", ratio_cap: float = 10.0) -> TokenTerms:
     """BandPO: PPO clip of r_t to the f-divergence band [lo_t, hi_t] of the two-point distribution at q_t."""
     log_lower, log_upper = bandpo_log_bounds(batch.behavior_log_probs, delta, generator, ratio_cap)
-    return sign_aware_clip(batch.log_ratio, batch.advantages, upper_pos=log_upper, lower_neg=log_lower,
-                           upper_neg=math.inf)
+    return sign_aware_clip(
+        batch.log_ratio, batch.advantages, upper_pos=log_upper, lower_neg=log_lower, upper_neg=math.inf
+    )
 
 
 # ------------------------------------------------------------------------------------------
 # ACPO
 # ------------------------------------------------------------------------------------------
 
-def acpo_bin_epsilons(batch: LossBatch, eps_base: float, alpha: float, eps_min: float,
-                      eps_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+
+def acpo_bin_epsilons(
+    batch: LossBatch, eps_base: float, alpha: float, eps_min: float, eps_max: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(eps per bin [5], bin index per token [B, T]) with bins of q_t: [0, .2), ..., [.8, 1].
 
     eps_bin = clamp(eps_base + alpha * std_bin, eps_min, eps_max), std_bin the population standard
@@ -242,17 +256,25 @@ def acpo_bin_epsilons(batch: LossBatch, eps_base: float, alpha: float, eps_min: 
     return torch.clamp(eps_base + alpha * std, min=eps_min, max=eps_max), bins
 
 
-@register_loss("acpo", checks={"eps_base": nonnegative, "alpha": nonnegative, "eps_min": in_unit_interval,
-                               "eps_max": in_unit_interval})
-def acpo(batch: LossBatch, *, eps_base: float = 0.2, alpha: float = 1.0, eps_min: float = 0.05,
-         eps_max: float = 0.5) -> TokenTerms:
+@register_loss(
+    "acpo",
+    checks={"eps_base": nonnegative, "alpha": nonnegative, "eps_min": in_unit_interval, "eps_max": in_unit_interval},
+)
+def acpo(
+    batch: LossBatch, *, eps_base: float = 0.2, alpha: float = 1.0, eps_min: float = 0.05, eps_max: float = 0.5
+) -> TokenTerms:
     """ACPO: PPO clip [1 - eps, 1 + eps] with eps per bin of q_t from the spread of r_t in the bin."""
     if eps_min > eps_max:
         raise PolicyLossInputError(f"mode 'acpo': eps_min={eps_min!r} must be <= eps_max={eps_max!r}")
     eps, bins = acpo_bin_epsilons(batch, eps_base, alpha, eps_min, eps_max)
     eps_token = eps[bins].to(batch.log_probs.dtype)
-    terms = sign_aware_clip(batch.log_ratio, batch.advantages, upper_pos=torch.log1p(eps_token),
-                            lower_neg=torch.log1p(-eps_token), upper_neg=math.inf)
+    terms = sign_aware_clip(
+        batch.log_ratio,
+        batch.advantages,
+        upper_pos=torch.log1p(eps_token),
+        lower_neg=torch.log1p(-eps_token),
+        upper_neg=math.inf,
+    )
     terms.extra_metrics.update({f"acpo_eps_bin_{k}": eps[k] for k in range(ACPO_BINS)})
     return terms
 
@@ -261,13 +283,15 @@ def acpo(batch: LossBatch, *, eps_base: float = 0.2, alpha: float = 1.0, eps_min
 # DPPO Top-K
 # ------------------------------------------------------------------------------------------
 
+
 def _require_topk(batch: LossBatch, mode: str) -> None:
     if batch.behavior_topk_log_probs is None:
         raise PolicyLossInputError(
             f"mode {mode!r} needs the behaviour policy's top-K log-probs: pass behavior_topk_log_probs="
             f"[B, T, K] (log mu of mu's top-k ids plus the sampled token) and current_topk_log_probs=[B, T, K] "
             f"(log pi of the same ids), and topk_mask=[B, T, K] for duplicate/absent columns, to "
-            f"compute_policy_loss; epic_slime.losses.topk.topk_inputs_from_logits builds them from logits")
+            f"compute_policy_loss; epic_slime.losses.topk.topk_inputs_from_logits builds them from logits"
+        )
 
 
 def _rest_mass(probabilities: torch.Tensor) -> torch.Tensor:
@@ -296,8 +320,9 @@ def topk_kl(batch: LossBatch, mode: str = "dppo_topk_kl") -> torch.Tensor:
     return terms.sum(-1, dtype=torch.float64) + mu_rest * (torch.log(mu_rest) - torch.log(pi_rest))
 
 
-def _dppo_topk(batch: LossBatch, divergence: torch.Tensor, name: str, clip_low: float, clip_high: float,
-               ratio_cap: float) -> TokenTerms:
+def _dppo_topk(
+    batch: LossBatch, divergence: torch.Tensor, name: str, clip_low: float, clip_high: float, ratio_cap: float
+) -> TokenTerms:
     """The binary DPPO rule on a Top-K divergence: mask when it exceeds eps and the sampled token
     moved in its advantage's direction (A > 0: pi_t > mu_t, A <= 0: pi_t < mu_t). Reports the
     divergence's mean over valid tokens as the metric ``topk_{name}_mean``."""
@@ -314,14 +339,16 @@ _TOPK_CHECKS = {"clip_low": positive, "clip_high": positive, "ratio_cap": greate
 
 
 @register_loss("dppo_topk_tv", checks=_TOPK_CHECKS, needs_topk=True)
-def dppo_topk_tv(batch: LossBatch, *, clip_low: float = 0.15, clip_high: float = 0.15,
-                 ratio_cap: float = 1e4) -> TokenTerms:
+def dppo_topk_tv(
+    batch: LossBatch, *, clip_low: float = 0.15, clip_high: float = 0.15, ratio_cap: float = 1e4
+) -> TokenTerms:
     """DPPO-TV Top-K: dppo_tv's rule with the TV over mu's top-K set plus a rest bucket."""
     return _dppo_topk(batch, topk_total_variation(batch, "dppo_topk_tv"), "tv", clip_low, clip_high, ratio_cap)
 
 
 @register_loss("dppo_topk_kl", checks=_TOPK_CHECKS, needs_topk=True)
-def dppo_topk_kl(batch: LossBatch, *, clip_low: float = 0.05, clip_high: float = 0.05,
-                 ratio_cap: float = 1e4) -> TokenTerms:
+def dppo_topk_kl(
+    batch: LossBatch, *, clip_low: float = 0.05, clip_high: float = 0.05, ratio_cap: float = 1e4
+) -> TokenTerms:
     """DPPO-KL Top-K: dppo_kl's rule with KL(mu || pi) over mu's top-K set plus a rest bucket."""
     return _dppo_topk(batch, topk_kl(batch, "dppo_topk_kl"), "kl", clip_low, clip_high, ratio_cap)

@@ -18,9 +18,19 @@ from epic_slime.reward.normalize import as_plain_number, is_multi_value, normali
 from epic_slime.reward.pool import RewardPool, RewardWorkerError, default_num_workers
 
 __all__ = [
-    "math_reward", "math_rewards", "judge", "extract_final_answer", "last_boxed", "normalize_answer",
-    "RewardPool", "RewardWorkerError", "get_default_pool", "shutdown_default_pool", "reward_stats",
-    "DEFAULT_TIMEOUT_S", "MAX_ANSWER_CHARS",
+    "math_reward",
+    "math_rewards",
+    "judge",
+    "extract_final_answer",
+    "last_boxed",
+    "normalize_answer",
+    "RewardPool",
+    "RewardWorkerError",
+    "get_default_pool",
+    "shutdown_default_pool",
+    "reward_stats",
+    "DEFAULT_TIMEOUT_S",
+    "MAX_ANSWER_CHARS",
 ]
 
 DEFAULT_TIMEOUT_S = 5.0

@@ -23,8 +23,12 @@ def _load_verifier(spec: str):
     return getattr(importlib.import_module(module), function)
 
 
-def _serve(reader: Connection, writer: Connection, backstop_s: int,
-           verifier: str = "epic_slime.reward.equivalence:verify_equivalent") -> None:
+def _serve(
+    reader: Connection,
+    writer: Connection,
+    backstop_s: int,
+    verifier: str = "epic_slime.reward.equivalence:verify_equivalent",
+) -> None:
     from epic_slime.reward.equivalence import warm_up
 
     warm_up()
@@ -45,8 +49,11 @@ def _serve(reader: Connection, writer: Connection, backstop_s: int,
         signal.alarm(backstop_s)
         try:
             value = verify(prediction, reference)
-            result = ("ok", value) if isinstance(value, bool) else (
-                "error", f"verifier answered {type(value).__name__} {value!r:.100}, not True/False")
+            result = (
+                ("ok", value)
+                if isinstance(value, bool)
+                else ("error", f"verifier answered {type(value).__name__} {value!r:.100}, not True/False")
+            )
         except Exception as error:  # math-verify failures must not kill the worker
             result = ("error", f"{type(error).__name__}: {error}"[:500])
         finally:

@@ -79,7 +79,7 @@ def extract_final_answer(response: str) -> str | None:
         matches = list(_ANSWER_LINE.finditer(lines[index]))
         if not matches:
             continue
-        candidate = _clean_answer_line(lines[index][matches[-1].end():])
+        candidate = _clean_answer_line(lines[index][matches[-1].end() :])
         if not candidate:
             # "Answer:" alone on its line: the answer is on the next non-empty line.
             following = [line for line in lines[index + 1 :] if line.strip()]

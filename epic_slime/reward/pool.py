@@ -49,8 +49,15 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "epic_slime.reward._worker", str(to_child_read), str(from_child_write), str(backstop_s),
-             verifier],
+            [
+                sys.executable,
+                "-m",
+                "epic_slime.reward._worker",
+                str(to_child_read),
+                str(from_child_write),
+                str(backstop_s),
+                verifier,
+            ],
             pass_fds=(to_child_read, from_child_write),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -77,7 +84,9 @@ class _Worker:
             message = self.reader.recv()
         except (EOFError, OSError) as error:
             self.kill()
-            raise RewardWorkerError(f"reward worker exited during start-up (exit code {self.process.poll()})") from error
+            raise RewardWorkerError(
+                f"reward worker exited during start-up (exit code {self.process.poll()})"
+            ) from error
         if message[0] != "ready":
             self.kill()
             raise RewardWorkerError(f"reward worker failed to start:\n{message[1]}")
@@ -119,8 +128,13 @@ class RewardPool:
     at interpreter exit are closed by an atexit hook.
     """
 
-    def __init__(self, num_workers: int | None = None, timeout: float = 5.0, startup_timeout: float = 120.0,
-                 verifier: str = DEFAULT_VERIFIER):
+    def __init__(
+        self,
+        num_workers: int | None = None,
+        timeout: float = 5.0,
+        startup_timeout: float = 120.0,
+        verifier: str = DEFAULT_VERIFIER,
+    ):
         if num_workers is None:
             num_workers = default_num_workers()
         if num_workers < 1:
@@ -140,8 +154,15 @@ class RewardPool:
         self._closed = False
         self._startup_error: RewardWorkerError | None = None
         self._owner_pid = os.getpid()  # a forked child must neither use nor kill these workers
-        self._stats = {"verified": 0, "timeouts": 0, "busy_timeouts": 0, "worker_errors": 0, "worker_deaths": 0,
-                       "idle_deaths": 0, "worker_restarts": 0}
+        self._stats = {
+            "verified": 0,
+            "timeouts": 0,
+            "busy_timeouts": 0,
+            "worker_errors": 0,
+            "worker_deaths": 0,
+            "idle_deaths": 0,
+            "worker_restarts": 0,
+        }
         _OPEN_POOLS.add(self)
         first = [self._spawn() for _ in range(self.num_workers)]
         try:
@@ -224,12 +245,12 @@ class RewardPool:
                 with self._lock:
                     self._stats["busy_timeouts"] += 1
                 return None
-            if worker.process.poll() is not None:   # died while idle: it never saw this call
+            if worker.process.poll() is not None:  # died while idle: it never saw this call
                 self._retire(worker, "idle_deaths")
                 continue
             try:
                 worker.writer.send(("verify", prediction, reference))
-            except OSError:   # its pipe is gone (it died idle, just now): the call was not sent
+            except OSError:  # its pipe is gone (it died idle, just now): the call was not sent
                 self._retire(worker, "idle_deaths")
                 continue
             break
@@ -238,7 +259,7 @@ class RewardPool:
                 self._retire(worker, "timeouts")
                 return None
             status, value = worker.reader.recv()
-        except (EOFError, OSError, ValueError):   # died mid-call (crash, os._exit, SIGKILL)
+        except (EOFError, OSError, ValueError):  # died mid-call (crash, os._exit, SIGKILL)
             self._retire(worker, "worker_deaths")
             return None
         if status == "ok" and isinstance(value, bool):
@@ -246,12 +267,12 @@ class RewardPool:
                 self._stats["verified"] += 1
             self._idle.put(worker)
             return value
-        if status == "error":   # the verifier raised (or answered no bool): the worker serves on
+        if status == "error":  # the verifier raised (or answered no bool): the worker serves on
             with self._lock:
                 self._stats["worker_errors"] += 1
             self._idle.put(worker)
             return None
-        self._retire(worker, "worker_deaths")   # "fatal" (the worker is exiting) or a reply it never sends
+        self._retire(worker, "worker_deaths")  # "fatal" (the worker is exiting) or a reply it never sends
         return None
 
     def stats(self) -> dict[str, int]:

@@ -11,8 +11,16 @@ from .threads import set_torch_threads
 
 @ray.remote(num_cpus=1, max_restarts=0)
 class RolloutWorker:
-    def __init__(self, worker_id: int, model_cfg, init_state: dict, version: int, dtype: str, seed: int,
-                 router_noise: float = 0.0):
+    def __init__(
+        self,
+        worker_id: int,
+        model_cfg,
+        init_state: dict,
+        version: int,
+        dtype: str,
+        seed: int,
+        router_noise: float = 0.0,
+    ):
         set_torch_threads()
         from .rollout import PolicyEngine
 
@@ -30,6 +38,7 @@ class RolloutWorker:
 
     def pid(self) -> int:
         import os
+
         return os.getpid()
 
 
@@ -43,7 +52,7 @@ class EvalWorker:
 
     def evaluate(self, weights, version: int, problems, sampling: dict):
         self.engine.set_weights(weights, version)
-        return self.engine.version, self.engine.evaluate(problems, **sampling)   # the version it scored
+        return self.engine.version, self.engine.evaluate(problems, **sampling)  # the version it scored
 
 
 @ray.remote(num_cpus=1, max_restarts=0)
@@ -68,6 +77,7 @@ class Trainer:
 
     def save_state(self, path: str) -> None:
         import os
+
         tmp = f"{path}.tmp{os.getpid()}"
         torch.save(self.trainer.state(), tmp)
         os.replace(tmp, path)

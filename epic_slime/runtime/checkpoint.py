@@ -20,17 +20,45 @@ LATEST_FILE = "latest"
 
 # What the driver saves: data position, buffered groups and accounting, so that a resumed run
 # trains on exactly the batch the uninterrupted run would have trained on next.
-DRIVER_STATE_KEYS = ("step", "version", "next_group_id", "buffer", "accounting", "trained_group_ids",
-                     "dropped_group_ids", "killed_once", "config")
+DRIVER_STATE_KEYS = (
+    "step",
+    "version",
+    "next_group_id",
+    "buffer",
+    "accounting",
+    "trained_group_ids",
+    "dropped_group_ids",
+    "killed_once",
+    "config",
+)
 
 # Keys a resumed run may change: where things go, how long, how often to evaluate / save / log.
 # Everything else (model, task, seed, loss, optimizer, rollout, staleness) must match the checkpoint.
-RESUME_FREE_KEYS = frozenset({
-    "output_dir", "num_rollout", "save", "load", "save_interval", "overwrite", "eval_interval",
-    "n_samples_per_eval_prompt", "eval_temperature", "eval_top_p", "task_eval_num_prompts",
-    "warm_start_cache_dir", "use_wandb", "wandb_mode", "wandb_project", "progress", "log_interval", "plots",
-    "debug_kill_rollout_worker_at_step", "on_bad_tokens", "max_bad_token_frac",
-})
+RESUME_FREE_KEYS = frozenset(
+    {
+        "output_dir",
+        "num_rollout",
+        "save",
+        "load",
+        "save_interval",
+        "overwrite",
+        "eval_interval",
+        "n_samples_per_eval_prompt",
+        "eval_temperature",
+        "eval_top_p",
+        "task_eval_num_prompts",
+        "warm_start_cache_dir",
+        "use_wandb",
+        "wandb_mode",
+        "wandb_project",
+        "progress",
+        "log_interval",
+        "plots",
+        "debug_kill_rollout_worker_at_step",
+        "on_bad_tokens",
+        "max_bad_token_frac",
+    }
+)
 
 
 def step_dir(checkpoint_dir: Path, step: int) -> Path:
@@ -66,8 +94,9 @@ def resolve_checkpoint(path: str) -> Path:
         q = p / latest.read_text().strip()
         if (q / DRIVER_STATE_FILE).exists():
             return q
-    raise FileNotFoundError(f"--load {path}: no checkpoint there (expected {DRIVER_STATE_FILE} or a "
-                            f"'{LATEST_FILE}' file)")
+    raise FileNotFoundError(
+        f"--load {path}: no checkpoint there (expected {DRIVER_STATE_FILE} or a '{LATEST_FILE}' file)"
+    )
 
 
 def load_driver_state(path: Path) -> dict:
@@ -91,11 +120,15 @@ def check_resumable(state: dict, cfg: RuntimeConfig, current: dict | None = None
     which resolves the loss parameters: torch; the quick check before torch passes the rest)."""
     diffs = resume_differences(state.get("config", {}), cfg.to_dict() if current is None else current)
     if diffs:
-        raise ConfigError(f"--load {cfg.load}: the checkpoint was trained with a different config; resuming "
-                          "would mix two runs. Differences:\n  " + "\n  ".join(diffs))
+        raise ConfigError(
+            f"--load {cfg.load}: the checkpoint was trained with a different config; resuming "
+            "would mix two runs. Differences:\n  " + "\n  ".join(diffs)
+        )
     if state["step"] >= cfg.num_rollout:
-        raise ConfigError(f"--load {cfg.load}: the checkpoint is at step {state['step']}, "
-                          f"--num-rollout is {cfg.num_rollout}: nothing to train (raise --num-rollout)")
+        raise ConfigError(
+            f"--load {cfg.load}: the checkpoint is at step {state['step']}, "
+            f"--num-rollout is {cfg.num_rollout}: nothing to train (raise --num-rollout)"
+        )
 
 
 def check_trainer_version(path: Path, trainer_version: int, state: dict) -> None:

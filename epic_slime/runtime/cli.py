@@ -10,20 +10,24 @@ from .checkpoint import has_checkpoint
 from .config import ConfigError, RuntimeConfig, parse_config
 from .run_files import check_output_dir
 
-EXIT_INTERRUPTED = 130   # the shell's convention for a run ended by SIGINT
-_NOTHING_SAVED = ("before the first checkpoint: nothing to resume, and the run's files were removed from {out}; "
-                  "run the same command again to start over")
+EXIT_INTERRUPTED = 130  # the shell's convention for a run ended by SIGINT
+_NOTHING_SAVED = (
+    "before the first checkpoint: nothing to resume, and the run's files were removed from {out}; "
+    "run the same command again to start over"
+)
 
 
 def key_settings(cfg: RuntimeConfig) -> str:
     """One line with what decides a run: loss and its resolved parameters, D, K, batch, steps, seed."""
     params = ", ".join(f"{k}={v}" for k, v in cfg.to_dict()["policy_loss_params"].items())
     kl = f"KL {cfg.kl_loss_coef}" if cfg.use_kl_loss else "no KL"
-    return (f"{cfg.policy_loss} ({params}; {cfg.policy_loss_aggregation}), update depth D={cfg.update_depth}, "
-            f"max staleness K={cfg.max_staleness} ({cfg.stale_policy}), {cfg.rollout_mode}, "
-            f"{cfg.rollout_batch_size} prompts x {cfg.n_samples_per_prompt} samples per step, "
-            f"{cfg.num_rollout} steps, seed {cfg.seed}, lr {cfg.lr}, {kl}, bad tokens: {cfg.on_bad_tokens}; "
-            f"output {cfg.output_dir}")
+    return (
+        f"{cfg.policy_loss} ({params}; {cfg.policy_loss_aggregation}), update depth D={cfg.update_depth}, "
+        f"max staleness K={cfg.max_staleness} ({cfg.stale_policy}), {cfg.rollout_mode}, "
+        f"{cfg.rollout_batch_size} prompts x {cfg.n_samples_per_prompt} samples per step, "
+        f"{cfg.num_rollout} steps, seed {cfg.seed}, lr {cfg.lr}, {kl}, bad tokens: {cfg.on_bad_tokens}; "
+        f"output {cfg.output_dir}"
+    )
 
 
 def _fmt(v, spec=".3f") -> str:
@@ -45,8 +49,7 @@ def end_of_run_lines(summary: dict, cfg: RuntimeConfig) -> list[str]:
         f"{summary['accounting/dropped']}, lost {summary['accounting/lost']}; bad tokens skipped "
         f"{summary['bad_tokens']}, optimizer steps skipped {summary['skipped_steps']}",
         f"  files: {out}/metrics.jsonl, batches.jsonl, eval_metrics.jsonl, eval_records.jsonl, summary.json, "
-        "config.json"
-        + (", *.png" if cfg.plots else "") + f"; checkpoints {cfg.checkpoint_dir}",
+        "config.json" + (", *.png" if cfg.plots else "") + f"; checkpoints {cfg.checkpoint_dir}",
     ]
     return lines
 
@@ -91,7 +94,7 @@ def train_main(argv: list[str]) -> int:
     if cfg.progress:
         print(f"[epic-slime] {key_settings(cfg)}", flush=True)
     try:
-        from .driver import run_training   # torch, Ray: seconds on a busy machine, so inside the Ctrl-C handling
+        from .driver import run_training  # torch, Ray: seconds on a busy machine, so inside the Ctrl-C handling
 
         summary = run_training(cfg)
     except (ConfigError, FileNotFoundError) as e:
@@ -99,22 +102,33 @@ def train_main(argv: list[str]) -> int:
         return 2
     except KeyboardInterrupt as e:
         if has_checkpoint(cfg.checkpoint_dir):
-            print(f"epic-slime train: stopped at once ({e or 'interrupt'}): no checkpoint written by this "
-                  "interruption; resume from the last saved one with --load", file=sys.stderr)
+            print(
+                f"epic-slime train: stopped at once ({e or 'interrupt'}): no checkpoint written by this "
+                "interruption; resume from the last saved one with --load",
+                file=sys.stderr,
+            )
         else:
-            print(f"epic-slime train: stopped at once ({e or 'interrupt'}) {_NOTHING_SAVED.format(out=cfg.output_dir)}",
-                  file=sys.stderr)
+            print(
+                f"epic-slime train: stopped at once ({e or 'interrupt'}) {_NOTHING_SAVED.format(out=cfg.output_dir)}",
+                file=sys.stderr,
+            )
         return EXIT_INTERRUPTED
     if summary["interrupted"] and not has_checkpoint(cfg.checkpoint_dir):
-        print(f"epic-slime train: interrupted by {summary['interrupted']} during start-up "
-              f"{_NOTHING_SAVED.format(out=cfg.output_dir)}", flush=True)
+        print(
+            f"epic-slime train: interrupted by {summary['interrupted']} during start-up "
+            f"{_NOTHING_SAVED.format(out=cfg.output_dir)}",
+            flush=True,
+        )
         return EXIT_INTERRUPTED
     for line in end_of_run_lines(summary, cfg):
         print(line)
     if summary["interrupted"]:
         where = summary["checkpoint"] or "none (interrupted before the first step)"
-        print(f"epic-slime train: interrupted by {summary['interrupted']}; checkpoint {where}. Resume with: "
-              f"{resume_command(list(argv), cfg)}", flush=True)
+        print(
+            f"epic-slime train: interrupted by {summary['interrupted']}; checkpoint {where}. Resume with: "
+            f"{resume_command(list(argv), cfg)}",
+            flush=True,
+        )
         return EXIT_INTERRUPTED
     return 0
 

@@ -32,8 +32,15 @@ from epic_slime.staleness import Accounting, AdmissionBudget, Group, select_batc
 from . import checkpoint
 from .config import RuntimeConfig
 from .progress import Progress, say
-from .run_files import HELDOUT, RunLog, discard_unsaved_run, prepare_output_dir, run_outcome, write_config, \
-    write_summary
+from .run_files import (
+    HELDOUT,
+    RunLog,
+    discard_unsaved_run,
+    prepare_output_dir,
+    run_outcome,
+    write_config,
+    write_summary,
+)
 from .signals import StopRequest
 from .task import Tokenizer
 from .tasks import eval_problems, train_problem
@@ -60,8 +67,14 @@ def _init_ray(num_cpus: int) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, configure_logging=False,
-             logging_level="ERROR", _node_ip_address="127.0.0.1")
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=True,
+        configure_logging=False,
+        logging_level="ERROR",
+        _node_ip_address="127.0.0.1",
+    )
 
 
 class Run:
@@ -78,9 +91,9 @@ class Run:
         # data and staleness (what a checkpoint saves: checkpoint.DRIVER_STATE_KEYS)
         self.buffer: deque[Group] = deque()
         self.acc = Accounting()
-        self.step = 0            # finished rollout steps
-        self.version = 0         # trainer weight version (= step)
-        self.next_group_id = 0   # data position
+        self.step = 0  # finished rollout steps
+        self.version = 0  # trainer weight version (= step)
+        self.next_group_id = 0  # data position
         # groups started since the run began and not discarded (dropped, lost with a worker): the
         # admission budget's live_started (derived again on resume: trained + buffered)
         self.live_started = 0
@@ -92,12 +105,12 @@ class Run:
         self.workers: list = []
         self.trainer = None
         self.eval_worker = None
-        self.pending_gen: dict = {}      # future -> (worker index, requests, version)
+        self.pending_gen: dict = {}  # future -> (worker index, requests, version)
         self.worker_versions: list[int] = []
         self.weights_ref = None
-        self.weights_by_version: dict = {}   # --rollout-lag: version -> weights ref (the L + 1 newest)
+        self.weights_by_version: dict = {}  # --rollout-lag: version -> weights ref (the L + 1 newest)
         self.eval_future = None
-        self.eval_queue: deque = deque()       # (weights ref, version) due and not yet started
+        self.eval_queue: deque = deque()  # (weights ref, version) due and not yet started
         self.eval_future_version: int | None = None
         self.eval_ready: list[dict] = []
         # the step being trained: its batch and lags, and the groups dropped while choosing it
@@ -123,20 +136,37 @@ class Run:
         from epic_slime.losses import LOSS_MODES
 
         topk = c.policy_loss_topk if LOSS_MODES[c.policy_loss].needs_topk else 0
-        return dict(n_samples=c.n_samples_per_prompt, temperature=c.rollout_temperature, top_p=c.rollout_top_p,
-                    max_new_tokens=c.rollout_max_response_len, seed=c.seed, topk=topk)
+        return dict(
+            n_samples=c.n_samples_per_prompt,
+            temperature=c.rollout_temperature,
+            top_p=c.rollout_top_p,
+            max_new_tokens=c.rollout_max_response_len,
+            seed=c.seed,
+            topk=topk,
+        )
 
     def _eval_sampling(self) -> dict:
         c = self.cfg
-        return dict(k=c.n_samples_per_eval_prompt, temperature=c.eval_temperature, top_p=c.eval_top_p,
-                    max_new_tokens=c.rollout_max_response_len, seed=c.seed)
+        return dict(
+            k=c.n_samples_per_eval_prompt,
+            temperature=c.eval_temperature,
+            top_p=c.eval_top_p,
+            max_new_tokens=c.rollout_max_response_len,
+            seed=c.seed,
+        )
 
     def _new_worker(self, i: int):
         from .actors import RolloutWorker
 
-        return RolloutWorker.options(num_cpus=1).remote(i, self.cfg.model, self.weights_ref, self.version,
-                                                       self.cfg.rollout_dtype, self.cfg.seed,
-                                                       self.cfg.rollout_router_noise)
+        return RolloutWorker.options(num_cpus=1).remote(
+            i,
+            self.cfg.model,
+            self.weights_ref,
+            self.version,
+            self.cfg.rollout_dtype,
+            self.cfg.seed,
+            self.cfg.rollout_router_noise,
+        )
 
     # ---------------- generation ----------------
     def _next_requests(self, count: int | None = None) -> list:
@@ -162,8 +192,7 @@ class Run:
         if self.cfg.rollout_lag:
             target = self._lagged_version()
             return self.worker_versions[i] != target, target
-        send = self.worker_versions[i] + self.cfg.update_weights_interval <= self.version \
-            or self.worker_versions[i] < 0
+        send = self.worker_versions[i] + self.cfg.update_weights_interval <= self.version or self.worker_versions[i] < 0
         return send, (self.version if send else self.worker_versions[i])
 
     def _room(self, i: int) -> int:
@@ -200,7 +229,7 @@ class Run:
 
     def _fill_workers(self) -> None:
         for i in self._idle_workers():
-            room = self._room(i)   # the last request before the budget's limit may be smaller
+            room = self._room(i)  # the last request before the budget's limit may be smaller
             if room > 0:
                 self._submit(i, room)
 
@@ -218,13 +247,16 @@ class Run:
             self.acc.generated += len(g)
 
     def _restart_worker(self, i: int, lost_samples: int, error) -> None:
-        self.live_started -= lost_samples // self.cfg.n_samples_per_prompt   # lost groups leave the budget
+        self.live_started -= lost_samples // self.cfg.n_samples_per_prompt  # lost groups leave the budget
         self.acc.lost += lost_samples
         self.acc.worker_restarts += 1
         if self.acc.worker_restarts > MAX_WORKER_RESTARTS:
             raise RuntimeError(f"rollout workers died {self.acc.worker_restarts} times; giving up") from error
-        print(f"[epic-slime] rollout worker {i} died ({type(error).__name__}); restarting it, "
-              f"{lost_samples} requested samples lost", file=sys.stderr)
+        print(
+            f"[epic-slime] rollout worker {i} died ({type(error).__name__}); restarting it, "
+            f"{lost_samples} requested samples lost",
+            file=sys.stderr,
+        )
         self.workers[i] = self._new_worker(i)
         self.worker_versions[i] = self.version
 
@@ -250,8 +282,14 @@ class Run:
 
     # ---------------- training ----------------
     def _take_batch(self):
-        sel = select_batch(self.buffer, self.version, self.cfg.rollout_batch_size, self.cfg.max_staleness,
-                           self.cfg.stale_policy, first_unfinished=self._first_unfinished())
+        sel = select_batch(
+            self.buffer,
+            self.version,
+            self.cfg.rollout_batch_size,
+            self.cfg.max_staleness,
+            self.cfg.stale_policy,
+            first_unfinished=self._first_unfinished(),
+        )
         self.live_started -= len(sel.dropped)
         for g in sel.dropped:
             self.acc.dropped += len(g)
@@ -278,35 +316,46 @@ class Run:
         self.version += 1
         assert train_metrics["train/version"] == self.version, (train_metrics["train/version"], self.version)
         self.weights_ref = self.trainer.get_weights.remote()
-        if self.cfg.rollout_lag:    # keep the L + 1 newest versions' weights for the lagged rollouts
+        if self.cfg.rollout_lag:  # keep the L + 1 newest versions' weights for the lagged rollouts
             self.weights_by_version[self.version] = self.weights_ref
             for v in [v for v in self.weights_by_version if v < self.version - self.cfg.rollout_lag]:
                 del self.weights_by_version[v]
         now = time.time()
         rewards = [s["reward"] for s in samples]
         m = {
-            "step": self.step, "version": self.version,
+            "step": self.step,
+            "version": self.version,
             names.REWARD_MEAN: statistics.fmean(rewards),
             names.RESPONSE_LENGTH_MEAN: statistics.fmean(len(s["response_ids"]) for s in samples),
             names.TRUNCATED_FRAC: statistics.fmean(s["status"] == "truncated" for s in samples),
             "rollout/top_p_logprob_gap": statistics.fmean(
-                (b - q) for s in samples for b, q in zip(s["behavior_log_probs"], s["sampling_log_probs"])),
-            names.STALENESS_MEAN: statistics.fmean(lags), names.STALENESS_MAX: max(lags),
+                (b - q) for s in samples for b, q in zip(s["behavior_log_probs"], s["sampling_log_probs"])
+            ),
+            names.STALENESS_MEAN: statistics.fmean(lags),
+            names.STALENESS_MAX: max(lags),
             names.STALENESS_PREFIX + "dropped_step": self._step_dropped,
             names.STALENESS_PREFIX + "dropped_total": self.acc.dropped,
             names.STALENESS_PREFIX + "stale_kept_total": self.acc.stale_kept,
-            "accounting/generated": self.acc.generated, "accounting/trained": self.acc.trained,
-            "accounting/dropped": self.acc.dropped, "accounting/buffered": self._buffered_samples(),
+            "accounting/generated": self.acc.generated,
+            "accounting/trained": self.acc.trained,
+            "accounting/dropped": self.acc.dropped,
+            "accounting/buffered": self._buffered_samples(),
             "accounting/in_flight_requests": self._pending_samples(),
-            "accounting/lost": self.acc.lost, "accounting/worker_restarts": self.acc.worker_restarts,
-            "time/elapsed_s": now - self.t_start, "time/step_s": now - self.step_t,
+            "accounting/lost": self.acc.lost,
+            "accounting/worker_restarts": self.acc.worker_restarts,
+            "time/elapsed_s": now - self.t_start,
+            "time/step_s": now - self.step_t,
             "perf/trained_samples_per_s": self._trained_since_start() / max(1e-9, now - self.t_start),
             "driver/rss_mb": resident_memory_mib(),
             **train_metrics,
         }
         self.step_t = now
-        self.log.batch(self.step, [g.group_id for g in batch], self._step_dropped_ids,
-                       [self.version - 1 - g.version for g in batch])
+        self.log.batch(
+            self.step,
+            [g.group_id for g in batch],
+            self._step_dropped_ids,
+            [self.version - 1 - g.version for g in batch],
+        )
         self._step_dropped = 0
         self._step_dropped_ids = []
         self.acc.check(self._buffered_samples())
@@ -326,8 +375,9 @@ class Run:
         if self.eval_future is None and self.eval_queue:
             weights_ref, version = self.eval_queue.popleft()
             self.eval_future_version = version
-            self.eval_future = self.eval_worker.evaluate.remote(weights_ref, version, self.eval_set,
-                                                                self._eval_sampling())
+            self.eval_future = self.eval_worker.evaluate.remote(
+                weights_ref, version, self.eval_set, self._eval_sampling()
+            )
 
     def _eval_versions_pending(self) -> set[int]:
         pending = {version for _, version in self.eval_queue}
@@ -338,12 +388,15 @@ class Run:
     def _collect_eval(self) -> None:
         import ray
 
-        scored, correct = ray.get(self.eval_future)   # the version the eval worker held
-        version, self.eval_future = self.eval_future_version, None   # the version it was due on: its step
+        scored, correct = ray.get(self.eval_future)  # the version the eval worker held
+        version, self.eval_future = self.eval_future_version, None  # the version it was due on: its step
         k = self.cfg.n_samples_per_eval_prompt
         flat = [c for row in correct for c in row]
-        result = {f"eval/{HELDOUT}/mean@{k}": statistics.fmean(flat),
-                  f"eval/{HELDOUT}/pass@{k}": statistics.fmean(any(r) for r in correct), "eval/version": version}
+        result = {
+            f"eval/{HELDOUT}/mean@{k}": statistics.fmean(flat),
+            f"eval/{HELDOUT}/pass@{k}": statistics.fmean(any(r) for r in correct),
+            "eval/version": version,
+        }
         self.eval_ready.append(result)
         self.log.evaluation(self.step, result, version, correct, weight_version=scored)
         self._maybe_submit_eval()
@@ -360,10 +413,17 @@ class Run:
         d = checkpoint.step_dir(self.cfg.checkpoint_dir, self.step)
         d.mkdir(parents=True, exist_ok=True)
         ray.get(self.trainer.save_state.remote(str(d / checkpoint.TRAINER_STATE_FILE)))
-        state = {"step": self.step, "version": self.version, "next_group_id": self.next_group_id,
-                 "buffer": list(self.buffer), "accounting": self.acc.state(),
-                 "trained_group_ids": self.trained_group_ids, "dropped_group_ids": self.dropped_group_ids,
-                 "killed_once": self.killed_once, "config": self.cfg.to_dict()}
+        state = {
+            "step": self.step,
+            "version": self.version,
+            "next_group_id": self.next_group_id,
+            "buffer": list(self.buffer),
+            "accounting": self.acc.state(),
+            "trained_group_ids": self.trained_group_ids,
+            "dropped_group_ids": self.dropped_group_ids,
+            "killed_once": self.killed_once,
+            "config": self.cfg.to_dict(),
+        }
         return checkpoint.save_driver_state(self.cfg.checkpoint_dir, self.step, state)
 
     def _check_resume(self) -> Path | None:
@@ -451,24 +511,39 @@ class Run:
         self.log.open_mirrors()
         own_ray = not (reuse_ray and ray.is_initialized())
         if cfg.progress:
-            say(("starting local Ray, then " if own_ray else "starting ") +
-                f"{cfg.num_rollout_workers} rollout workers, 1 trainer, 1 eval worker ...")
+            say(
+                ("starting local Ray, then " if own_ray else "starting ")
+                + f"{cfg.num_rollout_workers} rollout workers, 1 trainer, 1 eval worker ..."
+            )
         if own_ray:
             _init_ray(num_cpus=cfg.num_rollout_workers + 2)
-            self.stop.install()   # after ray.init, whatever handlers it set
+            self.stop.install()  # after ray.init, whatever handlers it set
         try:
             t1 = time.time()
             init_ref = ray.put(init_state)
-            self.trainer = Trainer.remote(init_ref, dict(
-                model_cfg=cfg.model, policy_loss=cfg.policy_loss,
-                policy_loss_params=cfg.policy_loss_params, policy_loss_aggregation=cfg.policy_loss_aggregation,
-                update_depth=cfg.update_depth, lr=cfg.lr,
-                weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad,
-                kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0, kl_loss_type=cfg.kl_loss_type,
-                adam_beta2=cfg.adam_beta2, lr_warmup_steps=cfg.lr_warmup_steps, use_tis=cfg.use_tis,
-                tis_clip=cfg.tis_clip,
-                temperature=cfg.rollout_temperature, seed=cfg.seed,
-                on_bad_tokens=cfg.on_bad_tokens, max_bad_token_frac=cfg.max_bad_token_frac))
+            self.trainer = Trainer.remote(
+                init_ref,
+                dict(
+                    model_cfg=cfg.model,
+                    policy_loss=cfg.policy_loss,
+                    policy_loss_params=cfg.policy_loss_params,
+                    policy_loss_aggregation=cfg.policy_loss_aggregation,
+                    update_depth=cfg.update_depth,
+                    lr=cfg.lr,
+                    weight_decay=cfg.weight_decay,
+                    clip_grad=cfg.clip_grad,
+                    kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
+                    kl_loss_type=cfg.kl_loss_type,
+                    adam_beta2=cfg.adam_beta2,
+                    lr_warmup_steps=cfg.lr_warmup_steps,
+                    use_tis=cfg.use_tis,
+                    tis_clip=cfg.tis_clip,
+                    temperature=cfg.rollout_temperature,
+                    seed=cfg.seed,
+                    on_bad_tokens=cfg.on_bad_tokens,
+                    max_bad_token_frac=cfg.max_bad_token_frac,
+                ),
+            )
             if resume_path:
                 self._restore(resume_path)
                 self.start_step = self.step
@@ -488,13 +563,14 @@ class Run:
             self._trained_at_start = self.acc.trained
             self.t_start = self.step_t = time.time()
             if not resume_path:
-                self._maybe_submit_eval(force=True)          # the warm-start level
-            bar = Progress(cfg.num_rollout, initial=self.step, desc="epic-slime", enabled=cfg.progress,
-                           interval=cfg.log_interval)
-            self.stop.begin_steps()   # before this a signal stops at once (signals.py): no step to finish
+                self._maybe_submit_eval(force=True)  # the warm-start level
+            bar = Progress(
+                cfg.num_rollout, initial=self.step, desc="epic-slime", enabled=cfg.progress, interval=cfg.log_interval
+            )
+            self.stop.begin_steps()  # before this a signal stops at once (signals.py): no step to finish
             try:
                 if self.stop.requested:
-                    pass                                     # interrupted during start-up: nothing trained
+                    pass  # interrupted during start-up: nothing trained
                 elif cfg.rollout_mode == "async":
                     self._loop_async(bar)
                 else:
@@ -504,13 +580,18 @@ class Run:
                 self.log.close_files()
             loop_s = time.time() - self.t_start
             summary = {
-                "steps": self.step, "start_step": self.start_step, "steps_this_run": self.step - self.start_step,
+                "steps": self.step,
+                "start_step": self.start_step,
+                "steps_this_run": self.step - self.start_step,
                 "interrupted": self.stop.signal_name,
                 "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
-                "loop_s": loop_s, "warm_start_s": warm_s, "warm_start": provenance,
+                "loop_s": loop_s,
+                "warm_start_s": warm_s,
+                "warm_start": provenance,
                 "ray_startup_s": startup_s,
                 "trained_samples_per_s": self._trained_since_start() / max(1e-9, loop_s),
-                "generated_samples": self.acc.generated, "rss_mb_start": rss_start,
+                "generated_samples": self.acc.generated,
+                "rss_mb_start": rss_start,
                 "rss_mb_end": resident_memory_mib(),
                 **{f"accounting/{k}": v for k, v in self.acc.state().items()},
                 "buffered": self._buffered_samples(),
@@ -528,7 +609,7 @@ class Run:
     def _end_of_step(self, bar, m: dict) -> bool:
         """Eval / checkpoint / logging after a finished step. Returns True when the run is over."""
         cfg = self.cfg
-        if self.stop.requested:          # SIGINT / SIGTERM: log this step, checkpoint, stop
+        if self.stop.requested:  # SIGINT / SIGTERM: log this step, checkpoint, stop
             self._write_metrics(m)
             bar.update(self.step, _progress_fields(m))
             self.checkpoint_path = self._checkpoint(top_up=True)
@@ -539,7 +620,7 @@ class Run:
         if last:
             import ray
 
-            while self.eval_future is not None:      # finish the in-flight eval, then the final one
+            while self.eval_future is not None:  # finish the in-flight eval, then the final one
                 ray.wait([self.eval_future])
                 self._collect_eval()
             self._maybe_submit_eval(force=True)
@@ -570,7 +651,7 @@ class Run:
         self._maybe_kill()
         self._fill_workers()
         while True:
-            if train_future is None and self.stop.requested:   # signal between steps: checkpoint now
+            if train_future is None and self.stop.requested:  # signal between steps: checkpoint now
                 self.checkpoint_path = self._checkpoint(top_up=True)
                 return
             if train_future is None:
@@ -578,13 +659,18 @@ class Run:
                 if sel.batch is not None:
                     train_future = self._start_train(sel)
             self._fill_workers()
-            waits = list(self.pending_gen) + ([train_future] if train_future else []) + \
-                ([self.eval_future] if self.eval_future else [])
+            waits = (
+                list(self.pending_gen)
+                + ([train_future] if train_future else [])
+                + ([self.eval_future] if self.eval_future else [])
+            )
             if not waits:
-                raise RuntimeError("driver stalled: nothing in flight and no trainable batch "
-                                   f"(buffered {self._buffered_samples()} samples)")
+                raise RuntimeError(
+                    "driver stalled: nothing in flight and no trainable batch "
+                    f"(buffered {self._buffered_samples()} samples)"
+                )
             ready, _ = ray.wait(waits, num_returns=1, timeout=1.0)
-            if not ready:                 # lets a pending SIGINT / SIGTERM give up after STOP_WAIT_S
+            if not ready:  # lets a pending SIGINT / SIGTERM give up after STOP_WAIT_S
                 self.stop.check_deadline()
                 continue
             fut = ready[0]
@@ -607,8 +693,8 @@ class Run:
                 self.checkpoint_path = self._checkpoint(top_up=True)
                 return
             self._maybe_kill()
-            for i in range(len(self.workers)):        # on-policy: everybody gets the newest weights
-                self.worker_versions[i] = -1          # (--rollout-lag: the version L behind)
+            for i in range(len(self.workers)):  # on-policy: everybody gets the newest weights
+                self.worker_versions[i] = -1  # (--rollout-lag: the version L behind)
             while True:
                 sel = self._take_batch()
                 if sel.batch is not None:
@@ -618,7 +704,7 @@ class Run:
                     self._submit(i)
                 self._drain()
             train_future = self._start_train(sel)
-            while True:     # training runs alone; only a pending eval may finish meanwhile
+            while True:  # training runs alone; only a pending eval may finish meanwhile
                 waits = [train_future] + ([self.eval_future] if self.eval_future else [])
                 ready, _ = ray.wait(waits, num_returns=1, timeout=1.0)
                 if not ready:
@@ -633,8 +719,11 @@ class Run:
 
 
 def _progress_fields(m: dict) -> dict:
-    fields = {"reward": round(m[names.REWARD_MEAN], 3), "lag": round(m[names.STALENESS_MEAN], 2),
-              "clipfrac": round(m.get(names.CLIPFRAC, 0.0), 4)}
+    fields = {
+        "reward": round(m[names.REWARD_MEAN], 3),
+        "lag": round(m[names.STALENESS_MEAN], 2),
+        "clipfrac": round(m.get(names.CLIPFRAC, 0.0), 4),
+    }
     evals = [k for k in m if k.startswith(f"eval/{HELDOUT}/mean@")]
     if evals:
         fields[evals[0].split("/")[-1]] = round(m[evals[0]], 3)
@@ -648,4 +737,3 @@ def run_training(cfg: RuntimeConfig, reuse_ray: bool = False) -> dict:
 def init_local_ray(num_cpus: int = 4) -> None:
     """Start the local Ray instance runs can share (`run_training(..., reuse_ray=True)`)."""
     _init_ray(num_cpus)
-

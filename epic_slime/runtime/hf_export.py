@@ -24,7 +24,11 @@ def hf_tokenizer():
     core.pre_tokenizer = pre_tokenizers.Split(Regex(f"{ANSWER}|."), behavior="isolated")
     core.decoder = decoders.Fuse()
     fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=PAD,
+        tokenizer_object=core,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=PAD,
         clean_up_tokenization_spaces=False,
     )
     # SGLang's chat endpoints need a template; the task's prompt is the message itself after <bos>

@@ -25,8 +25,13 @@ def live_table() -> dict:
     from epic_slime.losses import AGGREGATIONS, DEFAULT_MODE, LOSS_MODES
     from epic_slime.losses.flags import _families
 
-    return {"default_mode": DEFAULT_MODE, "modes": sorted(LOSS_MODES), "aggregations": list(AGGREGATIONS),
-            "families": _families(), "mode_prefix": {m: LOSS_MODES[m].flag_prefix for m in sorted(LOSS_MODES)}}
+    return {
+        "default_mode": DEFAULT_MODE,
+        "modes": sorted(LOSS_MODES),
+        "aggregations": list(AGGREGATIONS),
+        "families": _families(),
+        "mode_prefix": {m: LOSS_MODES[m].flag_prefix for m in sorted(LOSS_MODES)},
+    }
 
 
 @lru_cache(maxsize=1)
@@ -38,14 +43,24 @@ def add_loss_arguments_from_table(parser: argparse.ArgumentParser, table: dict) 
     """The flags `epic_slime.losses.flags.add_policy_loss_arguments` adds, from the table. Values stay
     text (the registry's parse and range checks come in the full pass)."""
     group = parser.add_argument_group("policy loss (epic_slime.losses)")
-    group.add_argument("--policy-loss", default=table["default_mode"], choices=table["modes"],
-                       help="loss mode (default: %(default)s)")
-    group.add_argument("--policy-loss-aggregation", default=None, choices=table["aggregations"],
-                       help="loss aggregation (default: the mode's own)")
+    group.add_argument(
+        "--policy-loss", default=table["default_mode"], choices=table["modes"], help="loss mode (default: %(default)s)"
+    )
+    group.add_argument(
+        "--policy-loss-aggregation",
+        default=None,
+        choices=table["aggregations"],
+        help="loss aggregation (default: the mode's own)",
+    )
     for prefix, params in table["families"].items():
         for param, default in params.items():
-            group.add_argument(f"--{prefix}-{param.replace('_', '-')}", dest=f"{prefix.replace('-', '_')}_{param}",
-                               default=None, metavar="V", help=f"{prefix} {param} (default {default})")
+            group.add_argument(
+                f"--{prefix}-{param.replace('_', '-')}",
+                dest=f"{prefix.replace('-', '_')}_{param}",
+                default=None,
+                metavar="V",
+                help=f"{prefix} {param} (default {default})",
+            )
     return parser
 
 
@@ -57,8 +72,10 @@ def check_mode_flags(mode: str, loss_args: dict, table: dict) -> None:
         for param in params:
             value = loss_args.get(f"{prefix.replace('-', '_')}_{param}")
             if value is not None and prefix != own:
-                raise ValueError(f"--{prefix}-{param.replace('_', '-')}={value} applies to the {prefix!r} modes, "
-                                 f"but --policy-loss is {mode!r} (its flags are --{own}-*)")
+                raise ValueError(
+                    f"--{prefix}-{param.replace('_', '-')}={value} applies to the {prefix!r} modes, "
+                    f"but --policy-loss is {mode!r} (its flags are --{own}-*)"
+                )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,13 +22,24 @@ def build_policy(cfg: ModelConfig, vocab_size: int, pad_id: int, bos_id: int, eo
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     hf_cfg = Qwen3MoeConfig(
-        vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=2 * cfg.hidden_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.hidden_size // cfg.num_heads,
-        max_position_embeddings=cfg.max_positions, moe_intermediate_size=cfg.moe_intermediate_size,
-        num_experts=cfg.num_experts, num_experts_per_tok=cfg.top_k, decoder_sparse_step=1,
-        mlp_only_layers=[], norm_topk_prob=True, tie_word_embeddings=True,
-        pad_token_id=pad_id, bos_token_id=bos_id, eos_token_id=eos_id,
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=2 * cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.hidden_size // cfg.num_heads,
+        max_position_embeddings=cfg.max_positions,
+        moe_intermediate_size=cfg.moe_intermediate_size,
+        num_experts=cfg.num_experts,
+        num_experts_per_tok=cfg.top_k,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
     )
     hf_cfg._attn_implementation = "sdpa"
     with torch.random.fork_rng():
@@ -48,8 +59,14 @@ def _right_padded_sequences(prompts: list[list[int]], responses: list[list[int]]
     return ids, attn
 
 
-def response_log_probs(model, prompts: list[list[int]], responses: list[list[int]], temperature: float,
-                       pad_id: int, return_all: bool = False):
+def response_log_probs(
+    model,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    temperature: float,
+    pad_id: int,
+    return_all: bool = False,
+):
     """log_softmax(logits / temperature) of each response token given its prefix.
 
     Returns (log_probs [B, T] float32, mask [B, T] bool), T = longest response, zeros on padding;
@@ -88,8 +105,18 @@ def _top_p_filter(log_probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample(model, prompts: list[list[int]], *, temperature: float, top_p: float, max_new_tokens: int,
-           eos_id: int, pad_id: int, generator: torch.Generator, topk: int = 0) -> list[dict]:
+def sample(
+    model,
+    prompts: list[list[int]],
+    *,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    generator: torch.Generator,
+    topk: int = 0,
+) -> list[dict]:
     """Sample one response per prompt with the model's KV cache (our own loop, not `generate`).
 
     Returns per prompt: response ids (including <eos> when emitted), behavior_log_probs (see module
@@ -104,10 +131,10 @@ def sample(model, prompts: list[list[int]], *, temperature: float, top_p: float,
     P = max(len(p) for p in prompts)
     ids = torch.full((B, P), pad_id, dtype=torch.long)
     attn = torch.zeros((B, P), dtype=torch.long)
-    for i, p in enumerate(prompts):            # left padding: every prompt ends at column P-1
-        ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
-        attn[i, P - len(p):] = 1
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)   # positions match the trainer's right-padded layout
+    for i, p in enumerate(prompts):  # left padding: every prompt ends at column P-1
+        ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+        attn[i, P - len(p) :] = 1
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # positions match the trainer's right-padded layout
     cache = DynamicCache(config=model.config)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True).logits[:, -1]
     last_pos = pos[:, -1:]
@@ -125,14 +152,15 @@ def sample(model, prompts: list[list[int]], *, temperature: float, top_p: float,
             top = torch.topk(blp_all, topk, dim=-1)
             out_topk_lp.append(top.values)
             out_topk_ids.append(top.indices)
-        out_tokens[-1] = torch.where(done, torch.full_like(tok, -1), tok)   # -1 marks "after eos"
+        out_tokens[-1] = torch.where(done, torch.full_like(tok, -1), tok)  # -1 marks "after eos"
         done = done | (tok == eos_id)
         if bool(done.all()):
             break
         attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long)], dim=1)
         last_pos = last_pos + 1
-        logits = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=last_pos, cache=cache,
-                       use_cache=True).logits[:, -1]
+        logits = model(
+            input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=last_pos, cache=cache, use_cache=True
+        ).logits[:, -1]
     toks = torch.stack(out_tokens, 1)
     blp = torch.stack(out_blp, 1)
     slp = torch.stack(out_slp, 1)
@@ -146,10 +174,13 @@ def sample(model, prompts: list[list[int]], *, temperature: float, top_p: float,
             extra = {"topk_ids": topk_ids[i, :n].tolist(), "topk_log_probs": topk_lp[i, :n].tolist()}
         else:
             extra = {}
-        results.append({**extra,
-            "response_ids": resp,
-            "behavior_log_probs": blp[i, :n].tolist(),
-            "sampling_log_probs": slp[i, :n].tolist(),
-            "status": "completed" if resp and resp[-1] == eos_id else "truncated",
-        })
+        results.append(
+            {
+                **extra,
+                "response_ids": resp,
+                "behavior_log_probs": blp[i, :n].tolist(),
+                "sampling_log_probs": slp[i, :n].tolist(),
+                "status": "completed" if resp and resp[-1] == eos_id else "truncated",
+            }
+        )
     return results

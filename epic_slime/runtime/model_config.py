@@ -19,14 +19,26 @@ class ModelConfig:
     max_positions: int = 64
 
     def validate(self) -> None:
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "num_experts", "top_k",
-                     "moe_intermediate_size", "max_positions"):
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "num_experts",
+            "top_k",
+            "moe_intermediate_size",
+            "max_positions",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"model_{name} must be a positive integer, got {v!r}")
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"model_hidden_size ({self.hidden_size}) must be divisible by model_num_heads ({self.num_heads})")
+            raise ValueError(
+                f"model_hidden_size ({self.hidden_size}) must be divisible by model_num_heads ({self.num_heads})"
+            )
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"model_num_heads ({self.num_heads}) must be divisible by model_num_kv_heads ({self.num_kv_heads})")
+            raise ValueError(
+                f"model_num_heads ({self.num_heads}) must be divisible by model_num_kv_heads ({self.num_kv_heads})"
+            )
         if self.top_k > self.num_experts:
             raise ValueError(f"model_top_k ({self.top_k}) must be <= model_num_experts ({self.num_experts})")

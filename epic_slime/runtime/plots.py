@@ -12,7 +12,7 @@ from pathlib import Path
 from epic_slime import metric_names as names
 
 PLOT_NAMES = ("reward.png", "eval.png", "clipfrac.png", "staleness_hist.png")
-FIGSIZE = (13.5, 5.4)   # inches; at DPI: 1350 x 540 px
+FIGSIZE = (13.5, 5.4)  # inches; at DPI: 1350 x 540 px
 DPI = 100
 
 
@@ -46,8 +46,10 @@ def run_title(run_dir: Path) -> str:
         c = json.loads((run_dir / "config.json").read_text())
     except (OSError, ValueError):
         return run_dir.name
-    return (f"{run_dir.name}: {c.get('policy_loss')}, D={c.get('update_depth')}, K={c.get('max_staleness')} "
-            f"({c.get('stale_policy')}), {c.get('rollout_mode')}, seed {c.get('seed')}")
+    return (
+        f"{run_dir.name}: {c.get('policy_loss')}, D={c.get('update_depth')}, K={c.get('max_staleness')} "
+        f"({c.get('stale_policy')}), {c.get('rollout_mode')}, seed {c.get('seed')}"
+    )
 
 
 def _style(ax, title, xlabel, ylabel):
@@ -73,15 +75,28 @@ def staleness_axes(ax, hist: Counter, k: int | None, policy: str | None = None) 
     hi = max([*lags, k or 0]) if lags else (k or 0)
     bars = ax.bar(lags, [hist[x] for x in lags], color="tab:blue", width=0.6)
     for bar, lag in zip(bars, lags):
-        ax.annotate(f"{hist[lag]:,}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                    va="bottom", fontsize=11, xytext=(0, 3), textcoords="offset points")
+        ax.annotate(
+            f"{hist[lag]:,}",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=11,
+            xytext=(0, 3),
+            textcoords="offset points",
+        )
     if hist:
         ax.set_yscale("log")
         ax.set_ylim(0.5, max(hist.values()) * 4)
     ax.set_xticks(range(0, hi + 2))
     ax.set_xlim(-0.7, hi + 1.5)
     if k is not None:
-        ax.axvline(k + 0.5, color="tab:red", ls="--", lw=1.5, label=f"K = {k}: older samples are " + ("kept and counted" if policy == "keep" else "dropped"))
+        ax.axvline(
+            k + 0.5,
+            color="tab:red",
+            ls="--",
+            lw=1.5,
+            label=f"K = {k}: older samples are " + ("kept and counted" if policy == "keep" else "dropped"),
+        )
         ax.legend(fontsize=10, loc="upper left")
 
 
@@ -110,8 +125,12 @@ def write_plots(run_dir: str | Path, lag_hist: Counter | dict | None = None) -> 
 
     fig, ax = plt.subplots(figsize=FIGSIZE)
     _raw_and_ema(ax, *_series(rows, names.REWARD_MEAN), "training reward", "tab:green")
-    _style(ax, f"Training reward per step\n{title}", "rollout step (= trainer weight version)",
-           "mean reward of the step's samples (0..1)")
+    _style(
+        ax,
+        f"Training reward per step\n{title}",
+        "rollout step (= trainer weight version)",
+        "mean reward of the step's samples (0..1)",
+    )
     save(fig, "reward.png")
 
     fig, ax = plt.subplots(figsize=FIGSIZE)
@@ -119,27 +138,45 @@ def write_plots(run_dir: str | Path, lag_hist: Counter | dict | None = None) -> 
     for key, color in zip(keys, ("tab:blue", "tab:orange", "tab:purple", "tab:brown")):
         # eval results are logged when they arrive; plot them against the version they evaluated
         pts = sorted((r.get("eval/version", r["step"]), r[key]) for r in rows if key in r)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", lw=2, color=color,
-                label=key.replace("eval/", "").replace("/", " "))
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            marker="o",
+            lw=2,
+            color=color,
+            label=key.replace("eval/", "").replace("/", " "),
+        )
         if pts:
             best = max(pts, key=lambda p: (p[1], -p[0]))
             ax.annotate(f"best {best[1]:.3f} @ {best[0]}", best, xytext=(6, 6), textcoords="offset points", fontsize=10)
     if keys:
         ax.legend(fontsize=10)
-    _style(ax, f"Held-out evaluation\n{title}", "trainer weight version evaluated",
-           "share of correct samples (mean@k) / prompts solved (pass@k)")
+    _style(
+        ax,
+        f"Held-out evaluation\n{title}",
+        "trainer weight version evaluated",
+        "share of correct samples (mean@k) / prompts solved (pass@k)",
+    )
     save(fig, "eval.png")
 
     fig, ax = plt.subplots(figsize=FIGSIZE)
     _raw_and_ema(ax, *_series(rows, names.CLIPFRAC), "clip fraction", "tab:red")
-    _style(ax, f"Share of tokens whose gradient the loss removed (clipped)\n{title}",
-           "rollout step", "fraction of valid tokens (mean over the step's minibatches)")
+    _style(
+        ax,
+        f"Share of tokens whose gradient the loss removed (clipped)\n{title}",
+        "rollout step",
+        "fraction of valid tokens (mean over the step's minibatches)",
+    )
     save(fig, "clipfrac.png")
 
     hist = Counter({int(x): v for x, v in (lag_hist or {}).items()})
     fig, ax = plt.subplots(figsize=FIGSIZE)
     staleness_axes(ax, hist, k, config.get("stale_policy"))
-    _style(ax, f"Staleness of trained samples\n{title}", "lag (trainer version - generating version)",
-           "trained samples (log scale)")
+    _style(
+        ax,
+        f"Staleness of trained samples\n{title}",
+        "lag (trainer version - generating version)",
+        "trained samples (log scale)",
+    )
     save(fig, "staleness_hist.png")
     return written

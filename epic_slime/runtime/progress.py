@@ -30,8 +30,16 @@ def format_fields(fields: dict) -> str:
 class Progress:
     """update(step, fields) after each step; close() at the end. `enabled=False` prints nothing."""
 
-    def __init__(self, total: int, *, initial: int = 0, desc: str = "train", enabled: bool = True,
-                 interval: int = 10, stream=None):
+    def __init__(
+        self,
+        total: int,
+        *,
+        initial: int = 0,
+        desc: str = "train",
+        enabled: bool = True,
+        interval: int = 10,
+        stream=None,
+    ):
         self.total, self.desc, self.interval = total, desc, max(1, interval)
         self.stream = stream or sys.stdout
         self.enabled = enabled
@@ -57,7 +65,7 @@ class Progress:
             print(line.replace("   (", "  ("), file=self.stream, flush=True)
 
     def _eta(self, step: int, elapsed: float) -> str:
-        """", ETA 1m05s" from the mean pace of this process's steps so far; "" when done or unknown."""
+        """ ", ETA 1m05s" from the mean pace of this process's steps so far; "" when done or unknown."""
         done = step - self.initial
         if done <= 0 or step >= self.total:
             return ""

@@ -23,16 +23,26 @@ def request_generator(seed: int, tag: str, first_id: int) -> torch.Generator:
 class PolicyEngine:
     """A policy copy that samples; weights arrive with a version number."""
 
-    def __init__(self, model_cfg: ModelConfig, init_state: dict, version: int, dtype: str = "float32", seed: int = 0,
-                 router_noise: float = 0.0):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        init_state: dict,
+        version: int,
+        dtype: str = "float32",
+        seed: int = 0,
+        router_noise: float = 0.0,
+    ):
         self.tok = Tokenizer()
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-        self.model = build_policy(model_cfg, self.tok.vocab_size, self.tok.pad_id, self.tok.bos_id, self.tok.eos_id, seed)
+        self.model = build_policy(
+            model_cfg, self.tok.vocab_size, self.tok.pad_id, self.tok.bos_id, self.tok.eos_id, seed
+        )
         self.model.eval()
         self.router_noise = float(router_noise)
         self.router_generator = torch.Generator()
-        if self.router_noise > 0:     # rollout-only routing drift (`mismatch.py`); eval engines never get it
+        if self.router_noise > 0:  # rollout-only routing drift (`mismatch.py`); eval engines never get it
             from .mismatch import install_router_noise
+
             install_router_noise(self.model, self.router_noise, self.router_generator)
         self.version = -1
         self.set_weights(init_state, version)
@@ -40,14 +50,23 @@ class PolicyEngine:
     def set_weights(self, state: dict, version: int) -> None:
         self.model.to(torch.float32)
         self.model.load_state_dict(state)
-        self.model.to(self.dtype)      # bfloat16 copy of float32 weights: the precision mismatch
+        self.model.to(self.dtype)  # bfloat16 copy of float32 weights: the precision mismatch
         self.version = int(version)
 
     def _prompt_ids(self, problem: Problem) -> list[int]:
         return [self.tok.bos_id] + self.tok.encode(problem.prompt)
 
-    def generate(self, requests: list[tuple[int, Problem]], *, n_samples: int, temperature: float, top_p: float,
-                 max_new_tokens: int, seed: int, topk: int = 0) -> list[Group]:
+    def generate(
+        self,
+        requests: list[tuple[int, Problem]],
+        *,
+        n_samples: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seed: int,
+        topk: int = 0,
+    ) -> list[Group]:
         if not requests:
             return []
         prompts = [self._prompt_ids(p) for _, p in requests for _ in range(n_samples)]
@@ -55,26 +74,51 @@ class PolicyEngine:
         # the router noise has its own stream, keyed like the sampling one (a request's samples do not
         # depend on the worker), so that the noise leaves the token sampling stream untouched
         self.router_generator.manual_seed(request_generator(seed, "router", requests[0][0]).initial_seed())
-        results = sample(self.model, prompts, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                         eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, generator=gen, topk=topk)
+        results = sample(
+            self.model,
+            prompts,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            eos_id=self.tok.eos_id,
+            pad_id=self.tok.pad_id,
+            generator=gen,
+            topk=topk,
+        )
         groups = []
         for gi, (group_id, problem) in enumerate(requests):
             samples = []
             for j in range(n_samples):
                 r = results[gi * n_samples + j]
-                r.update(prompt_ids=prompts[gi * n_samples + j], label=problem.answer, group_id=group_id, sample_idx=j,
-                         version=self.version,
-                         reward=answer_reward(r["response_ids"], problem.answer, self.tok))
+                r.update(
+                    prompt_ids=prompts[gi * n_samples + j],
+                    label=problem.answer,
+                    group_id=group_id,
+                    sample_idx=j,
+                    version=self.version,
+                    reward=answer_reward(r["response_ids"], problem.answer, self.tok),
+                )
                 samples.append(r)
             groups.append(Group(group_id=group_id, version=self.version, samples=samples))
         return groups
 
-    def evaluate(self, problems: list[Problem], *, k: int, temperature: float, top_p: float, max_new_tokens: int,
-                 seed: int) -> list[list[bool]]:
+    def evaluate(
+        self, problems: list[Problem], *, k: int, temperature: float, top_p: float, max_new_tokens: int, seed: int
+    ) -> list[list[bool]]:
         """correct[prompt][sample] for k samples per held-out prompt (seeded by version)."""
         prompts = [self._prompt_ids(p) for p in problems for _ in range(k)]
         gen = request_generator(seed, "eval", self.version)
-        results = sample(self.model, prompts, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                         eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, generator=gen)
-        return [[answer_reward(results[i * k + j]["response_ids"], p.answer, self.tok) == 1.0 for j in range(k)]
-                for i, p in enumerate(problems)]
+        results = sample(
+            self.model,
+            prompts,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            eos_id=self.tok.eos_id,
+            pad_id=self.tok.pad_id,
+            generator=gen,
+        )
+        return [
+            [answer_reward(results[i * k + j]["response_ids"], p.answer, self.tok) == 1.0 for j in range(k)]
+            for i, p in enumerate(problems)
+        ]

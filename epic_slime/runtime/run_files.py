@@ -21,11 +21,11 @@ from .plots import PLOT_NAMES
 from .progress import say
 from .tensorboard_log import log_scalars, open_tensorboard
 
-HELDOUT = "heldout"   # the benchmark name of the task's held-out prompts in eval files
+HELDOUT = "heldout"  # the benchmark name of the task's held-out prompts in eval files
 METRICS_FILE, BATCHES_FILE = "metrics.jsonl", "batches.jsonl"
 EVAL_METRICS_FILE, EVAL_RECORDS_FILE = "eval_metrics.jsonl", "eval_records.jsonl"
 SUMMARY_FILE, CONFIG_FILE = "summary.json", "config.json"
-STEP_FILES = (METRICS_FILE, BATCHES_FILE, EVAL_METRICS_FILE, EVAL_RECORDS_FILE)   # one line per step / eval
+STEP_FILES = (METRICS_FILE, BATCHES_FILE, EVAL_METRICS_FILE, EVAL_RECORDS_FILE)  # one line per step / eval
 RUN_FILES = (*STEP_FILES, SUMMARY_FILE, CONFIG_FILE)
 
 
@@ -56,12 +56,16 @@ def check_output_dir(cfg: RuntimeConfig, resume_path: Path | None) -> list[Path]
         return found
     if cfg.overwrite:
         if resume_path is not None and ckpt.resolve() in resume_path.resolve().parents:
-            raise ConfigError(f"--overwrite would delete the checkpoint --load {cfg.load} resumes from; drop one of them")
+            raise ConfigError(
+                f"--overwrite would delete the checkpoint --load {cfg.load} resumes from; drop one of them"
+            )
     elif resume_path is None:
         listed = ", ".join(p.name for p in found)
         hint = f"--load {ckpt} to resume it, " if ckpt in found else ""
-        raise ConfigError(f"--output-dir {out} already holds a run ({listed}): pass {hint}--overwrite to replace "
-                          "it, or choose another --output-dir (e.g. --output-dir runs/check)")
+        raise ConfigError(
+            f"--output-dir {out} already holds a run ({listed}): pass {hint}--overwrite to replace "
+            "it, or choose another --output-dir (e.g. --output-dir runs/check)"
+        )
     return found
 
 
@@ -119,8 +123,9 @@ class RunLog:
             if resumed_step is None:
                 path.write_text("")
             elif path.exists():
-                keep = [ln for ln in path.read_text().splitlines()
-                        if ln.strip() and json.loads(ln)["step"] <= resumed_step]
+                keep = [
+                    ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= resumed_step
+                ]
                 path.write_text("".join(ln + "\n" for ln in keep))
         self.metrics_file = open(self.out / METRICS_FILE, "a")
 
@@ -141,22 +146,40 @@ class RunLog:
     def batch(self, step: int, trained_ids: list[int], dropped_ids: list[int], lags: list[int]) -> None:
         """batches.jsonl: which prompts a step trained and dropped, and the trained groups' lags."""
         with open(self.out / BATCHES_FILE, "a") as f:
-            f.write(json.dumps({"step": step, "trained_group_ids": trained_ids, "dropped_group_ids": dropped_ids,
-                                "lags": lags}) + "\n")
+            f.write(
+                json.dumps(
+                    {"step": step, "trained_group_ids": trained_ids, "dropped_group_ids": dropped_ids, "lags": lags}
+                )
+                + "\n"
+            )
 
-    def evaluation(self, step: int, result: dict, version: int, correct: list[list[bool]],
-                   weight_version: int | None = None) -> None:
+    def evaluation(
+        self, step: int, result: dict, version: int, correct: list[list[bool]], weight_version: int | None = None
+    ) -> None:
         """eval_metrics.jsonl (one line per evaluation) and eval_records.jsonl (one record per
         sample, the evaluation package's format, so `epic-slime report` reads local runs as-is).
         Records are keyed by ``version`` (the one the eval was due on) and name ``weight_version``,
         the one the eval worker scored (default: the same)."""
         with open(self.out / EVAL_METRICS_FILE, "a") as f:
             f.write(json.dumps({"step": step, **result}) + "\n")
-        write_records(str(self.out / EVAL_RECORDS_FILE), [
-            EvalRecord(run=self.out.name, method=self.cfg.policy_loss, seed=self.cfg.seed, step=version,
-                       benchmark=HELDOUT, prompt_id=str(pid), sample_idx=j, correct=bool(c),
-                       weight_version=version if weight_version is None else int(weight_version))
-            for pid, row in enumerate(correct) for j, c in enumerate(row)])
+        write_records(
+            str(self.out / EVAL_RECORDS_FILE),
+            [
+                EvalRecord(
+                    run=self.out.name,
+                    method=self.cfg.policy_loss,
+                    seed=self.cfg.seed,
+                    step=version,
+                    benchmark=HELDOUT,
+                    prompt_id=str(pid),
+                    sample_idx=j,
+                    correct=bool(c),
+                    weight_version=version if weight_version is None else int(weight_version),
+                )
+                for pid, row in enumerate(correct)
+                for j, c in enumerate(row)
+            ],
+        )
 
 
 def eval_key(cfg: RuntimeConfig) -> str:
@@ -174,14 +197,15 @@ def run_outcome(out: Path, cfg: RuntimeConfig) -> dict:
     evals = [(e["eval/version"], e[key]) for e in _read_jsonl(out / EVAL_METRICS_FILE) if key in e]
     rewards = [r[names.REWARD_MEAN] for r in rows]
     n = max(1, min(10, len(rewards) // 2))
-    best = max(evals, key=lambda e: (e[1], -e[0])) if evals else None   # earliest step on ties
+    best = max(evals, key=lambda e: (e[1], -e[0])) if evals else None  # earliest step on ties
     return {
         "reward_first": statistics.fmean(rewards[:n]) if rewards else None,
         "reward_last": statistics.fmean(rewards[-n:]) if rewards else None,
         "reward_window": n,
         "eval_key": key,
         "eval_start": evals[0][1] if evals else None,
-        "eval_best": best[1] if best else None, "eval_best_step": best[0] if best else None,
+        "eval_best": best[1] if best else None,
+        "eval_best_step": best[0] if best else None,
         "staleness_max": max((r[names.STALENESS_MAX] for r in rows), default=None),
         "bad_tokens": sum(r.get(names.BAD_TOKENS, 0) for r in rows),
         "skipped_steps": sum(r.get(names.SKIPPED_STEPS, 0) for r in rows),
@@ -200,7 +224,14 @@ def _open_wandb(cfg: RuntimeConfig):
     try:
         import wandb
     except ImportError:
-        raise RuntimeError("--use-wandb needs the wandb package: pip install wandb "
-                           "(or drop --use-wandb; metrics.jsonl is always written)") from None
-    return wandb.init(project=cfg.wandb_project, mode=cfg.wandb_mode, dir=str(cfg.output_dir),
-                      name=Path(cfg.output_dir).name, config=cfg.to_dict())
+        raise RuntimeError(
+            "--use-wandb needs the wandb package: pip install wandb "
+            "(or drop --use-wandb; metrics.jsonl is always written)"
+        ) from None
+    return wandb.init(
+        project=cfg.wandb_project,
+        mode=cfg.wandb_mode,
+        dir=str(cfg.output_dir),
+        name=Path(cfg.output_dir).name,
+        config=cfg.to_dict(),
+    )

@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 
-STOP_WAIT_S = 120.0   # after SIGINT / SIGTERM: longest wait for the step in flight before giving up
+STOP_WAIT_S = 120.0  # after SIGINT / SIGTERM: longest wait for the step in flight before giving up
 
 
 class StopRequest:
@@ -37,14 +37,17 @@ class StopRequest:
         if not self.steps_begun:
             print(f"\n[epic-slime] {name} during start-up, before any step: stopping now", flush=True)
             raise KeyboardInterrupt(f"{name} during start-up")
-        print(f"\n[epic-slime] {name}: finishing the step in flight, then checkpoint, summary and "
-              "plots (send it again to exit at once, without a checkpoint)", flush=True)
+        print(
+            f"\n[epic-slime] {name}: finishing the step in flight, then checkpoint, summary and "
+            "plots (send it again to exit at once, without a checkpoint)",
+            flush=True,
+        )
 
     def install(self) -> None:
         """Idempotent: a second call (after ray.init, which may set its own) re-installs the handlers
         but keeps the ones from before the first call, which `restore` puts back."""
         if threading.current_thread() is not threading.main_thread():
-            return   # signal handlers can only be set from the main thread (sweeps in threads, tests)
+            return  # signal handlers can only be set from the main thread (sweeps in threads, tests)
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous = signal.signal(sig, self._handle)
             self._previous.setdefault(sig, previous)

@@ -63,16 +63,18 @@ class Tokenizer:
 class TaskConfig:
     min_operands: int = 2
     max_operands: int = 3
-    max_operand: int = 9          # operands are drawn from 0..max_operand
-    ops: str = "+-"               # any of "+-*"
-    eval_num_prompts: int = 64    # size of the held-out split actually evaluated
-    eval_fraction: float = 0.1    # share of all problems reserved for held-out evaluation
-    name: str = "arith"           # a key of `epic_slime.runtime.tasks.TASKS`
+    max_operand: int = 9  # operands are drawn from 0..max_operand
+    ops: str = "+-"  # any of "+-*"
+    eval_num_prompts: int = 64  # size of the held-out split actually evaluated
+    eval_fraction: float = 0.1  # share of all problems reserved for held-out evaluation
+    name: str = "arith"  # a key of `epic_slime.runtime.tasks.TASKS`
 
     def validate(self) -> None:
         """The ranges every task shares; `tasks.validate_task_config` adds the task's own limits."""
         if not 2 <= self.min_operands <= self.max_operands:
-            raise ValueError(f"task: need 2 <= task_min_operands ({self.min_operands}) <= task_max_operands ({self.max_operands})")
+            raise ValueError(
+                f"task: need 2 <= task_min_operands ({self.min_operands}) <= task_max_operands ({self.max_operands})"
+            )
         if not 1 <= self.max_operand <= 99:
             raise ValueError(f"task_max_operand must be in [1, 99], got {self.max_operand}")
         if not self.ops or any(o not in "+-*" for o in self.ops):
@@ -85,8 +87,8 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class Problem:
-    prompt: str      # e.g. "3+5-2="
-    solution: str    # e.g. "3+5=8;8-2=6;Answer:6"
+    prompt: str  # e.g. "3+5-2="
+    solution: str  # e.g. "3+5=8;8-2=6;Answer:6"
     answer: int
 
 

@@ -48,8 +48,10 @@ def eval_problems(cfg: TaskConfig) -> list[Problem]:
     rng = random.Random("heldout")
     counts = list(range(cfg.min_operands, cfg.max_operands + 1))
     strata: dict[int, dict[str, Problem]] = {n: {} for n in counts}
-    quota = {n: cfg.eval_num_prompts // len(counts) + (1 if i < cfg.eval_num_prompts % len(counts) else 0)
-             for i, n in enumerate(counts)}
+    quota = {
+        n: cfg.eval_num_prompts // len(counts) + (1 if i < cfg.eval_num_prompts % len(counts) else 0)
+        for i, n in enumerate(counts)
+    }
     for _ in range(400_000):
         if all(len(strata[n]) >= quota[n] for n in counts):
             break
@@ -58,12 +60,13 @@ def eval_problems(cfg: TaskConfig) -> list[Problem]:
         if is_heldout(p.prompt, cfg) and len(strata[n]) < 4 * quota[n]:
             strata[n].setdefault(p.prompt, p)
     out: list[Problem] = []
-    for n in counts:   # a small stratum gives what it has; the others fill up the total
+    for n in counts:  # a small stratum gives what it has; the others fill up the total
         out.extend(list(strata[n].values())[: quota[n]])
-    spare = [p for n in counts for p in list(strata[n].values())[quota[n]:]]
+    spare = [p for n in counts for p in list(strata[n].values())[quota[n] :]]
     out.extend(spare[: cfg.eval_num_prompts - len(out)])
     if len(out) < cfg.eval_num_prompts:
         raise ValueError(
             f"task_eval_num_prompts={cfg.eval_num_prompts} exceeds the {len(out)} held-out problems this task "
-            f"config has; lower it or widen the task (task_max_operand, task_max_operands)")
+            f"config has; lower it or widen the task (task_max_operand, task_max_operands)"
+        )
     return out

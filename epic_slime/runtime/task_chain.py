@@ -25,7 +25,7 @@ from .task import Problem, TaskConfig, make_problem
 NAME = "chain"
 MODULUS = 10
 MAX_OPERANDS = 14
-LONG_MAX_OPERANDS = 40   # the `chain_long` task (tasks.TASKS): same problems, longer chains
+LONG_MAX_OPERANDS = 40  # the `chain_long` task (tasks.TASKS): same problems, longer chains
 SPLITS = ("train", "validation", "test")
 _VALIDATION_SHARE = 0.05
 _TEST_SHARE = 0.05
@@ -77,8 +77,10 @@ def split_problems(split: str, cfg: TaskConfig) -> list[Problem]:
         if split_of(p.prompt) == split:
             out.setdefault(p.prompt, p)
     if len(out) < cfg.eval_num_prompts:
-        raise ValueError(f"task_eval_num_prompts={cfg.eval_num_prompts}: the {split} split of this task config "
-                         f"has only {len(out)} distinct prompts found")
+        raise ValueError(
+            f"task_eval_num_prompts={cfg.eval_num_prompts}: the {split} split of this task config "
+            f"has only {len(out)} distinct prompts found"
+        )
     return list(out.values())
 
 

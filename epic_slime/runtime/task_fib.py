@@ -52,8 +52,10 @@ def steps_of(cfg: TaskConfig) -> int:
 
 def validate(cfg: TaskConfig) -> None:
     if cfg.min_operands != cfg.max_operands:
-        raise ValueError(f"task fib: task_min_operands ({cfg.min_operands}) must equal task_max_operands "
-                         f"({cfg.max_operands}), the number of steps (the prompt does not state it)")
+        raise ValueError(
+            f"task fib: task_min_operands ({cfg.min_operands}) must equal task_max_operands "
+            f"({cfg.max_operands}), the number of steps (the prompt does not state it)"
+        )
     if any(o not in "+-" for o in cfg.ops):
         raise ValueError(f"task fib: task_ops must be a subset of '+-', got {cfg.ops!r}")
 
@@ -85,9 +87,11 @@ def split_problems(split: str, cfg: TaskConfig) -> list[Problem]:
     starts = _starts(cfg, split)
     random.Random(f"fib-{split}").shuffle(starts)
     if len(starts) < cfg.eval_num_prompts:
-        raise ValueError(f"task_eval_num_prompts={cfg.eval_num_prompts}: the fib task's {split} split has only "
-                         f"{len(starts)} prompts (ops {cfg.ops!r})")
-    return [make_fib_problem(a, op, b, steps_of(cfg)) for a, op, b in starts[:cfg.eval_num_prompts]]
+        raise ValueError(
+            f"task_eval_num_prompts={cfg.eval_num_prompts}: the fib task's {split} split has only "
+            f"{len(starts)} prompts (ops {cfg.ops!r})"
+        )
+    return [make_fib_problem(a, op, b, steps_of(cfg)) for a, op, b in starts[: cfg.eval_num_prompts]]
 
 
 def eval_problems(cfg: TaskConfig) -> list[Problem]:

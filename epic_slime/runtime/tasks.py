@@ -25,27 +25,54 @@ class Task:
     eval_problems: Callable[[TaskConfig], list[Problem]]
     # the study's held-out splits (None: the task has only its `eval_problems`)
     split_problems: Callable[[str, TaskConfig], list[Problem]] | None = None
-    validate: Callable[[TaskConfig], None] | None = None          # the task's own config rules
+    validate: Callable[[TaskConfig], None] | None = None  # the task's own config rules
     # the warm start's careless solver for this task (None: the generic one, operands read from the prompt)
     slipped_solution: Callable | None = None
 
 
 TASKS: dict[str, Task] = {
-    t.name: t for t in (
-        Task(task_arith.NAME, "multi-step integer arithmetic, 2..6 operands (the embedded default)",
-             task_arith.MAX_OPERANDS, task_arith.MODULUS, task_arith.train_problem, task_arith.eval_problems),
-        Task(task_chain.NAME, "chains of single-digit steps modulo 10 (the study's long-response task)",
-             task_chain.MAX_OPERANDS, task_chain.MODULUS, task_chain.train_problem, task_chain.eval_problems,
-             task_chain.split_problems),
+    t.name: t
+    for t in (
+        Task(
+            task_arith.NAME,
+            "multi-step integer arithmetic, 2..6 operands (the embedded default)",
+            task_arith.MAX_OPERANDS,
+            task_arith.MODULUS,
+            task_arith.train_problem,
+            task_arith.eval_problems,
+        ),
+        Task(
+            task_chain.NAME,
+            "chains of single-digit steps modulo 10 (the study's long-response task)",
+            task_chain.MAX_OPERANDS,
+            task_chain.MODULUS,
+            task_chain.train_problem,
+            task_chain.eval_problems,
+            task_chain.split_problems,
+        ),
         # the stress ladder's long-response variant: the same problems and splits, up to 40 operands
         # (34 operands: 33 steps, 201 response tokens), so that prefix log-ratios accumulate
-        Task("chain_long", "the chain task with up to 40 operands (200+ token responses; the stress ladder)",
-             task_chain.LONG_MAX_OPERANDS, task_chain.MODULUS, task_chain.train_problem, task_chain.eval_problems,
-             task_chain.split_problems),
+        Task(
+            "chain_long",
+            "the chain task with up to 40 operands (200+ token responses; the stress ladder)",
+            task_chain.LONG_MAX_OPERANDS,
+            task_chain.MODULUS,
+            task_chain.train_problem,
+            task_chain.eval_problems,
+            task_chain.split_problems,
+        ),
         # the mechanism study's task: N local steps (`task_max_operands`), 6N + 3 response tokens
-        Task(task_fib.NAME, "Fibonacci-like chains modulo 10 from two digits: N local steps, 6N+3 tokens",
-             task_fib.MAX_STEPS, task_fib.MODULUS, task_fib.train_problem, task_fib.eval_problems,
-             task_fib.split_problems, task_fib.validate, task_fib.slipped_solution),
+        Task(
+            task_fib.NAME,
+            "Fibonacci-like chains modulo 10 from two digits: N local steps, 6N+3 tokens",
+            task_fib.MAX_STEPS,
+            task_fib.MODULUS,
+            task_fib.train_problem,
+            task_fib.eval_problems,
+            task_fib.split_problems,
+            task_fib.validate,
+            task_fib.slipped_solution,
+        ),
     )
 }
 
@@ -63,8 +90,10 @@ def validate_task_config(cfg: TaskConfig) -> None:
     if task.validate is not None:
         task.validate(cfg)
     if cfg.max_operands > task.max_operands:
-        raise ValueError(f"task: need 2 <= task_min_operands ({cfg.min_operands}) <= task_max_operands "
-                         f"({cfg.max_operands}) <= {task.max_operands}")
+        raise ValueError(
+            f"task: need 2 <= task_min_operands ({cfg.min_operands}) <= task_max_operands "
+            f"({cfg.max_operands}) <= {task.max_operands}"
+        )
 
 
 def train_problem(index: int, seed: int, cfg: TaskConfig) -> Problem:

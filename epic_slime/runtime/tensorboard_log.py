@@ -16,8 +16,10 @@ def open_tensorboard(use: bool, log_dir: str, output_dir: str):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise RuntimeError("--use-tensorboard needs the tensorboard package: pip install tensorboard "
-                           "(or drop --use-tensorboard; metrics.jsonl is always written)") from None
+        raise RuntimeError(
+            "--use-tensorboard needs the tensorboard package: pip install tensorboard "
+            "(or drop --use-tensorboard; metrics.jsonl is always written)"
+        ) from None
     return SummaryWriter(log_dir=log_dir or str(Path(output_dir) / "tensorboard"))
 
 

@@ -36,15 +36,18 @@ def pad_rows(rows: list[list[float]], width: int, value: float = 0.0) -> torch.T
     return out
 
 
-def topk_loss_inputs(samples: list[dict], responses: list[list[int]], behavior: torch.Tensor,
-                     current_log_probs_all: torch.Tensor) -> dict:
+def topk_loss_inputs(
+    samples: list[dict], responses: list[list[int]], behavior: torch.Tensor, current_log_probs_all: torch.Tensor
+) -> dict:
     """DPPO Top-K inputs: the behaviour top-k set recorded by the worker plus the sampled token,
     with the trainer's log pi of the same ids (gathered from its full log-softmax)."""
     from epic_slime.losses.topk import behavior_topk_set
 
     if any("topk_ids" not in s for s in samples):
-        raise ValueError("a Top-K policy loss needs rollout samples with topk_ids (workers record them when "
-                         "the mode needs them; was the run resumed from samples generated for another mode?)")
+        raise ValueError(
+            "a Top-K policy loss needs rollout samples with topk_ids (workers record them when "
+            "the mode needs them; was the run resumed from samples generated for another mode?)"
+        )
     B, T = behavior.shape
     k = len(samples[0]["topk_ids"][0])
     ids = torch.full((B, T, k), -1, dtype=torch.long)
@@ -83,14 +86,33 @@ def _scalar(v) -> float:
 class PolicyTrainer:
     """Owns the policy, the frozen reference and AdamW. Plain Python; the Ray actor wraps it."""
 
-    def __init__(self, *, model_cfg: ModelConfig, init_state: dict, policy_loss: str, policy_loss_params: dict,
-                 policy_loss_aggregation: str | None,
-                 update_depth: int, lr: float, weight_decay: float, clip_grad: float, kl_loss_coef: float,
-                 temperature: float, seed: int, on_bad_tokens: str = "raise", max_bad_token_frac: float = 0.01,
-                 kl_loss_type: str = "k3", adam_beta2: float = 0.999, lr_warmup_steps: int = 0,
-                 use_tis: bool = False, tis_clip: float = 2.0):
+    def __init__(
+        self,
+        *,
+        model_cfg: ModelConfig,
+        init_state: dict,
+        policy_loss: str,
+        policy_loss_params: dict,
+        policy_loss_aggregation: str | None,
+        update_depth: int,
+        lr: float,
+        weight_decay: float,
+        clip_grad: float,
+        kl_loss_coef: float,
+        temperature: float,
+        seed: int,
+        on_bad_tokens: str = "raise",
+        max_bad_token_frac: float = 0.01,
+        kl_loss_type: str = "k3",
+        adam_beta2: float = 0.999,
+        lr_warmup_steps: int = 0,
+        use_tis: bool = False,
+        tis_clip: float = 2.0,
+    ):
         self.tok = Tokenizer()
-        self.model = build_policy(model_cfg, self.tok.vocab_size, self.tok.pad_id, self.tok.bos_id, self.tok.eos_id, seed)
+        self.model = build_policy(
+            model_cfg, self.tok.vocab_size, self.tok.pad_id, self.tok.bos_id, self.tok.eos_id, seed
+        )
         self.model.load_state_dict(init_state)
         self.model.train()
         self.ref = None
@@ -106,7 +128,7 @@ class PolicyTrainer:
         self.update_depth, self.clip_grad, self.kl_loss_coef = update_depth, clip_grad, kl_loss_coef
         self.temperature = temperature
         self.bad_tokens = {"on_bad_tokens": on_bad_tokens, "max_bad_token_frac": max_bad_token_frac}
-        self.rng = random.Random(f"trainer/{seed}")   # minibatch order
+        self.rng = random.Random(f"trainer/{seed}")  # minibatch order
         self.version = 0
 
     # ---- weights and state ----
@@ -114,10 +136,15 @@ class PolicyTrainer:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def state(self) -> dict:
-        return {"model": self.get_weights(), "optimizer": copy.deepcopy(self.opt.state_dict()),
-                "ref": None if self.ref is None else {k: v.clone() for k, v in self.ref.state_dict().items()},
-                "rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(), "version": self.version,
-                "adam_steps": self.adam_steps}
+        return {
+            "model": self.get_weights(),
+            "optimizer": copy.deepcopy(self.opt.state_dict()),
+            "ref": None if self.ref is None else {k: v.clone() for k, v in self.ref.state_dict().items()},
+            "rng": self.rng.getstate(),
+            "torch_rng": torch.get_rng_state(),
+            "version": self.version,
+            "adam_steps": self.adam_steps,
+        }
 
     def load_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -134,11 +161,16 @@ class PolicyTrainer:
         """The trainer's own log-probs of every sample before this step's first update (pi_old), by id."""
         out = {}
         for i in range(0, len(samples), chunk):
-            part = samples[i:i + chunk]
-            lp, _ = response_log_probs(self.model, [s["prompt_ids"] for s in part], [s["response_ids"] for s in part],
-                                       self.temperature, self.tok.pad_id)
+            part = samples[i : i + chunk]
+            lp, _ = response_log_probs(
+                self.model,
+                [s["prompt_ids"] for s in part],
+                [s["response_ids"] for s in part],
+                self.temperature,
+                self.tok.pad_id,
+            )
             for s, row in zip(part, lp):
-                out[id(s)] = row[:len(s["response_ids"])].tolist()
+                out[id(s)] = row[: len(s["response_ids"])].tolist()
         return out
 
     # ---- one rollout step ----
@@ -166,15 +198,16 @@ class PolicyTrainer:
         skip = self.bad_tokens["on_bad_tokens"] == "skip"
         needs_topk = LOSS_MODES[self.policy_loss].needs_topk
         for d in range(self.update_depth):
-            mb = [samples[i] for i in order[d * mb_size:(d + 1) * mb_size]]
+            mb = [samples[i] for i in order[d * mb_size : (d + 1) * mb_size]]
             prompts = [s["prompt_ids"] for s in mb]
             responses = [s["response_ids"] for s in mb]
-            log_probs, mask, *all_lp = response_log_probs(self.model, prompts, responses, self.temperature,
-                                                          self.tok.pad_id, return_all=True)
+            log_probs, mask, *all_lp = response_log_probs(
+                self.model, prompts, responses, self.temperature, self.tok.pad_id, return_all=True
+            )
             T = log_probs.shape[1]
             behavior = pad_rows([s["behavior_log_probs"] for s in mb], T)
             weights = None
-            if self.use_tis:   # the loss's ratio is to pi_old (this step's start); mu only weights the tokens
+            if self.use_tis:  # the loss's ratio is to pi_old (this step's start); mu only weights the tokens
                 rollout = behavior
                 behavior = pad_rows([old_lp[id(s)] for s in mb], T)
                 weights = tis_weights(behavior, rollout, mask, self.tis_clip)
@@ -182,44 +215,63 @@ class PolicyTrainer:
                     add(f"train/{k}", v)
             adv = torch.tensor([s["advantage"] for s in mb], dtype=torch.float32)
             topk_kwargs = topk_loss_inputs(mb, responses, behavior, all_lp[0]) if needs_topk else {}
-            out = compute_policy_loss(self.policy_loss, log_probs, behavior, adv, mask, aggregation=self.aggregation,
-                                      **topk_kwargs, **self.bad_tokens, **self.policy_loss_params)
-            loss = out.loss if weights is None else tis_weighted_loss(out.per_token_loss, weights, mask, out.aggregation)
+            out = compute_policy_loss(
+                self.policy_loss,
+                log_probs,
+                behavior,
+                adv,
+                mask,
+                aggregation=self.aggregation,
+                **topk_kwargs,
+                **self.bad_tokens,
+                **self.policy_loss_params,
+            )
+            loss = (
+                out.loss if weights is None else tis_weighted_loss(out.per_token_loss, weights, mask, out.aggregation)
+            )
             bad_tokens += int(out.metrics["bad_tokens"])
             checked_tokens += int(mask.sum())
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"policy loss {self.policy_loss} is {float(loss)} at version {self.version}, minibatch {d}")
+                raise FloatingPointError(
+                    f"policy loss {self.policy_loss} is {float(loss)} at version {self.version}, minibatch {d}"
+                )
             add(names.PG_LOSS, loss)
-            add("train/entropy", mean_token_entropy(all_lp[0].detach(), mask))   # Fig. 6 of the paper
+            add("train/entropy", mean_token_entropy(all_lp[0].detach(), mask))  # Fig. 6 of the paper
             for k, v in out.metrics.items():
                 if k == "bad_tokens":
-                    continue   # a count: summed over the step below, not averaged
+                    continue  # a count: summed over the step below, not averaged
                 try:
                     add(names.policy_metric(k), v)
                 except (TypeError, ValueError, RuntimeError):
-                    pass   # non-scalar diagnostics (e.g. per-bin vectors) are not averaged here
+                    pass  # non-scalar diagnostics (e.g. per-bin vectors) are not averaged here
             if self.ref is not None:
                 with torch.no_grad():
                     ref_lp, _ = response_log_probs(self.ref, prompts, responses, self.temperature, self.tok.pad_id)
                 # Padding (and skipped bad tokens) is zeroed before the estimator, so no inf/NaN can
                 # reach the gradient.
                 kl_mask = mask if out.bad is None else mask & ~out.bad
-                k3 = kl_penalty(log_probs.masked_fill(~kl_mask, 0.0), ref_lp.masked_fill(~kl_mask, 0.0),
-                                self.kl_loss_type)
+                k3 = kl_penalty(
+                    log_probs.masked_fill(~kl_mask, 0.0), ref_lp.masked_fill(~kl_mask, 0.0), self.kl_loss_type
+                )
                 kl = aggregate_loss(k3, kl_mask, self.aggregation or "seq-mean-token-mean")
                 loss = loss + self.kl_loss_coef * kl
                 add(names.KL_LOSS, kl)
             if first_gap is None:  # before any update of this step: the train-rollout mismatch
-                first_gap = float(out.metrics["logprob_abs_diff"]) if not self.use_tis else \
-                    float(((behavior - rollout).abs() * mask).sum() / mask.sum().clamp(min=1))
+                first_gap = (
+                    float(out.metrics["logprob_abs_diff"])
+                    if not self.use_tis
+                    else float(((behavior - rollout).abs() * mask).sum() / mask.sum().clamp(min=1))
+                )
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
             if not torch.isfinite(grad_norm):
                 if not skip:
-                    raise FloatingPointError(f"gradient norm is {float(grad_norm)} at version {self.version}, "
-                                             f"minibatch {d} (--on-bad-tokens skip skips such steps)")
-                skipped += 1   # as Megatron's NaN check: no update from this minibatch, counted
+                    raise FloatingPointError(
+                        f"gradient norm is {float(grad_norm)} at version {self.version}, "
+                        f"minibatch {d} (--on-bad-tokens skip skips such steps)"
+                    )
+                skipped += 1  # as Megatron's NaN check: no update from this minibatch, counted
                 self.opt.zero_grad(set_to_none=True)
                 continue
             add(names.GRAD_NORM, grad_norm)
@@ -233,8 +285,8 @@ class PolicyTrainer:
         self.version += 1
         metrics = {k: sums[k] / counts[k] for k in sums}
         metrics["train/logprob_abs_diff_step_start"] = first_gap
-        metrics[names.BAD_TOKENS] = bad_tokens          # skipped tokens over the step's minibatches
-        metrics[names.SKIPPED_STEPS] = skipped          # optimizer steps skipped for a non-finite gradient
+        metrics[names.BAD_TOKENS] = bad_tokens  # skipped tokens over the step's minibatches
+        metrics[names.SKIPPED_STEPS] = skipped  # optimizer steps skipped for a non-finite gradient
         # the slime path's name for the same thing (it cannot log a summed count)
         metrics[names.policy_metric("bad_token_frac")] = bad_tokens / max(checked_tokens, 1)
         metrics["train/version"] = self.version

@@ -132,7 +132,8 @@ def local_policy_loss(
             topk_mask=pad_sequence(set_masks, batch_first=True),
         )
     full_log_probs = [
-        with_live_local_entries(rows[:, 0], pos.to(device), lp) for rows, pos, lp in zip(full_rows, positions, log_probs)
+        with_live_local_entries(rows[:, 0], pos.to(device), lp)
+        for rows, pos, lp in zip(full_rows, positions, log_probs)
     ]
     padded_log_probs = pad_sequence(full_log_probs, batch_first=True)
     padded_behavior = pad_sequence([rows[:, 1] for rows in full_rows], batch_first=True)
@@ -155,11 +156,15 @@ def local_policy_loss(
         for i, (n, pos) in enumerate(zip(response_lengths, positions))
     ]
     clipped = [
-        out.clipped[i, :n].index_select(0, pos.to(device)) for i, (n, pos) in enumerate(zip(response_lengths, positions))
+        out.clipped[i, :n].index_select(0, pos.to(device))
+        for i, (n, pos) in enumerate(zip(response_lengths, positions))
     ]
     bad = None
     if out.bad is not None:
-        bad = [out.bad[i, :n].index_select(0, pos.to(device)) for i, (n, pos) in enumerate(zip(response_lengths, positions))]
+        bad = [
+            out.bad[i, :n].index_select(0, pos.to(device))
+            for i, (n, pos) in enumerate(zip(response_lengths, positions))
+        ]
     return LocalPolicyLoss(per_token_loss, clipped, dict(out.metrics), out, bad)
 
 
@@ -202,8 +207,9 @@ def loss_settings(args: Any) -> LossSettings:
 
     mode, params, aggregation = policy_loss_config_from_args(args)
     behavior = resolve_behavior_logprobs(args)
-    settings = LossSettings(mode, dict(params), aggregation, behavior, bad_token_config_from_args(args),
-                            tis_settings_from_args(args, mode))
+    settings = LossSettings(
+        mode, dict(params), aggregation, behavior, bad_token_config_from_args(args), tis_settings_from_args(args, mode)
+    )
     _resolved = (args, settings)
     return settings
 
@@ -267,15 +273,18 @@ def slime_policy_loss_from_log_probs(
         zigzag_response_positions(total, resp, cp_rank, cp_size) for total, resp in zip(total_lengths, response_lengths)
     ]
     behavior_lp = behavior_log_probs_from_batch(batch, behavior)
-    if settings.tis is not None:   # the ratio is to pi_old (the recompute); mu only weights the tokens
-        behavior_lp, tis_mu = tis_ratio_base(batch, behavior_lp, loss_masks, positions,
-                                             settings.bad_tokens.get("on_bad_tokens", "raise"))
+    if settings.tis is not None:  # the ratio is to pi_old (the recompute); mu only weights the tokens
+        behavior_lp, tis_mu = tis_ratio_base(
+            batch, behavior_lp, loss_masks, positions, settings.bad_tokens.get("on_bad_tokens", "raise")
+        )
     topk = None
     if needs_topk(mode):
         from epic_slime.slime.topk import TOPK_LOG_PROBS_KEY, topk_token_sets
 
         if behavior != "rollout":
-            raise ValueError(f"--policy-loss {mode} needs --behavior-logprobs rollout (the top-k log-probs are SGLang's)")
+            raise ValueError(
+                f"--policy-loss {mode} needs --behavior-logprobs rollout (the top-k log-probs are SGLang's)"
+            )
         _, set_masks = topk_sets if topk_sets is not None else topk_token_sets(batch, response_lengths)
         if current_topk_log_probs is None:
             raise ValueError(
@@ -304,7 +313,7 @@ def slime_policy_loss_from_log_probs(
     lp = _cat(log_probs, log_probs[0])
     mu = _cat(behavior_lp, lp).to(lp)
     keep = None
-    if result.bad is not None:   # skipped bad tokens must not reach the KL / diagnostics as NaN either
+    if result.bad is not None:  # skipped bad tokens must not reach the KL / diagnostics as NaN either
         keep = ~_cat(result.bad, lp).bool()
         lp = torch.where(keep, lp, 0.0)
         mu = torch.where(keep, mu, 0.0)
@@ -315,7 +324,9 @@ def slime_policy_loss_from_log_probs(
     if aggregation == "seq-mean-token-sum":
         sums = batch.get("rollout_mask_sums")
         denoms = [
-            torch.clamp_min(torch.as_tensor(sums[i] if sums is not None else m.sum(), dtype=lp.dtype, device=lp.device), 1)
+            torch.clamp_min(
+                torch.as_tensor(sums[i] if sums is not None else m.sum(), dtype=lp.dtype, device=lp.device), 1
+            )
             for i, m in enumerate(loss_masks)
         ]
         pg_tokens = pg_tokens * torch.cat([d.expand(p.numel()) for d, p in zip(denoms, positions)])
@@ -336,7 +347,11 @@ def slime_policy_loss_from_log_probs(
         ref_lp = _cat(ref, lp) if keep is None else torch.where(keep, _cat(ref, lp), 0.0)
         kl = approx_kl(lp, ref_lp, args.kl_loss_type)
         if getattr(args, "use_unbiased_kl", False):
-            old = batch.get("rollout_log_probs") if getattr(args, "use_rollout_logprobs", False) else batch.get("log_probs")
+            old = (
+                batch.get("rollout_log_probs")
+                if getattr(args, "use_rollout_logprobs", False)
+                else batch.get("log_probs")
+            )
             old = _cat(old, lp) if old else lp.detach()
             if keep is not None:
                 old = torch.where(keep, old, 0.0)
@@ -364,7 +379,7 @@ def slime_policy_loss_from_log_probs(
         value = torch.as_tensor(value, dtype=torch.float32, device=lp.device).detach()
         if name == "empty_responses":
             name, value = "empty_response_frac", value / max(n_samples, 1)
-        if name == "bad_tokens":   # a count is not a sample-weighted mean: log the share of valid tokens
+        if name == "bad_tokens":  # a count is not a sample-weighted mean: log the share of valid tokens
             checked = float(result.metrics.get("valid_tokens", 0)) + float(value)
             name, value = "bad_token_frac", value / max(checked, 1.0)
         core_metrics[f"{METRIC_PREFIX}{name}"] = value * weight
@@ -382,8 +397,10 @@ def slime_policy_loss_from_log_probs(
         recomputed = batch.get("log_probs")
         compare = lp if (getattr(args, "use_rollout_logprobs", False) or not recomputed) else _cat(recomputed, lp)
         gap = (compare.detach() - _cat(rollout, lp)).abs()
-        reported["train_rollout_logprob_abs_diff"] = sum_of_sample_mean(gap if keep is None else torch.where(keep, gap, 0.0))
-    if settings.tis is not None:   # sample means of the weight and of the tokens truncated at --tis-clip
+        reported["train_rollout_logprob_abs_diff"] = sum_of_sample_mean(
+            gap if keep is None else torch.where(keep, gap, 0.0)
+        )
+    if settings.tis is not None:  # sample means of the weight and of the tokens truncated at --tis-clip
         reported["tis_weight_mean"] = sum_of_sample_mean(tis_w)
         reported["tis_truncated_frac"] = sum_of_sample_mean((tis_w >= settings.tis.clip).to(lp.dtype))
     reported.update(core_metrics)

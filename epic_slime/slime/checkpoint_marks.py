@@ -65,7 +65,7 @@ class ModelSaves:
     def __init__(self, args):
         self.save_dir = getattr(args, "save", None)
         self.async_save = bool(getattr(args, "async_save", False))
-        self.unfinished: int | None = None   # the asynchronous write still running, if any
+        self.unfinished: int | None = None  # the asynchronous write still running, if any
 
     def starting(self, rollout_id: int) -> None:
         """A save of ``rollout_id`` begins (data state first): an older marker of it no longer holds."""
@@ -79,7 +79,7 @@ class ModelSaves:
         if not self.save_dir:
             return []
         done = []
-        if self.unfinished is not None:   # save_model waited for it before starting this one
+        if self.unfinished is not None:  # save_model waited for it before starting this one
             done.append(self.unfinished)
             self.unfinished = None
         if self.async_save and not force_sync:

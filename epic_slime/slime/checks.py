@@ -52,10 +52,10 @@ def validate_project_args(args: Any) -> ProjectConfig:
     stale_policy = _get(args, "stale_policy", "drop")
     if stale_policy not in STALE_POLICIES:
         raise ProjectFlagError(f"--stale-policy must be one of {STALE_POLICIES}, got {stale_policy!r}")
-    behavior = resolve_behavior_logprobs(args)   # --use-tis: recompute (pi_old), see epic_slime.slime.tis
+    behavior = resolve_behavior_logprobs(args)  # --use-tis: recompute (pi_old), see epic_slime.slime.tis
     from epic_slime.slime.tis import tis_settings_from_args
 
-    tis_settings_from_args(args, mode)   # raises for what does not compose with --use-tis
+    tis_settings_from_args(args, mode)  # raises for what does not compose with --use-tis
 
     in_flight = _get(args, "async_groups_in_flight")
     if in_flight is not None and in_flight < 1:
@@ -76,8 +76,16 @@ def validate_project_args(args: Any) -> ProjectConfig:
 
     # the mode's parameters with its defaults filled in: what the loss will actually use
     return ProjectConfig(
-        mode, resolve_params(mode, params), aggregation, depth, staleness, stale_policy, behavior, topk,
-        schedule=schedule, oversample_ratio=oversample_ratio,
+        mode,
+        resolve_params(mode, params),
+        aggregation,
+        depth,
+        staleness,
+        stale_policy,
+        behavior,
+        topk,
+        schedule=schedule,
+        oversample_ratio=oversample_ratio,
     )
 
 
@@ -191,8 +199,7 @@ def _check_slime_flags(args: Any, aggregation: str, depth: int | None, staleness
     rollout_path = _get(args, "rollout_function_path")
     if staleness is not None and rollout_path not in (None, ROLLOUT_FUNCTION_PATH):
         raise ProjectFlagError(
-            f"--max-staleness is enforced by {ROLLOUT_FUNCTION_PATH}, but --rollout-function-path is "
-            f"{rollout_path!r}"
+            f"--max-staleness is enforced by {ROLLOUT_FUNCTION_PATH}, but --rollout-function-path is {rollout_path!r}"
         )
 
     prompts, per_prompt = _get(args, "rollout_batch_size"), _get(args, "n_samples_per_prompt")
@@ -324,8 +331,11 @@ def check_disk_version_check(args: Any) -> None:
     engine for ``GET /get_weight_version``, which SGLang 0.5.15 answers 404 ("use /model_info"): the run
     would die at its first push. Refused up front; the version is in ``/model_info``
     (``epic_slime.slime.served_weights.served_weight_version``)."""
-    if (_get(args, "ci_test", False) and _get(args, "update_weight_transport") == "disk"
-            and (_get(args, "update_weight_mode") or "full") == "full"):
+    if (
+        _get(args, "ci_test", False)
+        and _get(args, "update_weight_transport") == "disk"
+        and (_get(args, "update_weight_mode") or "full") == "full"
+    ):
         raise ProjectFlagError(
             "--ci-test with --update-weight-transport disk: slime checks the version after each disk reload "
             "with GET /get_weight_version, which SGLang 0.5.15 answers 404 (the version moved to /model_info), "

@@ -146,7 +146,10 @@ def lr_warmup_flags(parsed: argparse.Namespace) -> list[str]:
         return []
     if rollouts < 0:
         raise ProjectFlagError(f"--lr-warmup-rollouts must be >= 0, got {rollouts}")
-    for name, value in (("--lr-warmup-iters", parsed.lr_warmup_iters), ("--lr-warmup-fraction", parsed.lr_warmup_fraction)):
+    for name, value in (
+        ("--lr-warmup-iters", parsed.lr_warmup_iters),
+        ("--lr-warmup-fraction", parsed.lr_warmup_fraction),
+    ):
         if value is not None:
             raise ProjectFlagError(f"--lr-warmup-rollouts {rollouts} and {name} {value} both set the warmup: keep one")
     depth = parsed.update_depth or parsed.num_steps_per_rollout or 1
@@ -156,7 +159,9 @@ def lr_warmup_flags(parsed: argparse.Namespace) -> list[str]:
 # ---- rewrites for the driver's own pieces
 
 
-def needs_old_logprob_forward(behavior_logprobs: str, use_routing_replay: bool, use_rollout_routing_replay: bool) -> bool:
+def needs_old_logprob_forward(
+    behavior_logprobs: str, use_routing_replay: bool, use_rollout_routing_replay: bool
+) -> bool:
     """Whether slime's per-rollout forward that recomputes the old log-probs is needed.
 
     The project's loss takes log mu from SGLang (``--behavior-logprobs rollout``); the forward is

@@ -44,17 +44,13 @@ def zigzag_response_ranges(
     return ranges[0], ranges[1]
 
 
-def zigzag_response_positions(
-    total_length: int, response_length: int, cp_rank: int, cp_size: int
-) -> torch.Tensor:
+def zigzag_response_positions(total_length: int, response_length: int, cp_rank: int, cp_size: int) -> torch.Tensor:
     """Response indices of this rank's local tokens, in local order (int64, 1-D)."""
     (a0, b0), (a1, b1) = zigzag_response_ranges(total_length, response_length, cp_rank, cp_size)
     return torch.cat([torch.arange(a0, b0), torch.arange(a1, b1)])
 
 
-def local_to_full(
-    local: torch.Tensor, positions: torch.Tensor, response_length: int
-) -> torch.Tensor:
+def local_to_full(local: torch.Tensor, positions: torch.Tensor, response_length: int) -> torch.Tensor:
     """Scatter local rows into a zero tensor of ``response_length`` rows (no gradient)."""
     full = local.new_zeros((response_length, *local.shape[1:]))
     return full.index_copy(0, positions.to(local.device), local.detach())

@@ -25,7 +25,7 @@ from epic_slime.staleness import GroupLedger
 logger = logging.getLogger("epic_slime.slime.data_source")
 
 PENDING_FILE = "rollout/epic_pending_groups_{rollout_id}.pt"
-DATA_STATE_FILE = "rollout/global_dataset_state_dict_{rollout_id}.pt"   # slime's RolloutDataSource.save
+DATA_STATE_FILE = "rollout/global_dataset_state_dict_{rollout_id}.pt"  # slime's RolloutDataSource.save
 
 
 def group_key(group) -> int:
@@ -50,8 +50,8 @@ class StreamingDataSource:
         self.inner = RolloutDataSourceWithBuffer(args)
         self.ledger = GroupLedger()
         self._lock = threading.Lock()
-        self._restored: deque = deque()   # fresh groups of a saved run, handed out first
-        self._returned: deque = deque()   # groups given back through add_samples (already consumed)
+        self._restored: deque = deque()  # fresh groups of a saved run, handed out first
+        self._returned: deque = deque()  # groups given back through add_samples (already consumed)
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -82,7 +82,9 @@ class StreamingDataSource:
                 if key not in self.ledger.payloads:
                     raise ValueError(f"add_samples: group {key} was never handed out by this data source")
                 if any(group_key(waiting) == key for waiting in self._returned):
-                    raise ValueError(f"add_samples: group {key} is already waiting to be handed out again (given back twice)")
+                    raise ValueError(
+                        f"add_samples: group {key} is already waiting to be handed out again (given back twice)"
+                    )
                 self._returned.append(group)
 
     def fresh_group(self, key: int):

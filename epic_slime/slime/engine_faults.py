@@ -33,10 +33,10 @@ import time
 
 logger = logging.getLogger("epic_slime.slime.engine_faults")
 
-MAX_GROUP_ATTEMPTS = 3          # without fault tolerance, when no engine is found dead
-FT_MARGIN_S = 30.0              # on top of slime's health-check first wait + interval + timeout
-RETRY_DELAY_S = 2.0             # between regenerations of a failed group under fault tolerance
-BEHIND_DELAY_S = 1.0            # before regenerating a group a behind engine answered
+MAX_GROUP_ATTEMPTS = 3  # without fault tolerance, when no engine is found dead
+FT_MARGIN_S = 30.0  # on top of slime's health-check first wait + interval + timeout
+RETRY_DELAY_S = 2.0  # between regenerations of a failed group under fault tolerance
+BEHIND_DELAY_S = 1.0  # before regenerating a group a behind engine answered
 MAX_BEHIND_REGENERATIONS = 120  # in a row, per group: an engine that never gets the push
 PROBE_TIMEOUT_S = 2.0
 
@@ -49,9 +49,12 @@ def recovery_deadline_s(args) -> float | None:
     """Seconds a failed group keeps being retried under ``--use-fault-tolerance`` (None without it)."""
     if not getattr(args, "use_fault_tolerance", False):
         return None
-    return (float(getattr(args, "rollout_health_check_first_wait", 0) or 0)
-            + float(getattr(args, "rollout_health_check_interval", 30.0))
-            + float(getattr(args, "rollout_health_check_timeout", 30.0)) + FT_MARGIN_S)
+    return (
+        float(getattr(args, "rollout_health_check_first_wait", 0) or 0)
+        + float(getattr(args, "rollout_health_check_interval", 30.0))
+        + float(getattr(args, "rollout_health_check_timeout", 30.0))
+        + FT_MARGIN_S
+    )
 
 
 def router_url(args) -> str | None:
@@ -104,12 +107,16 @@ class EngineFaults:
         self.args = args
         self.deadline_s = recovery_deadline_s(args)
         self.router = router_url(args)
-        self.first_failure: dict = {}        # group key -> monotonic time of its first failure in a row
-        self.behind_in_a_row: dict = {}      # group key -> behind-version regenerations in a row
-        self.counts = {"failed_calls": 0, "fault_retries": 0, "behind_version_regenerations": 0,
-                       "engines_found_dead": 0}
+        self.first_failure: dict = {}  # group key -> monotonic time of its first failure in a row
+        self.behind_in_a_row: dict = {}  # group key -> behind-version regenerations in a row
+        self.counts = {
+            "failed_calls": 0,
+            "fault_retries": 0,
+            "behind_version_regenerations": 0,
+            "engines_found_dead": 0,
+        }
         self.dead_engines: set[str] = set()  # distinct: several groups in flight may find the same engine dead
-        self.probe = unhealthy_workers       # injectable (a test counts or replaces the probe)
+        self.probe = unhealthy_workers  # injectable (a test counts or replaces the probe)
         self.retry_delay_s, self.behind_delay_s = RETRY_DELAY_S, BEHIND_DELAY_S
 
     def metrics(self, prefix: str = "rollout/faults/") -> dict:
@@ -123,8 +130,11 @@ class EngineFaults:
         """The oldest version this call's replies reported, when it is below ``submitted_version``."""
         from epic_slime.staleness import parse_weight_version
 
-        reported = [parse_weight_version(v) for sample, (_, n) in zip(group, before, strict=True)
-                    for v in sample.weight_versions[n:]]
+        reported = [
+            parse_weight_version(v)
+            for sample, (_, n) in zip(group, before, strict=True)
+            for v in sample.weight_versions[n:]
+        ]
         oldest = min(reported, default=None)
         return oldest if oldest is not None and oldest < submitted_version else None
 
@@ -132,13 +142,20 @@ class EngineFaults:
         """Count a behind-version reply; an error once the group met ``MAX_BEHIND_REGENERATIONS`` of them."""
         self.counts["behind_version_regenerations"] += 1
         n = self.behind_in_a_row[key] = self.behind_in_a_row.get(key, 0) + 1
-        logger.warning("rollout group %s: an engine answered with weight version %d, older than version %d that "
-                       "every healthy engine holds (a restarted engine before its push); regenerating it from its "
-                       "prompt, its samples are not trained (%d in a row)", key, reported, submitted_version, n)
+        logger.warning(
+            "rollout group %s: an engine answered with weight version %d, older than version %d that "
+            "every healthy engine holds (a restarted engine before its push); regenerating it from its "
+            "prompt, its samples are not trained (%d in a row)",
+            key,
+            reported,
+            submitted_version,
+            n,
+        )
         if n > MAX_BEHIND_REGENERATIONS:
             return EngineFailedError(
                 f"rollout group {key}: an engine kept answering with weight version {reported} < {submitted_version} "
-                f"({n} times in a row): it never received the weight push. {resume_hint(self.args)}")
+                f"({n} times in a row): it never received the weight push. {resume_hint(self.args)}"
+            )
         return None
 
     async def after_failure(self, key, attempt: int, exc: BaseException) -> Exception | None:
@@ -154,9 +171,16 @@ class EngineFaults:
                     f"rollout group {key} kept failing for {now - first:.0f} s, past the fault-tolerance deadline "
                     f"of {self.deadline_s:.0f} s (--rollout-health-check-first-wait + interval + timeout + "
                     f"{FT_MARGIN_S:.0f} s); unhealthy engines: {', '.join(dead) or 'none found'}; last error "
-                    f"{exc!r}. {resume_hint(self.args)}")
-            logger.warning("rollout group %s raised %r; regenerating it in %.0f s (fault tolerance: %.0f s of %.0f s "
-                           "spent)", key, exc, self.retry_delay_s, now - first, self.deadline_s)
+                    f"{exc!r}. {resume_hint(self.args)}"
+                )
+            logger.warning(
+                "rollout group %s raised %r; regenerating it in %.0f s (fault tolerance: %.0f s of %.0f s spent)",
+                key,
+                exc,
+                self.retry_delay_s,
+                now - first,
+                self.deadline_s,
+            )
             await asyncio.sleep(self.retry_delay_s)
             self.counts["fault_retries"] += 1
             return None
@@ -167,7 +191,8 @@ class EngineFaults:
             return EngineFailedError(
                 f"SGLang engine {', '.join(dead)} does not answer /health (dead or hung) and the router still routes "
                 f"to it; without --use-fault-tolerance nothing replaces it, so the run stops (last error {exc!r}). "
-                f"{resume_hint(self.args)}")
+                f"{resume_hint(self.args)}"
+            )
         if attempt >= MAX_GROUP_ATTEMPTS:
             return RuntimeError(f"group {key}: {attempt} attempts, last error {exc!r}")
         return None

@@ -90,8 +90,9 @@ def _sample_weights_step(sample, step: int, first_training_rollout: int | None, 
     return served_step(min(versions, key=parse_weight_version), step, first_training_rollout)
 
 
-def eval_records_from_rollout(rollout_id: int, args, data: dict, first_training_rollout: int | None = None,
-                              versions_known: bool = False) -> list[EvalRecord]:
+def eval_records_from_rollout(
+    rollout_id: int, args, data: dict, first_training_rollout: int | None = None, versions_known: bool = False
+) -> list[EvalRecord]:
     """The records of one eval rollout (pure: no I/O). ``versions_known``: the samples'
     ``weight_versions`` can be translated into steps (``served_step``, with the process's
     ``first_training_rollout``), so each record names the weights it scored; else it names none."""
@@ -119,8 +120,19 @@ def eval_records_from_rollout(rollout_id: int, args, data: dict, first_training_
             groups[(benchmark, prompt_id)].append((index, correct, weights))
         for (benchmark, prompt_id), members in groups.items():
             for sample_idx, (_, correct, weights) in enumerate(sorted(members, key=lambda m: m[0])):
-                records.append(EvalRecord(run, method, seed, int(rollout_id), benchmark, prompt_id, sample_idx,
-                                          correct, weight_version=weights))
+                records.append(
+                    EvalRecord(
+                        run,
+                        method,
+                        seed,
+                        int(rollout_id),
+                        benchmark,
+                        prompt_id,
+                        sample_idx,
+                        correct,
+                        weight_version=weights,
+                    )
+                )
     return records
 
 
@@ -131,7 +143,7 @@ def eval_step(rollout_id: int, args, first_eval_in_process: bool) -> int:
         return rollout_id
     if getattr(args, "rollout_function_path", None) == ROLLOUT_FUNCTION_PATH:
         trained = project_rollout.training_rollouts_started()
-    else:   # no record of training rollouts in this process: go by the schedule
+    else:  # no record of training rollouts in this process: go by the schedule
         trained = not first_eval_in_process or bool(getattr(args, "skip_eval_before_train", False))
     return rollout_id if trained else PRE_TRAINING_STEP
 
@@ -162,15 +174,23 @@ def log_eval_rollout(rollout_id, args, data, extra_metrics=None) -> bool:
     last = _last_written.get(key)
     step = eval_step(rollout_id, args, first_eval_in_process=last is None)
     if last is not None and step <= last:
-        raise ValueError(f"eval records: run {run!r} step {step} (rollout id {rollout_id}) comes after step {last} "
-                         f"in this process; two evals keyed alike would replace one another in {path}")
+        raise ValueError(
+            f"eval records: run {run!r} step {step} (rollout id {rollout_id}) comes after step {last} "
+            f"in this process; two evals keyed alike would replace one another in {path}"
+        )
     ours = getattr(args, "rollout_function_path", None) == ROLLOUT_FUNCTION_PATH
-    records = eval_records_from_rollout(step, args, data, first_training_rollout=project_rollout._first_rollout_id,
-                                        versions_known=ours)
+    records = eval_records_from_rollout(
+        step, args, data, first_training_rollout=project_rollout._first_rollout_id, versions_known=ours
+    )
     wrong = sorted({r.weight_version for r in records if r.weight_version not in (None, step)})
-    if wrong:   # written as scored (the report refuses the file), and said here where it happened
-        logger.error("eval at rollout id %s (step %d) scored the weights of step(s) %s: the eval ran before "
-                     "the push of its step's weights", rollout_id, step, wrong)
+    if wrong:  # written as scored (the report refuses the file), and said here where it happened
+        logger.error(
+            "eval at rollout id %s (step %d) scored the weights of step(s) %s: the eval ran before "
+            "the push of its step's weights",
+            rollout_id,
+            step,
+            wrong,
+        )
     # an eval-only run re-scores one checkpoint: replace that step only, keep the run's others
     replace_run_records(path, records, run=run, from_step=step, to_step=step if eval_only_run(args) else None)
     _last_written[key] = step

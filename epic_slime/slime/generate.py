@@ -40,7 +40,9 @@ def topk_for_args(args: Any) -> int | None:
     return k
 
 
-def build_payload(input_ids: list[int], sampling_params: dict[str, Any], k: int, *, routed_experts: bool = False) -> dict:
+def build_payload(
+    input_ids: list[int], sampling_params: dict[str, Any], k: int, *, routed_experts: bool = False
+) -> dict:
     """The SGLang ``/generate`` request: token ids in, sampled log-probs and the top-k log-probs out."""
     payload = {
         "input_ids": list(input_ids),

@@ -37,6 +37,8 @@ MAX_CONSECUTIVE_ABORTS = 16
 def abort_limit(max_staleness: int | None) -> int:
     """Consecutive aborts that fail a group: MAX_CONSECUTIVE_ABORTS, or K + 2 above it."""
     return max(MAX_CONSECUTIVE_ABORTS, (max_staleness or 0) + 2)
+
+
 # A group too stale to train is regenerated from its prompt at most this many times, then dropped
 # (counted): only a group overtaken again and again (a response far longer than the rest) gets there.
 MAX_STALE_REQUEUES = 3
@@ -97,9 +99,18 @@ class GroupStream:
 
     Every method except ``__init__`` runs on that loop."""
 
-    def __init__(self, args, data_source: StreamingDataSource, cap: int | None = None,
-                 max_requeues: int = MAX_STALE_REQUEUES, engine_version: int = 1, *,
-                 loop=None, sampling_params: dict | None = None, generate_group=None):
+    def __init__(
+        self,
+        args,
+        data_source: StreamingDataSource,
+        cap: int | None = None,
+        max_requeues: int = MAX_STALE_REQUEUES,
+        engine_version: int = 1,
+        *,
+        loop=None,
+        sampling_params: dict | None = None,
+        generate_group=None,
+    ):
         from epic_slime.slime.push_mode import HOLDING_PUSH_MODES
 
         self.args = args
@@ -114,19 +125,19 @@ class GroupStream:
         self.engine_version = engine_version
         self.live_started = 0
         self.generate_group = generate_group
-        self.active: dict = {}           # task -> (group key, attempt, per sample (response length, versions) before)
-        self.order: deque = deque()      # keys of the live, untaken groups in start order
-        self.finished: dict = {}         # key -> finished group, not yet taken
-        self.taken: set = set()          # keys popped for the rollout being collected, not yet delivered or dropped
-        self.to_start: deque = deque()   # fresh groups of requeued prompts, started first when room opens
-        self.requeues: Counter = Counter()   # group key -> times regenerated for staleness
-        self.aborts: Counter = Counter()     # group key -> consecutive aborts of its current attempt
+        self.active: dict = {}  # task -> (group key, attempt, per sample (response length, versions) before)
+        self.order: deque = deque()  # keys of the live, untaken groups in start order
+        self.finished: dict = {}  # key -> finished group, not yet taken
+        self.taken: set = set()  # keys popped for the rollout being collected, not yet delivered or dropped
+        self.to_start: deque = deque()  # fresh groups of requeued prompts, started first when room opens
+        self.requeues: Counter = Counter()  # group key -> times regenerated for staleness
+        self.aborts: Counter = Counter()  # group key -> consecutive aborts of its current attempt
         self.crash_retries = 0
         self.abort_resubmits = 0
         self.stale_requeues = 0
         self.empty_call_versions = 0
         self.failures: list = []
-        self.faults = EngineFaults(args)   # engine death, hang, restart (engine_faults.py)
+        self.faults = EngineFaults(args)  # engine death, hang, restart (engine_faults.py)
         self.trainer_version = 1
         # (mean response length, lag, outcome) per group decision: this rollout's, and the run's in
         # steady state (from trainer version K + 2 on: before it the budget is still filling up)
@@ -144,7 +155,7 @@ class GroupStream:
     async def _slime_sampling_params(self) -> dict:
         from slime.rollout.sglang_rollout import GenerateState
 
-        return GenerateState(self.args).sampling_params   # created on the loop that will use its semaphore
+        return GenerateState(self.args).sampling_params  # created on the loop that will use its semaphore
 
     @property
     def completed(self) -> list:
@@ -190,10 +201,10 @@ class GroupStream:
         if generate_group is None:
             from slime.rollout.sglang_rollout import generate_and_rm_group as generate_group
 
-        for sample in group:   # the version known at the first submission of this attempt
+        for sample in group:  # the version known at the first submission of this attempt
             metadata = _metadata(sample)
             metadata.setdefault("epic_submitted_version", self.engine_version)
-            metadata["epic_call_version"] = self.engine_version   # this call's: the behind-version guard
+            metadata["epic_call_version"] = self.engine_version  # this call's: the behind-version guard
             if not self.held_across_push:
                 metadata.setdefault("token_version_spans", [])
         before = [(s.response_length, len(s.weight_versions)) for s in group]
@@ -258,8 +269,8 @@ class GroupStream:
                 logger.error("rollout group %d aborted %d times in a row", key, self.aborts[key])
                 return
             self.abort_resubmits += 1
-            remember_partial_routing(group)   # R3: the rows of the tokens sampled before the push
-            self._submit(group, attempt)   # prompt + partial response, continued on the new weights
+            remember_partial_routing(group)  # R3: the rows of the tokens sampled before the push
+            self._submit(group, attempt)  # prompt + partial response, continued on the new weights
             return
         self.aborts.pop(key, None)
         self.faults.succeeded(key)
@@ -274,7 +285,9 @@ class GroupStream:
             logger.error("rollout group %d failed (attempt %d): %s", key, attempt, error)
             return
         self.crash_retries += 1
-        logger.warning("rollout group %d raised %r; regenerating it from its prompt (attempt %d)", key, exc, attempt + 1)
+        logger.warning(
+            "rollout group %d raised %r; regenerating it from its prompt (attempt %d)", key, exc, attempt + 1
+        )
         # keeps its place in the start order: it restarts at a version >= the one it was admitted at
         self._submit(self.data_source.fresh_group(key), attempt + 1)
 
@@ -334,7 +347,7 @@ class GroupStream:
         key = group_key(group)
         if key in self.order:
             self._discard(key)
-        else:   # taken by pop: it leaves the live count all the same
+        else:  # taken by pop: it leaves the live count all the same
             self.release(group)
             self.live_started -= 1
         if self.requeues[key] >= self.max_requeues:
@@ -353,7 +366,7 @@ class GroupStream:
         if self.failures:
             first = self.failures[0]
             if isinstance(first, (AbortLoopError, EngineFailedError)):
-                raise first   # its own one line (EngineFailedError: the engine and the checkpoint to resume from)
+                raise first  # its own one line (EngineFailedError: the engine and the checkpoint to resume from)
             raise RuntimeError("rollout groups failed after retries: " + "; ".join(map(str, self.failures)))
         out = []
         while self.order and len(out) < limit and self.order[0] in self.finished:
@@ -361,7 +374,7 @@ class GroupStream:
             self.taken.add(key)
             out.append(self.finished.pop(key))
         if out:
-            self.top_up()   # the cap (if any) has room again
+            self.top_up()  # the cap (if any) has room again
         return out
 
 

@@ -91,12 +91,28 @@ import sys
 import uuid
 from typing import Any
 
-from epic_slime.slime.flags import (ABORT, DEFAULT_PUSH_MODE, HOLDING_PUSH_MODES, IN_PLACE, PUSH_MODES, RETRACT,
-                                    ROLLOUT_FUNCTION_PATH)
+from epic_slime.slime.flags import (
+    ABORT,
+    DEFAULT_PUSH_MODE,
+    HOLDING_PUSH_MODES,
+    IN_PLACE,
+    PUSH_MODES,
+    RETRACT,
+    ROLLOUT_FUNCTION_PATH,
+)
 from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH as TRAIN_HOOK_PATH
 
-__all__ = ["ABORT", "HOLDING_PUSH_MODES", "IN_PLACE", "PUSH_MODES", "RETRACT", "TRAIN_HOOK_PATH", "check_push_setup",
-           "install_rollout_hook", "install_train_hook"]
+__all__ = [
+    "ABORT",
+    "HOLDING_PUSH_MODES",
+    "IN_PLACE",
+    "PUSH_MODES",
+    "RETRACT",
+    "TRAIN_HOOK_PATH",
+    "check_push_setup",
+    "install_rollout_hook",
+    "install_train_hook",
+]
 KEY_PREFIX = "epic-"
 _MARK = "_epic_push_mode"
 
@@ -109,6 +125,7 @@ def push_mode_of(args: Any) -> str:
 
 
 # ---------------------------------------------------------------- checks (driver)
+
 
 def check_push_setup(args: Any) -> str | None:
     """An error message when ``--weight-push-mode`` cannot work with the other flags; None if it can.
@@ -123,20 +140,27 @@ def check_push_setup(args: Any) -> str | None:
     if mode not in HOLDING_PUSH_MODES:
         return None
     if getattr(args, "colocate", False):
-        return (f"--weight-push-mode {mode} needs separate rollout GPUs (slime's distributed updater); "
-                "with --colocate nothing generates during a push: use abort")
+        return (
+            f"--weight-push-mode {mode} needs separate rollout GPUs (slime's distributed updater); "
+            "with --colocate nothing generates during a push: use abort"
+        )
     transport = getattr(args, "update_weight_transport", "nccl") or "nccl"
     if transport != "nccl":
-        return (f"--weight-push-mode {mode} hooks slime's NCCL weight transport; --update-weight-transport "
-                f"{transport} pauses the engines from the driver in abort mode")
+        return (
+            f"--weight-push-mode {mode} hooks slime's NCCL weight transport; --update-weight-transport "
+            f"{transport} pauses the engines from the driver in abort mode"
+        )
     hook = getattr(args, "custom_megatron_init_path", None)
     if hook not in (None, TRAIN_HOOK_PATH):
-        return (f"--weight-push-mode {mode} needs --custom-megatron-init-path {TRAIN_HOOK_PATH} (got {hook!r}): "
-                f"it makes slime's updater pause with mode {mode} and skip the flush")
+        return (
+            f"--weight-push-mode {mode} needs --custom-megatron-init-path {TRAIN_HOOK_PATH} (got {hook!r}): "
+            f"it makes slime's updater pause with mode {mode} and skip the flush"
+        )
     return None
 
 
 # ---------------------------------------------------------------- train side
+
 
 class _Call:
     """An actor method as slime's updater calls it: ``.remote(...)`` returns what ``ray.get`` takes."""
@@ -215,7 +239,7 @@ def holding_update_weights(update_weights, mode: str = IN_PLACE):
     """slime's ``update_weights(self)`` run with ``mode`` views (in_place, retract) of ``self.rollout_engines``."""
     if getattr(update_weights, _MARK, False):
         return update_weights
-    module = sys.modules[update_weights.__module__]   # slime's updater module: its ``ray`` gets the no-flush ref
+    module = sys.modules[update_weights.__module__]  # slime's updater module: its ``ray`` gets the no-flush ref
 
     @functools.wraps(update_weights)
     def wrapped(self, *args, **kwargs):
@@ -234,14 +258,17 @@ def install_train_hook(args) -> None:
     """``--custom-megatron-init-path epic_slime.slime.push_mode.install_train_hook``: the R3 train
     hook when R3 is on (``epic_slime.slime.routing.install_train_hook``), and under
     ``--weight-push-mode in_place`` or ``retract`` slime's distributed updater pausing with that mode."""
-    if getattr(args, "use_rollout_routing_replay", False) and getattr(args, "rollout_function_path", None) == ROLLOUT_FUNCTION_PATH:
+    if (
+        getattr(args, "use_rollout_routing_replay", False)
+        and getattr(args, "rollout_function_path", None) == ROLLOUT_FUNCTION_PATH
+    ):
         from epic_slime.slime.routing import install_train_hook as install_r3
 
         install_r3(args)
     install_push_hook(args)
     from epic_slime.slime.push_recovery import install_stale_group_reset
 
-    install_stale_group_reset()   # a resumed driver's connect after one killed mid-push (engines that outlived it)
+    install_stale_group_reset()  # a resumed driver's connect after one killed mid-push (engines that outlived it)
 
 
 def install_push_hook(args) -> bool:
@@ -252,11 +279,14 @@ def install_push_hook(args) -> bool:
         return False
     from slime.backends.megatron_utils.update_weight.update_weight_from_distributed import UpdateWeightFromDistributed
 
-    UpdateWeightFromDistributed.update_weights = holding_update_weights(UpdateWeightFromDistributed.update_weights, mode)
+    UpdateWeightFromDistributed.update_weights = holding_update_weights(
+        UpdateWeightFromDistributed.update_weights, mode
+    )
     return True
 
 
 # ---------------------------------------------------------------- rollout side
+
 
 def fresh_prefix_key() -> str:
     return KEY_PREFIX + uuid.uuid4().hex
@@ -310,7 +340,7 @@ def install_rollout_hook(args) -> bool:
     sglang_rollout.generate_and_rm_group = keyed_submission(sglang_rollout.generate_and_rm_group)
     sglang_rollout.eval_rollout = keyed_submission(sglang_rollout.eval_rollout)
     sglang_rollout.post = keyed_post(sglang_rollout.post)
-    http_utils.post = keyed_post(http_utils.post)   # for callers that import it at call time (epic_slime.slime.generate)
+    http_utils.post = keyed_post(http_utils.post)  # for callers that import it at call time (epic_slime.slime.generate)
     return True
 
 

@@ -39,8 +39,12 @@ def clear_stale_update_group(engines: Sequence[Any], group_name: str, get: Calla
     answers = get([engine.destroy_weights_update_group.remote(group_name=group_name) for engine in engines])
     cleared = sum(1 for a in answers if isinstance(a, dict) and a.get("success"))
     if cleared:
-        logger.warning("destroyed a leftover weight-update group %r on %d of %d engines (a driver died mid-push)",
-                       group_name, cleared, len(answers))
+        logger.warning(
+            "destroyed a leftover weight-update group %r on %d of %d engines (a driver died mid-push)",
+            group_name,
+            cleared,
+            len(answers),
+        )
     return answers
 
 

@@ -90,7 +90,9 @@ def _get_stream(args, data_source) -> GroupStream:
         if _stream is None:
             _stream = GroupStream(args, data_source, cap=getattr(args, "async_groups_in_flight", None))
         elif _stream.data_source is not data_source:
-            raise RuntimeError("epic_slime.slime.rollout: one RolloutManager per process (a second data source appeared)")
+            raise RuntimeError(
+                "epic_slime.slime.rollout: one RolloutManager per process (a second data source appeared)"
+            )
         return _stream
 
 
@@ -109,8 +111,9 @@ def _check_data_source(data_source) -> None:
         )
 
 
-async def _collect(args, stream: GroupStream, trainer_version: int, gate: StalenessGate, rollout_id: int,
-                   poll_seconds: float = 0.05):
+async def _collect(
+    args, stream: GroupStream, trainer_version: int, gate: StalenessGate, rollout_id: int, poll_seconds: float = 0.05
+):
     ledger = stream.data_source.ledger
     stream.start_rollout(trainer_version)
     groups = await collect_admitted_groups(
@@ -136,7 +139,7 @@ async def _collect(args, stream: GroupStream, trainer_version: int, gate: Stalen
 def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False):
     from epic_slime.slime.push_mode import install_rollout_hook
 
-    install_rollout_hook(args)   # --weight-push-mode in_place: a prefix-cache key per group (idempotent)
+    install_rollout_hook(args)  # --weight-push-mode in_place: a prefix-cache key per group (idempotent)
     if evaluation:
         from slime.rollout.sglang_rollout import generate_rollout as slime_generate_rollout
 
@@ -152,7 +155,9 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
     from slime.utils.async_utils import run
 
     if not args.rollout_global_dataset:
-        raise ValueError("epic_slime.slime.rollout needs slime's global dataset (do not pass --disable-rollout-global-dataset)")
+        raise ValueError(
+            "epic_slime.slime.rollout needs slime's global dataset (do not pass --disable-rollout-global-dataset)"
+        )
     _check_data_source(data_source)
     global _first_rollout_id
     if _first_rollout_id is None:
@@ -177,8 +182,10 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
     metrics["rollout/accounting/abort_resubmits"] = float(stream.abort_resubmits)
     metrics["rollout/accounting/stale_requeues"] = float(stream.stale_requeues)
     metrics["rollout/accounting/empty_call_versions"] = float(stream.empty_call_versions)
-    metrics |= stream.faults.metrics()   # rollout/faults/*: engine death, hang, restart (engine_faults.py)
-    logger.info("rollout %d: %s", rollout_id, {k: v for k, v in metrics.items() if "groups_at" not in k and "deciles/" not in k})
+    metrics |= stream.faults.metrics()  # rollout/faults/*: engine death, hang, restart (engine_faults.py)
+    logger.info(
+        "rollout %d: %s", rollout_id, {k: v for k, v in metrics.items() if "groups_at" not in k and "deciles/" not in k}
+    )
     from epic_slime.slime.routing import stage_for_training
 
     return RolloutFnTrainOutput(samples=stage_for_training(args, groups, rollout_id), metrics=metrics)

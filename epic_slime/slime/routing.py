@@ -73,13 +73,16 @@ def compact_routing(args, routing, num_tokens: int) -> torch.Tensor:
     tensor = torch.as_tensor(routing)
     expected = (num_tokens - 1, layers, topk)
     if tuple(tensor.shape) != expected:
-        raise ValueError(f"Sample.rollout_routed_experts has shape {tuple(tensor.shape)}, expected {expected} "
-                         f"(len(tokens) - 1, num_layers, moe_router_topk)")
+        raise ValueError(
+            f"Sample.rollout_routed_experts has shape {tuple(tensor.shape)}, expected {expected} "
+            f"(len(tokens) - 1, num_layers, moe_router_topk)"
+        )
     if tensor.numel():
         low, high = (int(v) for v in torch.aminmax(tensor))  # one pass over the ~3.5M ids of a 9K-token sample
         if low < 0 or high >= experts:
-            raise ValueError(f"Sample.rollout_routed_experts holds expert ids in [{low}, {high}], "
-                             f"outside [0, num_experts={experts})")
+            raise ValueError(
+                f"Sample.rollout_routed_experts holds expert ids in [{low}, {high}], outside [0, num_experts={experts})"
+            )
     return tensor.to(routing_dtype(experts)).contiguous()
 
 
@@ -102,7 +105,7 @@ def _merge(before, after) -> torch.Tensor | None:
     if after is None:
         return before
     after = torch.as_tensor(after)
-    return torch.cat([before.to(after.dtype), after[before.shape[0]:]], dim=0)
+    return torch.cat([before.to(after.dtype), after[before.shape[0] :]], dim=0)
 
 
 def remember_partial_routing(group) -> None:
@@ -134,7 +137,7 @@ class RoutingStore:
 
     def __init__(self, keep_rollouts: int = KEEP_ROLLOUTS):
         self.keep_rollouts = keep_rollouts
-        self._keys = itertools.count(HANDLE_BASE)   # assigned here: unique even across manager restarts
+        self._keys = itertools.count(HANDLE_BASE)  # assigned here: unique even across manager restarts
         self.rollouts: dict[int, list[int]] = {}
         self.arrays: dict[int, np.ndarray] = {}
         self.bytes_served = 0
@@ -157,16 +160,21 @@ class RoutingStore:
         with self._lock:
             missing = [key for key, _ in requests if key not in self.arrays]
             if missing:
-                raise KeyError(f"RoutingStore: no routing for keys {missing[:4]} (dropped after "
-                               f"{self.keep_rollouts} rollouts, or staged by another RolloutManager)")
+                raise KeyError(
+                    f"RoutingStore: no routing for keys {missing[:4]} (dropped after "
+                    f"{self.keep_rollouts} rollouts, or staged by another RolloutManager)"
+                )
             out = [self.arrays[key][rows] for key, rows in requests]
             self.bytes_served += sum(a.nbytes for a in out)
         return out
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"samples": len(self.arrays), "bytes_held": sum(a.nbytes for a in self.arrays.values()),
-                    "bytes_served": self.bytes_served}
+            return {
+                "samples": len(self.arrays),
+                "bytes_held": sum(a.nbytes for a in self.arrays.values()),
+                "bytes_served": self.bytes_served,
+            }
 
 
 _store = None
@@ -199,8 +207,10 @@ def stage_for_training(args, groups, rollout_id: int, store: Any = None):
     samples = [s for group in groups for s in group]
     for sample in samples:
         if sample.rollout_routed_experts is None:
-            raise ValueError(f"R3 is on but sample {getattr(sample, 'index', None)} has no rollout_routed_experts "
-                             "(SGLang needs --sglang-enable-return-routed-experts)")
+            raise ValueError(
+                f"R3 is on but sample {getattr(sample, 'index', None)} has no rollout_routed_experts "
+                "(SGLang needs --sglang-enable-return-routed-experts)"
+            )
         finish_group_routing(args, [sample])
     arrays = [s.rollout_routed_experts.numpy() for s in samples]
     if store is None:
@@ -216,8 +226,14 @@ def stage_for_training(args, groups, rollout_id: int, store: Any = None):
 
 
 def is_handle(value) -> bool:
-    return (torch.is_tensor(value) and value.dtype == torch.int64 and value.dim() == 3
-            and value.shape[0] == 1 and value.numel() > 0 and int(value.reshape(-1)[0]) >= HANDLE_BASE)
+    return (
+        torch.is_tensor(value)
+        and value.dtype == torch.int64
+        and value.dim() == 3
+        and value.shape[0] == 1
+        and value.numel() > 0
+        and int(value.reshape(-1)[0]) >= HANDLE_BASE
+    )
 
 
 def local_routing(
@@ -243,12 +259,11 @@ def local_routing(
     ids = [-(torch.arange(n, dtype=torch.int64) + int(s) + 1).reshape(n, 1, 1) for n, s in zip(lengths, starts)]
     layout = original(ids, tokens, num_experts=1 << 62, **kwargs).reshape(-1)
     real = layout < 0
-    local = torch.nonzero(real).reshape(-1).numpy()        # local rows holding sample rows
-    flat = (-layout[real] - 1).numpy()                      # ... and which (mb-global) rows
+    local = torch.nonzero(real).reshape(-1).numpy()  # local rows holding sample rows
+    flat = (-layout[real] - 1).numpy()  # ... and which (mb-global) rows
     owner = np.searchsorted(starts, flat, side="right") - 1
-    order = np.argsort(owner, kind="stable")                # one request per sample
-    requests = [(int(handles[i].reshape(-1)[0]), flat[order][owner[order] == i] - starts[i])
-                for i in np.unique(owner)]
+    order = np.argsort(owner, kind="stable")  # one request per sample
+    requests = [(int(handles[i].reshape(-1)[0]), flat[order][owner[order] == i] - starts[i]) for i in np.unique(owner)]
     parts = fetch(requests)
     dtype = torch.from_numpy(np.asarray(parts[0][:0])).dtype if parts else routing_dtype(num_experts)
     out = torch.empty((layout.numel(), layers, topk), dtype=dtype)
@@ -303,7 +318,9 @@ def check_r3_setup(args) -> str | None:
         return None
     hook = getattr(args, "custom_megatron_init_path", None)
     if hook not in (None, HOOK_PATH, PUSH_TRAIN_HOOK_PATH):
-        return (f"--use-rollout-routing-replay with the project's rollout function needs "
-                f"--custom-megatron-init-path {HOOK_PATH} (got {hook!r}): the rollout stages routing "
-                "out of slime's per-DP data and each train rank fetches only its own rows")
+        return (
+            f"--use-rollout-routing-replay with the project's rollout function needs "
+            f"--custom-megatron-init-path {HOOK_PATH} (got {hook!r}): the rollout stages routing "
+            "out of slime's per-DP data and each train rank fetches only its own rows"
+        )
     return None

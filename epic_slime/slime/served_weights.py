@@ -52,9 +52,13 @@ def served_weight_version(url: str, http=None, timeout: float = 60) -> str:
 def served_logprobs(url: str, ids: list[int], http=None, timeout: float = 300) -> list[float]:
     """log p(ids[i] | ids[:i]) for i >= 1 as the server at ``url`` computes them (its prompt
     log-probs, temperature 1). A fresh ``extra_key``: no prefix KV cached under older weights."""
-    body = {"input_ids": list(ids), "return_logprob": True, "logprob_start_len": 0,
-            "sampling_params": {"max_new_tokens": 1, "temperature": 1.0},
-            "extra_key": "epic-probe-" + uuid.uuid4().hex}
+    body = {
+        "input_ids": list(ids),
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "sampling_params": {"max_new_tokens": 1, "temperature": 1.0},
+        "extra_key": "epic-probe-" + uuid.uuid4().hex,
+    }
     reply = _http(http).post(f"{url.rstrip('/')}/generate", json=body, timeout=timeout)
     reply.raise_for_status()
     rows = reply.json()["meta_info"]["input_token_logprobs"]
@@ -85,7 +89,9 @@ def confirm_push(url: str, model: Any, ids: list[int], tol: float = CONFIRM_MEAN
     |log-prob gap| per token at most ``tol``); returns the gap."""
     gap = mean_gap(served_logprobs(url, ids, http), model_logprobs(model, ids))
     if gap > tol:
-        raise PushNotApplied(f"{url} does not serve the pushed weights: mean |log-prob gap| {gap:.4g} per token on "
-                             f"the probe > {tol} (a push answered success but loaded nothing? check the "
-                             f"parameter names: per-expert checkpoint names and lm_head.weight)")
+        raise PushNotApplied(
+            f"{url} does not serve the pushed weights: mean |log-prob gap| {gap:.4g} per token on "
+            f"the probe > {tol} (a push answered success but loaded nothing? check the "
+            f"parameter names: per-expert checkpoint names and lm_head.weight)"
+        )
     return gap

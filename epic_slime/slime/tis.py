@@ -86,13 +86,17 @@ def tis_ratio_base(
     for i, (old, mu, valid) in enumerate(zip(old_log_probs, rollout, local_valid(loss_masks, positions))):
         mu = torch.as_tensor(mu).to(old.device)
         if mu.shape != old.shape:
-            raise ValueError(f"batch['rollout_log_probs'][{i}] has shape {tuple(mu.shape)}, expected {tuple(old.shape)}")
+            raise ValueError(
+                f"batch['rollout_log_probs'][{i}] has shape {tuple(mu.shape)}, expected {tuple(old.shape)}"
+            )
         bad = bad_log_probs(mu, valid.to(old.device))
         if bool(bad.any()):
             if on_bad_tokens != "skip":
                 t = int(torch.nonzero(bad)[0])
-                raise ValueError(f"rollout_log_probs[{i}] has a bad value {float(mu[t])} on valid local token {t} "
-                                 "(--use-tis weights each token by pi_old / mu)")
+                raise ValueError(
+                    f"rollout_log_probs[{i}] has a bad value {float(mu[t])} on valid local token {t} "
+                    "(--use-tis weights each token by pi_old / mu)"
+                )
             old = torch.where(bad, torch.nan, old)
         old_out.append(old)
         mu_out.append(mu)

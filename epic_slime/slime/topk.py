@@ -133,8 +133,11 @@ def behavior_set_log_probs(
 def check_topk_local_inputs(topk, local_counts: list[int], response_lengths: list[int]) -> None:
     """Shapes of ``epic_slime.slime.adapter.TopKLocalInputs`` against the micro-batch's local and full lengths."""
     n = len(local_counts)
-    fields = (("current_topk_log_probs", topk.current_log_probs), ("rollout_topk_log_probs", topk.behavior_topk_log_probs),
-              ("topk set masks", topk.set_masks))
+    fields = (
+        ("current_topk_log_probs", topk.current_log_probs),
+        ("rollout_topk_log_probs", topk.behavior_topk_log_probs),
+        ("topk set masks", topk.set_masks),
+    )
     for name, values in fields:
         if len(values) != n:
             raise ValueError(f"{name}: {len(values)} samples, expected {n}")

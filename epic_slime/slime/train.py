@@ -65,8 +65,15 @@ def _periodic(rollout_id: int, interval: int | None, per_epoch: int | None, last
     return step % interval == 0 or (per_epoch is not None and step % per_epoch == 0)
 
 
-def save_checkpoint(args: Any, rollout_manager: Any, actor_model: Any, rollout_id: int, force_sync: bool,
-                    get: Callable[[Any], Any], marks: ModelSaves | None = None) -> None:
+def save_checkpoint(
+    args: Any,
+    rollout_manager: Any,
+    actor_model: Any,
+    rollout_id: int,
+    force_sync: bool,
+    get: Callable[[Any], Any],
+    marks: ModelSaves | None = None,
+) -> None:
     """The data state (slime's data-source state and the consumed, untrained groups) first, then
     the model checkpoint. A resume starts from the newest model checkpoint, so that checkpoint must
     never exist without its data state: in the overlap schedule the data save waits behind
@@ -206,8 +213,9 @@ def sync_training_loop(
         get(actor_model.async_train(rollout_id, data_ref))
         trace.append(("train", rollout_id))
         if release_train or _periodic(rollout_id, args.save_interval, num_rollout_per_epoch, end - 1):
-            save_checkpoint(args, rollout_manager, actor_model, rollout_id, release_train or rollout_id == end - 1, get,
-                            marks)
+            save_checkpoint(
+                args, rollout_manager, actor_model, rollout_id, release_train or rollout_id == end - 1, get, marks
+            )
             trace.append(("save", rollout_id))
         if free_train_memory:
             actor_model.clear_memory()

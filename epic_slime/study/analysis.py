@@ -15,8 +15,8 @@ import statistics
 POSITION_BINS = 10
 CLIPFRAC_BIN = "train/policy/clipfrac_position_bin_{}"
 
-ALPHA = 0.05          # two-sided level of every interval and test in the study
-POWER = 0.80          # the power a "detectable" difference is computed for
+ALPHA = 0.05  # two-sided level of every interval and test in the study
+POWER = 0.80  # the power a "detectable" difference is computed for
 
 
 def t_quantile_975(df: int) -> float:
@@ -59,10 +59,10 @@ def paired_t_power(delta: float, sd: float, n: int, alpha: float = ALPHA) -> flo
         return 0.0
     if sd <= 0:
         return 1.0 if delta != 0 else alpha
-    df, nc = n - 1, abs(delta) * math.sqrt(n) / sd          # the test is symmetric in the sign of delta
+    df, nc = n - 1, abs(delta) * math.sqrt(n) / sd  # the test is symmetric in the sign of delta
     crit = stats.t.ppf(1 - alpha / 2, df)
     upper = float(stats.nct.sf(crit, df, nc))
-    lower = float(stats.nct.cdf(-crit, df, nc))   # the far tail: scipy returns NaN once it underflows
+    lower = float(stats.nct.cdf(-crit, df, nc))  # the far tail: scipy returns NaN once it underflows
     return upper + (lower if math.isfinite(lower) else 0.0)
 
 
@@ -95,8 +95,14 @@ def bootstrap_mean_interval(values: list[float], seed: int = 0, resamples: int =
     import numpy as np
     from scipy import stats
 
-    res = stats.bootstrap((np.asarray(values, dtype=float),), np.mean, confidence_level=1 - ALPHA,
-                          n_resamples=resamples, method="percentile", rng=np.random.default_rng(seed))
+    res = stats.bootstrap(
+        (np.asarray(values, dtype=float),),
+        np.mean,
+        confidence_level=1 - ALPHA,
+        n_resamples=resamples,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -110,7 +116,7 @@ def late_stage(rows: list[dict], fraction: float = 0.25) -> list[dict]:
         raise ValueError("late_stage: no metrics rows")
     if not 0 < fraction <= 1:
         raise ValueError(f"late_stage: fraction must be in (0, 1], got {fraction}")
-    return rows[-max(1, math.ceil(len(rows) * fraction)):]
+    return rows[-max(1, math.ceil(len(rows) * fraction)) :]
 
 
 def coefficient_of_variation(values: list[float]) -> float:
@@ -124,10 +130,13 @@ def position_profile(rows: list[dict], fraction: float = 0.25) -> dict:
     (the paper's Fig. 3a statistic), plus the late-stage finite-lower-bound coverage (Fig. 3c)."""
     tail = late_stage(rows, fraction)
     bins = [statistics.fmean(r[CLIPFRAC_BIN.format(i)] for r in tail) for i in range(POSITION_BINS)]
-    return {"bins": bins, "cv": coefficient_of_variation(bins),
-            "clipfrac": statistics.fmean(r["train/policy/clipfrac"] for r in tail),
-            "finite_lower_frac": statistics.fmean(r["train/policy/finite_lower_frac"] for r in tail),
-            "steps": len(tail)}
+    return {
+        "bins": bins,
+        "cv": coefficient_of_variation(bins),
+        "clipfrac": statistics.fmean(r["train/policy/clipfrac"] for r in tail),
+        "finite_lower_frac": statistics.fmean(r["train/policy/finite_lower_frac"] for r in tail),
+        "steps": len(tail),
+    }
 
 
 def curve(rows: list[dict], key: str) -> tuple[list[int], list[float]]:

@@ -20,20 +20,41 @@ from pathlib import Path
 from epic_slime.provenance import git_commit
 
 from .files import finished_results
-from .plan import (DEFAULT_CONFIG, LADDER_CONFIG, LADDER_QUICK_CONFIG, QUICK_CONFIG, REPO, STRESS_CONFIG,
-                   STRESS_QUICK_CONFIG, StudyConfigError, load_study_config, plan)
+from .plan import (
+    DEFAULT_CONFIG,
+    LADDER_CONFIG,
+    LADDER_QUICK_CONFIG,
+    QUICK_CONFIG,
+    REPO,
+    STRESS_CONFIG,
+    STRESS_QUICK_CONFIG,
+    StudyConfigError,
+    load_study_config,
+    plan,
+)
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from epic_slime.runtime.config import OneLineErrorParser   # train's: one-line errors with a "did you mean"
+    from epic_slime.runtime.config import OneLineErrorParser  # train's: one-line errors with a "did you mean"
 
-    p = OneLineErrorParser(prog="epic-slime study", description="The paper's claims at toy scale: Table 1 "
-                                "methods + EPIC ablations, paired by seed, selected on validation, reported on test.")
-    p.add_argument("--quick", action="store_true", help=f"the quick study ({QUICK_CONFIG.relative_to(REPO)}; with "
-                   f"--ladder: {LADDER_QUICK_CONFIG.relative_to(REPO)})")
+    p = OneLineErrorParser(
+        prog="epic-slime study",
+        description="The paper's claims at toy scale: Table 1 "
+        "methods + EPIC ablations, paired by seed, selected on validation, reported on test.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"the quick study ({QUICK_CONFIG.relative_to(REPO)}; with "
+        f"--ladder: {LADDER_QUICK_CONFIG.relative_to(REPO)})",
+    )
     p.add_argument("--ladder", action="store_true", help=f"the policy-lag ladder ({LADDER_CONFIG.relative_to(REPO)})")
-    p.add_argument("--stress", action="store_true", help=f"the stress ladder ({STRESS_CONFIG.relative_to(REPO)}; "
-                   f"with --quick: {STRESS_QUICK_CONFIG.relative_to(REPO)})")
+    p.add_argument(
+        "--stress",
+        action="store_true",
+        help=f"the stress ladder ({STRESS_CONFIG.relative_to(REPO)}; "
+        f"with --quick: {STRESS_QUICK_CONFIG.relative_to(REPO)})",
+    )
     p.add_argument("--config", default=None, help=f"study YAML (default: {DEFAULT_CONFIG.relative_to(REPO)})")
     p.add_argument("--output-dir", default=None, help="study directory (default: runs/study or runs/study-quick)")
     p.add_argument("--analyze-only", action="store_true", help="only write tables and figures from finished runs")
@@ -48,12 +69,16 @@ def main(argv: list[str]) -> int:
     if args.ladder and args.stress:
         print("epic-slime study: error: --ladder and --stress exclude each other", file=sys.stderr)
         return 2
-    config_path, default_out = {(False, False): (DEFAULT_CONFIG, "runs/study"),
-                                (True, False): (QUICK_CONFIG, "runs/study-quick"),
-                                (False, True): (LADDER_CONFIG, "runs/ladder"),
-                                (True, True): (LADDER_QUICK_CONFIG, "runs/ladder-quick")}[(args.quick, args.ladder)]
+    config_path, default_out = {
+        (False, False): (DEFAULT_CONFIG, "runs/study"),
+        (True, False): (QUICK_CONFIG, "runs/study-quick"),
+        (False, True): (LADDER_CONFIG, "runs/ladder"),
+        (True, True): (LADDER_QUICK_CONFIG, "runs/ladder-quick"),
+    }[(args.quick, args.ladder)]
     if args.stress:
-        config_path, default_out = (STRESS_QUICK_CONFIG, "runs/stress-quick") if args.quick else (STRESS_CONFIG, "runs/stress")
+        config_path, default_out = (
+            (STRESS_QUICK_CONFIG, "runs/stress-quick") if args.quick else (STRESS_CONFIG, "runs/stress")
+        )
     config_path = args.config or config_path
     out = Path(args.output_dir or default_out)
     try:
@@ -65,7 +90,7 @@ def main(argv: list[str]) -> int:
     command = "epic-slime study " + " ".join(argv)
     from .report import write_report
 
-    commit = git_commit(REPO, short=True) or "unknown"   # taken before the runs (edits meanwhile do not count)
+    commit = git_commit(REPO, short=True) or "unknown"  # taken before the runs (edits meanwhile do not count)
     t0 = time.time()
     if args.analyze_only:
         results = finished_results(out, plan(cfg))
@@ -73,6 +98,7 @@ def main(argv: list[str]) -> int:
         from epic_slime.runtime.config import ConfigError
 
         from .run import execute
+
         try:
             results = execute(cfg, out, provenance=(command.strip(), commit))
         except ConfigError as e:

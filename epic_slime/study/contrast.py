@@ -18,23 +18,37 @@ GAP_KEY = "train/logprob_abs_diff_step_start"
 
 def contrast_for(results: list[dict], method: str, baseline: str, target: str, reference: str) -> dict:
     score = {(r["setting"], r["method"], r["seed"]): r["test_at_final"] for r in results}
-    seeds = sorted(s for s in {r["seed"] for r in results}
-                   if all((st, m, s) in score for st in (target, reference) for m in (method, baseline)))
+    seeds = sorted(
+        s
+        for s in {r["seed"] for r in results}
+        if all((st, m, s) in score for st in (target, reference) for m in (method, baseline))
+    )
     out = {"method": method, "baseline": baseline, "target": target, "reference": reference, "n": len(seeds)}
     if not seeds:
         return {**out, "verdict": "pending (no seed has all four runs)"}
     diff = {st: {s: score[(st, method, s)] - score[(st, baseline, s)] for s in seeds} for st in (target, reference)}
     d = paired_difference(diff[target], diff[reference])
-    out.update(mean=d["mean"], low=d["low"], high=d["high"], per_seed=d["diffs"], seeds=seeds,
-               simple_target=statistics.fmean(diff[target].values()),
-               simple_reference=statistics.fmean(diff[reference].values()))
+    out.update(
+        mean=d["mean"],
+        low=d["low"],
+        high=d["high"],
+        per_seed=d["diffs"],
+        seeds=seeds,
+        simple_target=statistics.fmean(diff[target].values()),
+        simple_reference=statistics.fmean(diff[reference].values()),
+    )
     if len(seeds) < 2:
         out["verdict"] = "pending (one seed)"
         return out
     sd = statistics.stdev(d["diffs"])
     out["sd"], out["mdd_80"] = sd, minimum_detectable_difference(sd, len(seeds))
-    out["verdict"] = ("supported (interval above 0)" if d["low"] > 0 else
-                      "contradicted (interval below 0)" if d["high"] < 0 else "not resolved (interval spans 0)")
+    out["verdict"] = (
+        "supported (interval above 0)"
+        if d["low"] > 0
+        else "contradicted (interval below 0)"
+        if d["high"] < 0
+        else "not resolved (interval spans 0)"
+    )
     return out
 
 
@@ -44,10 +58,16 @@ def gap_by_setting(metrics: dict[tuple, list[dict]]) -> dict[str, dict]:
     by: dict[str, list[list[float]]] = {}
     for (setting, _m, _s), rows in metrics.items():
         by.setdefault(setting, []).append([r[GAP_KEY] for r in rows if r.get(GAP_KEY) is not None])
-    return {s: {"mean": statistics.fmean(v for run in runs for v in run),
-                "first_step": statistics.fmean(run[0] for run in runs if run),
-                "max": max(v for run in runs for v in run), "runs": len(runs)}
-            for s, runs in by.items() if any(runs)}
+    return {
+        s: {
+            "mean": statistics.fmean(v for run in runs for v in run),
+            "first_step": statistics.fmean(run[0] for run in runs if run),
+            "max": max(v for run in runs for v in run),
+            "runs": len(runs),
+        }
+        for s, runs in by.items()
+        if any(runs)
+    }
 
 
 def contrast_section(cfg, results: list[dict], metrics: dict, summary: dict) -> list[str]:
@@ -55,22 +75,35 @@ def contrast_section(cfg, results: list[dict], metrics: dict, summary: dict) -> 
     rows = [contrast_for(results, c["method"], b, c["target"], c["reference"]) for b in c["baselines"]]
     gaps = gap_by_setting(metrics)
     summary["contrast"], summary["gap_by_setting"] = rows, gaps
-    lines = ["## The pre-registered contrast", "",
-             f"Per seed, ({c['method']} - baseline)[{c['target']}] - ({c['method']} - baseline)[{c['reference']}], "
-             "test mean@k at the last checkpoint; 95% t interval over the seeds with all four runs. The first "
-             "baseline is the primary test, the others secondary.", "",
-             "| baseline | seeds | contrast | 95% interval | simple effect at target | at reference | "
-             "smallest detectable (80%) | verdict |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## The pre-registered contrast",
+        "",
+        f"Per seed, ({c['method']} - baseline)[{c['target']}] - ({c['method']} - baseline)[{c['reference']}], "
+        "test mean@k at the last checkpoint; 95% t interval over the seeds with all four runs. The first "
+        "baseline is the primary test, the others secondary.",
+        "",
+        "| baseline | seeds | contrast | 95% interval | simple effect at target | at reference | "
+        "smallest detectable (80%) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "mean" not in r:
             lines.append(f"| {r['baseline']} | 0 | | | | | | {r['verdict']} |")
             continue
         ci = f"[{r['low']:+.3f}, {r['high']:+.3f}]" if r.get("low") is not None else "n/a"
         mdd = f"{r['mdd_80']:.3f}" if r.get("mdd_80") is not None else "n/a"
-        lines.append(f"| {r['baseline']} | {r['n']} | {r['mean']:+.3f} | {ci} | {r['simple_target']:+.3f} | "
-                     f"{r['simple_reference']:+.3f} | {mdd} | {r['verdict']} |")
-    lines += ["", "Step-start train-inference gap (mean |log pi_train - log mu_rollout| per token, every step of "
-              "every run of the setting):", "", "| setting | mean | first step | max | runs |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['baseline']} | {r['n']} | {r['mean']:+.3f} | {ci} | {r['simple_target']:+.3f} | "
+            f"{r['simple_reference']:+.3f} | {mdd} | {r['verdict']} |"
+        )
+    lines += [
+        "",
+        "Step-start train-inference gap (mean |log pi_train - log mu_rollout| per token, every step of "
+        "every run of the setting):",
+        "",
+        "| setting | mean | first step | max | runs |",
+        "|---|---|---|---|---|",
+    ]
     for s in [x["name"] for x in cfg.settings if x["name"] in gaps]:
         g = gaps[s]
         lines.append(f"| {s} | {g['mean']:.2e} | {g['first_step']:.2e} | {g['max']:.2e} | {g['runs']} |")

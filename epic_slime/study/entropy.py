@@ -35,15 +35,24 @@ def warm_start_entropy_profile(run_cfg, state: dict, problems, samples_per_promp
     model.eval()
     prompts = [[tok.bos_id] + tok.encode(p.prompt) for p in problems for _ in range(samples_per_prompt)]
     gen = torch.Generator().manual_seed(seed)
-    res = sample(model, prompts, temperature=run_cfg.rollout_temperature, top_p=1.0,
-                 max_new_tokens=run_cfg.rollout_max_response_len, eos_id=tok.eos_id, pad_id=tok.pad_id, generator=gen)
+    res = sample(
+        model,
+        prompts,
+        temperature=run_cfg.rollout_temperature,
+        top_p=1.0,
+        max_new_tokens=run_cfg.rollout_max_response_len,
+        eos_id=tok.eos_id,
+        pad_id=tok.pad_id,
+        generator=gen,
+    )
     responses = [r["response_ids"] for r in res]
-    _, mask, all_lp = response_log_probs(model, prompts, responses, run_cfg.rollout_temperature, tok.pad_id,
-                                         return_all=True)
+    _, mask, all_lp = response_log_probs(
+        model, prompts, responses, run_cfg.rollout_temperature, tok.pad_id, return_all=True
+    )
     entropy = -(all_lp.exp() * all_lp).sum(-1)
     eq = tok.token_to_id["="]
     is_result = torch.zeros_like(mask)
-    for i, r in enumerate(responses):        # the token right after each '=' is a step's result
+    for i, r in enumerate(responses):  # the token right after each '=' is a step's result
         for j in range(1, len(r)):
             is_result[i, j] = r[j - 1] == eq
     kinds = step_token_kinds(responses, tok)
@@ -91,7 +100,7 @@ def step_token_kinds(responses: list[list[int]], tok) -> list[list[str]]:
     ops = {tok.token_to_id["+"], tok.token_to_id["-"], tok.token_to_id["*"]}
     out = []
     for r in responses:
-        kinds, step, slot = [], 0, 0        # slot: 0 a, 1 op, 2 b, 3 '=', 4 c, 5 ';'
+        kinds, step, slot = [], 0, 0  # slot: 0 a, 1 op, 2 b, 3 '=', 4 c, 5 ';'
         broken = False
         for t in r:
             if broken or t in (tok.answer_id, tok.eos_id):
@@ -103,8 +112,16 @@ def step_token_kinds(responses: list[list[int]], tok) -> list[list[str]]:
                 broken = True
                 kinds.append("format")
                 continue
-            kinds.append({0: f"copy:a{step}" if step == 0 else f"carry:a{step}", 1: f"copy:op{step}",
-                          2: f"copy:b{step}", 3: "format", 4: f"result:{step}", 5: "format"}[slot])
+            kinds.append(
+                {
+                    0: f"copy:a{step}" if step == 0 else f"carry:a{step}",
+                    1: f"copy:op{step}",
+                    2: f"copy:b{step}",
+                    3: "format",
+                    4: f"result:{step}",
+                    5: "format",
+                }[slot]
+            )
             slot += 1
             if slot == 6:
                 slot, step = 0, step + 1

@@ -21,6 +21,7 @@ def _plt():
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -35,10 +36,12 @@ def entropy_profile_figure(profile: dict, path: Path) -> Path:
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
     a.bar(range(POSITION_BINS), profile["entropy_by_relative_bin"])
-    a.set_xlabel("relative position bin (t - 1) / T"); a.set_ylabel("entropy (nats)")
+    a.set_xlabel("relative position bin (t - 1) / T")
+    a.set_ylabel("entropy (nats)")
     a.set_title(f"warm start: CV across bins {profile['relative_bin_cv']:.2f}", fontsize=9)
     b.plot(profile["entropy_by_position"], lw=1)
-    b.set_xlabel("response position t"); b.set_ylabel("entropy (nats)")
+    b.set_xlabel("response position t")
+    b.set_ylabel("entropy (nats)")
     b.set_title(f"mean length {profile['mean_length']:.1f} tokens", fontsize=9)
     for ax in (a, b):
         ax.grid(alpha=0.3)
@@ -63,10 +66,12 @@ def position_figure(profiles: dict[str, dict], setting: str, path: Path, title: 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     for method, prof in profiles.items():
-        ax.plot(range(POSITION_BINS), prof["bins"], marker="o", ms=3, lw=1.2,
-                label=f"{method} (CV {prof['cv']:.2f})")
-    ax.set_xlabel("relative position bin (t - 1) / T"); ax.set_ylabel("late-stage clip fraction")
-    ax.set_title(f"{title}, setting {setting}", fontsize=9); ax.legend(fontsize=7); ax.grid(alpha=0.3)
+        ax.plot(range(POSITION_BINS), prof["bins"], marker="o", ms=3, lw=1.2, label=f"{method} (CV {prof['cv']:.2f})")
+    ax.set_xlabel("relative position bin (t - 1) / T")
+    ax.set_ylabel("late-stage clip fraction")
+    ax.set_title(f"{title}, setting {setting}", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
     return _save(fig, path)
 
 
@@ -77,10 +82,13 @@ def rawprob_figure(profiles: dict[str, dict], setting: str, path: Path) -> Path:
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
     for method, prof in profiles.items():
         a.plot(range(POSITION_BINS), prof["bins"], marker="o", ms=3, lw=1.2, label=f"{method} (CV {prof['cv']:.2f})")
-    a.set_xlabel("relative position bin"); a.set_ylabel("late-stage clip fraction"); a.legend(fontsize=7)
+    a.set_xlabel("relative position bin")
+    a.set_ylabel("late-stage clip fraction")
+    a.legend(fontsize=7)
     names = list(profiles)
     b.bar(range(len(names)), [profiles[m]["finite_lower_frac"] for m in names])
-    b.set_xticks(range(len(names)), names, fontsize=8); b.set_ylabel("finite lower bound coverage")
+    b.set_xticks(range(len(names)), names, fontsize=8)
+    b.set_ylabel("finite lower bound coverage")
     b.set_ylim(0, 1.05)
     for ax in (a, b):
         ax.grid(alpha=0.3)
@@ -88,22 +96,24 @@ def rawprob_figure(profiles: dict[str, dict], setting: str, path: Path) -> Path:
     return _save(fig, path)
 
 
-def curve_figure(runs_by_method: dict[str, list[list[dict]]], key: str, label: str, setting: str,
-                 path: Path) -> Path:
+def curve_figure(runs_by_method: dict[str, list[list[dict]]], key: str, label: str, setting: str, path: Path) -> Path:
     """One metric over training, mean over seeds, one line per method."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     for method, runs in runs_by_method.items():
         steps, values = mean_curve(runs, key)
         ax.plot(steps, values, lw=1.2, label=method)
-    ax.set_xlabel("step"); ax.set_ylabel(label, fontsize=8)
+    ax.set_xlabel("step")
+    ax.set_ylabel(label, fontsize=8)
     ax.set_title(f"{label.split(' (')[0]}, mean over seeds, setting {setting}", fontsize=9)
-    ax.legend(fontsize=7); ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
     return _save(fig, path)
 
 
-def ladder_figure(summary: dict, axes: dict[str, list[dict]], methods: list[str], warm_start: float, chance: float,
-                  k: int, path: Path) -> Path:
+def ladder_figure(
+    summary: dict, axes: dict[str, list[dict]], methods: list[str], warm_start: float, chance: float, k: int, path: Path
+) -> Path:
     """Test mean@k at the last checkpoint against lag (top: D at K = 0, K at D = 8; one line per method,
     95% t intervals over seeds) and the collapse rate (bottom); the warm start and chance as lines."""
     from .analysis import t_quantile_975
@@ -122,11 +132,15 @@ def ladder_figure(summary: dict, axes: dict[str, list[dict]], methods: list[str]
                 continue
             x = [p[0] for p in pts]
             y = [p[1]["test_last_mean"] for p in pts]
-            err = [t_quantile_975(p[1]["n_seeds"] - 1) * p[1]["test_last_sd"] / p[1]["n_seeds"] ** 0.5
-                   if p[1]["test_last_sd"] is not None else 0.0 for p in pts]
+            err = [
+                t_quantile_975(p[1]["n_seeds"] - 1) * p[1]["test_last_sd"] / p[1]["n_seeds"] ** 0.5
+                if p[1]["test_last_sd"] is not None
+                else 0.0
+                for p in pts
+            ]
             # spread the methods' markers a little so that their intervals do not hide each other
             offset = (i - (len(methods) - 1) / 2) * 0.025
-            xt = [v * 2 ** offset if axis == "D" else v + offset * max(1, max(xs)) for v in x]
+            xt = [v * 2**offset if axis == "D" else v + offset * max(1, max(xs)) for v in x]
             top.errorbar(xt, y, yerr=err, marker="o", ms=6, lw=2, capsize=4, color=colors(i), label=m)
             bottom.plot(xt, [p[1]["collapse_frac"] for p in pts], marker="s", ms=6, lw=2, color=colors(i), label=m)
         top.axhline(warm_start, color="k", ls="--", lw=1.5, label="warm start")
@@ -137,7 +151,9 @@ def ladder_figure(summary: dict, axes: dict[str, list[dict]], methods: list[str]
         for ax in (top, bottom):
             ax.set_xticks(xs, [str(v) for v in xs])
             ax.grid(alpha=0.3)
-        top.set_title("update depth D (synchronous, K = 0)" if axis == "D" else "staleness bound K (D = 8, asynchronous)")
+        top.set_title(
+            "update depth D (synchronous, K = 0)" if axis == "D" else "staleness bound K (D = 8, asynchronous)"
+        )
         bottom.set_xlabel("update depth D" if axis == "D" else "staleness bound K")
         bottom.set_ylim(-0.05, 1.05)
         top.set_ylim(-0.02, 1.02)
@@ -163,8 +179,13 @@ def stress_heatmap(summary: dict, methods: list[str], warm: float, chance: float
     plt = _plt()
     axes = summary["axes"]
     widths = [len(v) for v in axes.values()]
-    fig, panels = plt.subplots(1, len(axes), figsize=(1.1 * sum(widths) + 2.5, 0.42 * len(methods) + 1.8),
-                               gridspec_kw={"width_ratios": widths}, squeeze=False)
+    fig, panels = plt.subplots(
+        1,
+        len(axes),
+        figsize=(1.1 * sum(widths) + 2.5, 0.42 * len(methods) + 1.8),
+        gridspec_kw={"width_ratios": widths},
+        squeeze=False,
+    )
     image = None
     at_chance = set(summary["untestable_settings"])
     for ax, (axis, levels) in zip(panels[0], axes.items()):
@@ -175,24 +196,41 @@ def stress_heatmap(summary: dict, methods: list[str], warm: float, chance: float
                 if c is not None:
                     grid[i, j] = c["test_last_mean"]
                     dark = c["test_last_mean"] < (chance + 1.0) / 2
-                    ax.text(j, i, f"{c['test_last_mean']:.2f}", ha="center", va="center", fontsize=7,
-                            color="w" if dark else "k", fontweight="bold")
+                    ax.text(
+                        j,
+                        i,
+                        f"{c['test_last_mean']:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="w" if dark else "k",
+                        fontweight="bold",
+                    )
                     if c["breaks"]:
-                        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", lw=0,
-                                                   edgecolor="0.35"))
+                        ax.add_patch(
+                            plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", lw=0, edgecolor="0.35")
+                        )
             point = summary["breaking_points"][m][axis]["index"]
             if point is not None:
                 ax.add_patch(plt.Rectangle((point - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=2))
         image = ax.imshow(grid, cmap="viridis", vmin=chance, vmax=1.0, aspect="auto")
-        ax.set_xticks(range(len(levels)), [f"{s}\n(at chance)" if s in at_chance else s for s in levels],
-                      rotation=35, fontsize=7, ha="right")
+        ax.set_xticks(
+            range(len(levels)),
+            [f"{s}\n(at chance)" if s in at_chance else s for s in levels],
+            rotation=35,
+            fontsize=7,
+            ha="right",
+        )
         ax.set_yticks(range(len(methods)), methods if ax is panels[0][0] else [""] * len(methods), fontsize=8)
         ax.set_title(f"{axis} (milder -> harsher)", fontsize=9)
     cbar = fig.colorbar(image, ax=list(panels[0]), fraction=0.025, pad=0.01)
     cbar.set_label(f"test mean@{k}, last checkpoint", fontsize=8)
     cbar.ax.axhline(warm, color="w", lw=1.5)
-    fig.suptitle(f"stress ladder: hatched = breaks, red box = breaking point; warm start {warm:.2f} (white line), "
-                 f"chance {chance:.2f}", fontsize=9)
+    fig.suptitle(
+        f"stress ladder: hatched = breaks, red box = breaking point; warm start {warm:.2f} (white line), "
+        f"chance {chance:.2f}",
+        fontsize=9,
+    )
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
     return path

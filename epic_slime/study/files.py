@@ -54,9 +54,18 @@ def record_provenance(out: Path, command: str, commit: str, runs_executed: int) 
     from epic_slime.provenance import stack_versions
 
     with open(Path(out) / PROVENANCE, "a") as f:
-        f.write(json.dumps({"command": command, "commit": commit, "versions": stack_versions(),
-                            "runs_executed": runs_executed,
-                            "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "command": command,
+                    "commit": commit,
+                    "versions": stack_versions(),
+                    "runs_executed": runs_executed,
+                    "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                }
+            )
+            + "\n"
+        )
 
 
 def read_provenance(out: Path) -> list[dict]:

@@ -18,6 +18,7 @@ NOT_TESTABLE = 3
 
 def decide(entry: dict) -> bool:
     from .stress import testable
+
     return testable(entry["test_mean"], entry["chance"])
 
 
@@ -44,8 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     write_json_atomically(out / WARM_START, record)
     entry = record["by_setting"][a.setting]
     ok = decide(entry)
-    print(f"[gate] {a.setting}: warm start test {entry['test_mean']:.3f} (by seed {entry['test_by_seed']}), "
-          f"chance {entry['chance']:.3f}: {'testable' if ok else 'NOT testable (within the margin of chance)'}")
+    print(
+        f"[gate] {a.setting}: warm start test {entry['test_mean']:.3f} (by seed {entry['test_by_seed']}), "
+        f"chance {entry['chance']:.3f}: {'testable' if ok else 'NOT testable (within the margin of chance)'}"
+    )
     return 0 if ok else NOT_TESTABLE
 
 

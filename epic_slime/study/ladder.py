@@ -17,15 +17,24 @@ from __future__ import annotations
 
 import statistics
 
-from .analysis import (interval_excludes_zero, late_stage, mean_sd, minimum_detectable_difference, paired_difference,
-                       pairs_needed)
+from .analysis import (
+    interval_excludes_zero,
+    late_stage,
+    mean_sd,
+    minimum_detectable_difference,
+    paired_difference,
+    pairs_needed,
+)
 from .plan import StudyConfig, setting_values
 
-COLLAPSE_MARGIN = 0.05   # validation points below the warm start that count as "below" (noise is ~0.03)
-COLLAPSE_EVALS = 2       # ... at each of this many last evaluations ("and stays there to the end")
+COLLAPSE_MARGIN = 0.05  # validation points below the warm start that count as "below" (noise is ~0.03)
+COLLAPSE_EVALS = 2  # ... at each of this many last evaluations ("and stays there to the end")
 TARGET_DIFFERENCE = 0.05
-LATE_KEYS = {"clipfrac": "train/policy/clipfrac", "abs_log_r_pre": "train/policy/abs_L_mean",
-             "entropy": "train/entropy"}
+LATE_KEYS = {
+    "clipfrac": "train/policy/clipfrac",
+    "abs_log_r_pre": "train/policy/abs_L_mean",
+    "entropy": "train/entropy",
+}
 STALENESS_MAX, STALENESS_MEAN = "rollout/staleness/max", "rollout/staleness/mean"
 
 
@@ -39,12 +48,15 @@ def lag_of(cfg: StudyConfig, setting: str) -> dict:
 def axes(cfg: StudyConfig) -> dict[str, list[dict]]:
     """The two panels: D at K = 0, and K at D = 8 (the D = 8, K = 0 origin belongs to both)."""
     lags = [lag_of(cfg, s["name"]) for s in cfg.settings]
-    return {"D": sorted((x for x in lags if x["K"] == 0), key=lambda x: x["D"]),
-            "K": sorted((x for x in lags if x["D"] == 8), key=lambda x: x["K"])}
+    return {
+        "D": sorted((x for x in lags if x["K"] == 0), key=lambda x: x["D"]),
+        "K": sorted((x for x in lags if x["D"] == 8), key=lambda x: x["K"]),
+    }
 
 
-def collapsed(validation_curve: list, warm_start_score: float, margin: float = COLLAPSE_MARGIN,
-              last: int = COLLAPSE_EVALS) -> bool:
+def collapsed(
+    validation_curve: list, warm_start_score: float, margin: float = COLLAPSE_MARGIN, last: int = COLLAPSE_EVALS
+) -> bool:
     """True when each of the last `last` validation scores (after the warm start's own) is below the
     warm start's by more than `margin`."""
     later = [score for version, score in validation_curve if version > 0]
@@ -53,8 +65,9 @@ def collapsed(validation_curve: list, warm_start_score: float, margin: float = C
     return all(score < warm_start_score - margin for score in later[-last:])
 
 
-def cell(results: list[dict], metrics: dict[tuple, list[dict]], warm_by_seed: dict[int, float],
-         epic_results: list[dict]) -> dict:
+def cell(
+    results: list[dict], metrics: dict[tuple, list[dict]], warm_by_seed: dict[int, float], epic_results: list[dict]
+) -> dict:
     """The summary of one (method, lag) cell from its runs (one per seed)."""
     last = {r["seed"]: r["test_at_final"] for r in results}
     sel = {r["seed"]: r["test_at_selected"] for r in results}
@@ -76,8 +89,9 @@ def cell(results: list[dict], metrics: dict[tuple, list[dict]], warm_by_seed: di
     for name, key in LATE_KEYS.items():
         out[name] = statistics.fmean(statistics.fmean(row[key] for row in late_stage(rows)) for rows in runs)
     out["staleness_max"] = max(max(row.get(STALENESS_MAX, 0) for row in rows) for rows in runs)
-    out["staleness_mean"] = statistics.fmean(statistics.fmean(row.get(STALENESS_MEAN, 0.0) for row in rows)
-                                             for rows in runs)
+    out["staleness_mean"] = statistics.fmean(
+        statistics.fmean(row.get(STALENESS_MEAN, 0.0) for row in rows) for rows in runs
+    )
     return out
 
 
@@ -90,9 +104,14 @@ def ladder_summary(cfg: StudyConfig, results: list[dict], metrics: dict[tuple, l
         res = [r for r in results if r["setting"] == name]
         epic = [r for r in res if r["method"] == "epic"]
         mets = {(r["method"], r["seed"]): metrics[(name, r["method"], r["seed"])] for r in res}
-        cells[name] = {"lag": lag_of(cfg, name),
-                       "methods": {m: cell([r for r in res if r["method"] == m], mets, warm_by_seed, epic)
-                                   for m in cfg.methods if any(r["method"] == m for r in res)}}
+        cells[name] = {
+            "lag": lag_of(cfg, name),
+            "methods": {
+                m: cell([r for r in res if r["method"] == m], mets, warm_by_seed, epic)
+                for m in cfg.methods
+                if any(r["method"] == m for r in res)
+            },
+        }
     return {"cells": cells, "power": power(cells)}
 
 
@@ -110,14 +129,24 @@ def power(cells: dict) -> dict:
                 sds.append(statistics.stdev(diff["diffs"]))
                 ns.append(diff["n"])
     if not sds:
-        return {"n_seeds": max(ns, default=1), "pooled_diff_sd": None, "minimum_detectable_difference": None,
-                "seeds_for_target": None, "target_difference": TARGET_DIFFERENCE,
-                "seed_to_seed_sd_mean": statistics.fmean(spreads) if spreads else None}
+        return {
+            "n_seeds": max(ns, default=1),
+            "pooled_diff_sd": None,
+            "minimum_detectable_difference": None,
+            "seeds_for_target": None,
+            "target_difference": TARGET_DIFFERENCE,
+            "seed_to_seed_sd_mean": statistics.fmean(spreads) if spreads else None,
+        }
     pooled = (sum(x * x for x in sds) / len(sds)) ** 0.5
     n = min(ns)
-    return {"n_seeds": n, "pooled_diff_sd": pooled, "minimum_detectable_difference": minimum_detectable_difference(pooled, n),
-            "seeds_for_target": pairs_needed(TARGET_DIFFERENCE, pooled), "target_difference": TARGET_DIFFERENCE,
-            "seed_to_seed_sd_mean": statistics.fmean(spreads) if spreads else None}
+    return {
+        "n_seeds": n,
+        "pooled_diff_sd": pooled,
+        "minimum_detectable_difference": minimum_detectable_difference(pooled, n),
+        "seeds_for_target": pairs_needed(TARGET_DIFFERENCE, pooled),
+        "target_difference": TARGET_DIFFERENCE,
+        "seed_to_seed_sd_mean": statistics.fmean(spreads) if spreads else None,
+    }
 
 
 def _fmt_interval(d: dict | None) -> str:
@@ -130,10 +159,12 @@ def _fmt_interval(d: dict | None) -> str:
 
 
 def ladder_markdown(summary: dict, methods: list[str], k: int) -> list[str]:
-    lines = [f"| D | K | method | seeds | test mean@{k}, last (mean ± sd) | last: method - EPIC, paired 95% | "
-             f"last - warm start, paired 95% | test mean@{k}, selected | selected: method - EPIC | collapse rate | "
-             "late clip fraction | mean \\|log r_pre\\| | entropy | staleness mean / max |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| D | K | method | seeds | test mean@{k}, last (mean ± sd) | last: method - EPIC, paired 95% | "
+        f"last - warm start, paired 95% | test mean@{k}, selected | selected: method - EPIC | collapse rate | "
+        "late clip fraction | mean \\|log r_pre\\| | entropy | staleness mean / max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, c in summary["cells"].items():
         for m in methods:
             d = c["methods"].get(m)
@@ -147,7 +178,8 @@ def ladder_markdown(summary: dict, methods: list[str], k: int) -> list[str]:
                 f"{_fmt_interval(d.get('gain_last_over_warm_start'))} | {d['test_sel_mean']:.3f} ± {sel_sd} | "
                 f"{_fmt_interval(d.get('diff_sel_vs_epic')) if m != 'epic' else '(baseline)'} | "
                 f"{d['collapse_frac']:.2f} | {d['clipfrac']:.4f} | {d['abs_log_r_pre']:.3f} | {d['entropy']:.3f} | "
-                f"{d['staleness_mean']:.2f} / {d['staleness_max']:.0f} |")
+                f"{d['staleness_mean']:.2f} / {d['staleness_max']:.0f} |"
+            )
     return lines
 
 
@@ -181,34 +213,60 @@ def ladder_findings(summary: dict, methods: list[str], warm: dict) -> list[str]:
     cells = summary["cells"]
     for name, c in cells.items():
         lag = f"D = {c['lag']['D']}, K = {c['lag']['K']}"
-        learned = [m for m, d in c["methods"].items() if d.get("gain_last_over_warm_start")
-                   and interval_excludes_zero(d["gain_last_over_warm_start"]) and d["gain_last_over_warm_start"]["mean"] > 0]
-        fell = [m for m, d in c["methods"].items() if d.get("gain_last_over_warm_start")
-                and interval_excludes_zero(d["gain_last_over_warm_start"]) and d["gain_last_over_warm_start"]["mean"] < 0]
+        learned = [
+            m
+            for m, d in c["methods"].items()
+            if d.get("gain_last_over_warm_start")
+            and interval_excludes_zero(d["gain_last_over_warm_start"])
+            and d["gain_last_over_warm_start"]["mean"] > 0
+        ]
+        fell = [
+            m
+            for m, d in c["methods"].items()
+            if d.get("gain_last_over_warm_start")
+            and interval_excludes_zero(d["gain_last_over_warm_start"])
+            and d["gain_last_over_warm_start"]["mean"] < 0
+        ]
         flat = [m for m in c["methods"] if m not in learned and m not in fell]
-        below = [m for m, d in c["methods"].items() if d.get("diff_last_vs_epic")
-                 and interval_excludes_zero(d["diff_last_vs_epic"]) and d["diff_last_vs_epic"]["mean"] < 0]
-        above = [m for m, d in c["methods"].items() if d.get("diff_last_vs_epic")
-                 and interval_excludes_zero(d["diff_last_vs_epic"]) and d["diff_last_vs_epic"]["mean"] > 0]
+        below = [
+            m
+            for m, d in c["methods"].items()
+            if d.get("diff_last_vs_epic")
+            and interval_excludes_zero(d["diff_last_vs_epic"])
+            and d["diff_last_vs_epic"]["mean"] < 0
+        ]
+        above = [
+            m
+            for m, d in c["methods"].items()
+            if d.get("diff_last_vs_epic")
+            and interval_excludes_zero(d["diff_last_vs_epic"])
+            and d["diff_last_vs_epic"]["mean"] > 0
+        ]
         coll = [f"{m} {d['collapse_frac']:.2f}" for m, d in c["methods"].items() if d["collapse_frac"] > 0]
         text = f"{lag}: above the warm start (paired interval excludes 0): {', '.join(learned) or 'none'}"
         if fell:
             text += f"; below it: {', '.join(fell)}"
         if flat:
             text += f"; not separated from it: {', '.join(flat)}"
-        text += (f". Against EPIC at the last checkpoint: below {', '.join(below) or 'none'}, above "
-                 f"{', '.join(above) or 'none'}; every other interval overlaps 0 (a null, not a tie).")
+        text += (
+            f". Against EPIC at the last checkpoint: below {', '.join(below) or 'none'}, above "
+            f"{', '.join(above) or 'none'}; every other interval overlaps 0 (a null, not a tie)."
+        )
         if coll:
             text += f" Collapse rate > 0: {', '.join(coll)}."
         out.append(text)
     p = summary["power"]
     if p["minimum_detectable_difference"] is not None:
-        out.append(f"Power: with {p['n_seeds']} seeds and a pooled sd of one seed's paired difference to EPIC of "
-                   f"{p['pooled_diff_sd']:.3f}, the smallest difference the ladder detects with 80% power "
-                   f"(two-sided 5%) is {p['minimum_detectable_difference']:.3f}; a difference of "
-                   f"{p['target_difference']:.2f} would need {p['seeds_for_target'] or 'more than 10000'} seeds. "
-                   f"Mean seed-to-seed sd of a cell's test score: {p['seed_to_seed_sd_mean']:.3f}.")
-    out.append(f"{len(cells)} lag settings x {len(methods)} methods were compared at once without correction for "
-               f"multiple comparisons: about one interval in twenty excludes zero by chance, so a single starred "
-               f"cell is exploratory.")
+        out.append(
+            f"Power: with {p['n_seeds']} seeds and a pooled sd of one seed's paired difference to EPIC of "
+            f"{p['pooled_diff_sd']:.3f}, the smallest difference the ladder detects with 80% power "
+            f"(two-sided 5%) is {p['minimum_detectable_difference']:.3f}; a difference of "
+            f"{p['target_difference']:.2f} would need {p['seeds_for_target'] or 'more than 10000'} seeds. "
+            f"Mean seed-to-seed sd of a cell's test score: {p['seed_to_seed_sd_mean']:.3f}."
+        )
+    out.append(
+        f"{len(cells)} lag settings x {len(methods)} methods were compared at once without correction for "
+        f"multiple comparisons: about one interval in twenty excludes zero by chance, so a single starred "
+        f"cell is exploratory."
+    )
     return out

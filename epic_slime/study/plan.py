@@ -23,12 +23,25 @@ LADDER_QUICK_CONFIG = REPO / "configs" / "study" / "ladder_quick.yaml"
 STRESS_CONFIG = REPO / "configs" / "study" / "stress.yaml"
 STRESS_QUICK_CONFIG = REPO / "configs" / "study" / "stress_quick.yaml"
 _STUDY_KEYS = {"seeds", "methods", "settings", "test_prompts", "train"}
-_OPTIONAL_KEYS = {"ladder", "stress", "contrast"}   # ladder: true adds the lag-ladder analysis (study.ladder); stress: its
+_OPTIONAL_KEYS = {
+    "ladder",
+    "stress",
+    "contrast",
+}  # ladder: true adds the lag-ladder analysis (study.ladder); stress: its
 # axes (ordered setting names, mildest first) add the stress-ladder analysis (study.stress); contrast: the
 # pre-registered difference-in-differences (study.contrast)
 # run keys the study sets itself (per run) and a config may not override
-_RESERVED = {"seed", "output_dir", "policy_loss", "save_interval", "save", "load", "progress", "plots",
-             "warm_start_cache_dir"}
+_RESERVED = {
+    "seed",
+    "output_dir",
+    "policy_loss",
+    "save_interval",
+    "save",
+    "load",
+    "progress",
+    "plots",
+    "warm_start_cache_dir",
+}
 
 
 class StudyConfigError(ValueError):
@@ -44,7 +57,7 @@ class StudyConfig:
     train: dict
     path: str
     ladder: bool = False
-    stress: dict | None = None    # {"axes": {axis: [setting, ...]}}, mildest first (study.stress)
+    stress: dict | None = None  # {"axes": {axis: [setting, ...]}}, mildest first (study.stress)
     contrast: dict | None = None  # {"method", "baselines", "target", "reference"} (study.contrast)
 
 
@@ -76,16 +89,22 @@ def load_study_config(path: str | Path) -> StudyConfig:
     if unknown or missing:
         raise StudyConfigError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
     seeds, methods, settings = data["seeds"], data["methods"], data["settings"]
-    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and s >= 0 for s in seeds)
-            and len(set(seeds)) == len(seeds)):
+    if not (
+        isinstance(seeds, list)
+        and seeds
+        and all(isinstance(s, int) and s >= 0 for s in seeds)
+        and len(set(seeds)) == len(seeds)
+    ):
         raise StudyConfigError(f"{path}: seeds must be a list of distinct non-negative integers, got {seeds!r}")
     from epic_slime.losses import LOSS_MODES
+
     if not (isinstance(methods, list) and methods) or any(m not in LOSS_MODES for m in methods):
         raise StudyConfigError(f"{path}: methods must be loss modes of {sorted(LOSS_MODES)}, got {methods!r}")
     if "epic" not in methods:
         raise StudyConfigError(f"{path}: methods must include 'epic' (the paired baseline), got {methods!r}")
     if not (isinstance(settings, list) and settings) or any(
-            not isinstance(s, dict) or not isinstance(s.get("name"), str) for s in settings):
+        not isinstance(s, dict) or not isinstance(s.get("name"), str) for s in settings
+    ):
         raise StudyConfigError(f"{path}: settings must be a list of mappings with a 'name', got {settings!r}")
     if len({s["name"] for s in settings}) != len(settings):
         raise StudyConfigError(f"{path}: setting names must be distinct, got {[s['name'] for s in settings]}")
@@ -103,9 +122,17 @@ def load_study_config(path: str | Path) -> StudyConfig:
         raise StudyConfigError(f"{path}: ladder must be true or false, got {ladder!r}")
     stress = _check_stress(path, data.get("stress"), [s["name"] for s in settings])
     contrast = _check_contrast(path, data.get("contrast"), [s["name"] for s in settings], methods)
-    return StudyConfig(seeds=list(seeds), methods=list(methods), settings=[dict(s) for s in settings],
-                       test_prompts=test_prompts, train=dict(train), path=str(path), ladder=ladder, stress=stress,
-                       contrast=contrast)
+    return StudyConfig(
+        seeds=list(seeds),
+        methods=list(methods),
+        settings=[dict(s) for s in settings],
+        test_prompts=test_prompts,
+        train=dict(train),
+        path=str(path),
+        ladder=ladder,
+        stress=stress,
+        contrast=contrast,
+    )
 
 
 def _check_contrast(path: Path, contrast, names: list[str], methods: list[str]) -> dict | None:
@@ -117,10 +144,16 @@ def _check_contrast(path: Path, contrast, names: list[str], methods: list[str]) 
     if not isinstance(contrast, dict) or set(contrast) != keys:
         raise StudyConfigError(f"{path}: contrast must be a mapping with keys {sorted(keys)}, got {contrast!r}")
     baselines = contrast["baselines"]
-    if contrast["method"] not in methods or not isinstance(baselines, list) or not baselines or \
-            any(b not in methods or b == contrast["method"] for b in baselines):
-        raise StudyConfigError(f"{path}: contrast.method and contrast.baselines must be distinct methods of "
-                               f"{methods}, got {contrast['method']!r}, {baselines!r}")
+    if (
+        contrast["method"] not in methods
+        or not isinstance(baselines, list)
+        or not baselines
+        or any(b not in methods or b == contrast["method"] for b in baselines)
+    ):
+        raise StudyConfigError(
+            f"{path}: contrast.method and contrast.baselines must be distinct methods of "
+            f"{methods}, got {contrast['method']!r}, {baselines!r}"
+        )
     for key in ("target", "reference"):
         if contrast[key] not in names:
             raise StudyConfigError(f"{path}: contrast.{key} must be a setting of {names}, got {contrast[key]!r}")
@@ -137,10 +170,14 @@ def _check_stress(path: Path, stress, names: list[str]) -> dict | None:
         raise StudyConfigError(f"{path}: stress must be a mapping {{axes: {{axis: [setting, ...]}}}}, got {stress!r}")
     for axis, levels in axes.items():
         if not (isinstance(levels, list) and len(levels) >= 2 and len(set(levels)) == len(levels)):
-            raise StudyConfigError(f"{path}: stress.axes.{axis} must list at least two distinct settings, got {levels!r}")
+            raise StudyConfigError(
+                f"{path}: stress.axes.{axis} must list at least two distinct settings, got {levels!r}"
+            )
         unknown = [x for x in levels if x not in names]
         if unknown:
-            raise StudyConfigError(f"{path}: stress.axes.{axis} names settings {unknown} that are not in settings {names}")
+            raise StudyConfigError(
+                f"{path}: stress.axes.{axis} names settings {unknown} that are not in settings {names}"
+            )
     loose = [n for n in names if not any(n in levels for levels in axes.values())]
     if loose:
         raise StudyConfigError(f"{path}: settings {loose} are on no stress axis")
@@ -167,11 +204,21 @@ def run_argv(cfg: StudyConfig, spec: RunSpec, run_dir: Path, cache_dir: Path) ->
     """The `epic-slime train` argv of one run (checkpoints at every evaluation, for selection)."""
     values = setting_values(cfg, spec.setting)
     interval = values.get("eval_interval", 25)
-    return [*train_flags(values), "--policy-loss", spec.method, "--seed", str(spec.seed),
-            "--output-dir", str(run_dir), "--save-interval", str(interval), "--no-progress", "--no-plots",
-            "--warm-start-cache-dir", str(cache_dir)]
-
-
+    return [
+        *train_flags(values),
+        "--policy-loss",
+        spec.method,
+        "--seed",
+        str(spec.seed),
+        "--output-dir",
+        str(run_dir),
+        "--save-interval",
+        str(interval),
+        "--no-progress",
+        "--no-plots",
+        "--warm-start-cache-dir",
+        str(cache_dir),
+    ]
 
 
 def setting_values(cfg: StudyConfig, setting: str) -> dict:

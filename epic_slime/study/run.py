@@ -16,8 +16,16 @@ from collections import Counter
 from pathlib import Path
 
 from .analysis import select_checkpoint
-from .files import (RESULT, WARM_START, finished_results, read_jsonl, read_warm_start, record_provenance, run_dir as _run_dir,
-                    write_json_atomically)
+from .files import (
+    RESULT,
+    WARM_START,
+    finished_results,
+    read_jsonl,
+    read_warm_start,
+    record_provenance,
+    run_dir as _run_dir,
+    write_json_atomically,
+)
 from .plan import RunSpec, StudyConfig, plan, run_argv
 
 
@@ -32,6 +40,7 @@ def weights_at(run_cfg, run_dir: Path, version: int, progress: bool = False) -> 
 
     if version == 0:
         from epic_slime.runtime.warmstart import warm_start_for
+
         return warm_start_for(run_cfg, progress=progress)[0]
     path = run_cfg.checkpoint_dir / f"step_{version:06d}" / "trainer.pt"
     if not path.exists():
@@ -48,37 +57,61 @@ def evaluate_split(run_cfg, state: dict, version: int, split: str, n_prompts: in
 
     problems = split_problems(split, replace(run_cfg.task, eval_num_prompts=n_prompts))
     engine = PolicyEngine(run_cfg.model, state, version, seed=run_cfg.seed)
-    return engine.evaluate(problems, k=run_cfg.n_samples_per_eval_prompt, temperature=run_cfg.eval_temperature,
-                           top_p=run_cfg.eval_top_p, max_new_tokens=run_cfg.rollout_max_response_len,
-                           seed=run_cfg.seed)
+    return engine.evaluate(
+        problems,
+        k=run_cfg.n_samples_per_eval_prompt,
+        temperature=run_cfg.eval_temperature,
+        top_p=run_cfg.eval_top_p,
+        max_new_tokens=run_cfg.rollout_max_response_len,
+        seed=run_cfg.seed,
+    )
 
 
 def _mean(correct: list[list[bool]]) -> float:
     return statistics.fmean(c for row in correct for c in row)
 
 
-def finish_run(cfg: StudyConfig, spec: RunSpec, run_cfg, run_dir: Path, wall_s: float, failed: str | None = None) -> dict:
+def finish_run(
+    cfg: StudyConfig, spec: RunSpec, run_cfg, run_dir: Path, wall_s: float, failed: str | None = None
+) -> dict:
     """Select on validation, evaluate the test split at the selected and the final version.
 
     failed: the error that stopped the run (a numerical divergence); its last evaluated checkpoint
     counts as its final one, and the study's analyses count the run as collapsed."""
     k = run_cfg.n_samples_per_eval_prompt
     evals = [(r["eval/version"], r[f"eval/heldout/mean@{k}"]) for r in read_jsonl(run_dir / "eval_metrics.jsonl")]
-    if failed:   # only versions whose checkpoint was written can be evaluated
-        evals = [(v, x) for v, x in evals if v == 0 or (run_cfg.checkpoint_dir / f"step_{v:06d}" / "trainer.pt").exists()]
+    if failed:  # only versions whose checkpoint was written can be evaluated
+        evals = [
+            (v, x) for v, x in evals if v == 0 or (run_cfg.checkpoint_dir / f"step_{v:06d}" / "trainer.pt").exists()
+        ]
     version, val_score = select_checkpoint(evals)
     final_version = max(v for v, _ in evals)
     test_sel = evaluate_split(run_cfg, weights_at(run_cfg, run_dir, version), version, "test", cfg.test_prompts)
-    test_final = test_sel if final_version == version else evaluate_split(
-        run_cfg, weights_at(run_cfg, run_dir, final_version), final_version, "test", cfg.test_prompts)
-    result = {"setting": spec.setting, "method": spec.method, "seed": spec.seed, "k": k,
-              "validation_curve": evals, "selected_version": version,
-              "validation_at_selected": val_score, "test_at_selected": _mean(test_sel),
-              "final_version": final_version, "validation_at_final": dict(evals)[final_version],
-              "test_at_final": _mean(test_final),
-              "test_correct_at_selected": test_sel, "wall_s": wall_s, "failed": failed}
-    shutil.rmtree(run_cfg.checkpoint_dir, ignore_errors=True)   # result.json holds what the study needs
-    write_json_atomically(run_dir / RESULT, result)               # the "finished" marker, written last
+    test_final = (
+        test_sel
+        if final_version == version
+        else evaluate_split(
+            run_cfg, weights_at(run_cfg, run_dir, final_version), final_version, "test", cfg.test_prompts
+        )
+    )
+    result = {
+        "setting": spec.setting,
+        "method": spec.method,
+        "seed": spec.seed,
+        "k": k,
+        "validation_curve": evals,
+        "selected_version": version,
+        "validation_at_selected": val_score,
+        "test_at_selected": _mean(test_sel),
+        "final_version": final_version,
+        "validation_at_final": dict(evals)[final_version],
+        "test_at_final": _mean(test_final),
+        "test_correct_at_selected": test_sel,
+        "wall_s": wall_s,
+        "failed": failed,
+    }
+    shutil.rmtree(run_cfg.checkpoint_dir, ignore_errors=True)  # result.json holds what the study needs
+    write_json_atomically(run_dir / RESULT, result)  # the "finished" marker, written last
     return result
 
 
@@ -91,7 +124,7 @@ def execute(cfg: StudyConfig, out: Path, log=print, provenance: tuple[str, str] 
     cache_dir = out / "warm_start"
     todo = [s for s in specs if not (run_dir_of(out, s) / RESULT).exists()]
     log(f"[study] {len(specs)} runs planned, {len(specs) - len(todo)} already finished, {len(todo)} to run")
-    for spec in todo:     # every run's config is checked before anything starts
+    for spec in todo:  # every run's config is checked before anything starts
         parse_config(run_argv(cfg, spec, run_dir_of(out, spec), cache_dir))
     t0, durations = time.time(), []
     if todo:
@@ -99,19 +132,19 @@ def execute(cfg: StudyConfig, out: Path, log=print, provenance: tuple[str, str] 
             record_provenance(out, *provenance, runs_executed=len(todo))
         init_local_ray(num_cpus=4)
     try:
-        previous = read_warm_start(out)       # in-process (no Ray): also after every run has finished
+        previous = read_warm_start(out)  # in-process (no Ray): also after every run has finished
         if previous is None or missing_warm_start_seeds(cfg, previous):
             measure_warm_start(cfg, out, log, previous=previous)
         for i, spec in enumerate(todo):
             run_dir = run_dir_of(out, spec)
             if run_dir.exists():
-                shutil.rmtree(run_dir)      # an unfinished run: start it again in a fresh directory
+                shutil.rmtree(run_dir)  # an unfinished run: start it again in a fresh directory
             run_dir.parent.mkdir(parents=True, exist_ok=True)
             run_cfg = parse_config(run_argv(cfg, spec, run_dir, cache_dir))
             t = time.time()
             try:
                 run_training(run_cfg, reuse_ray=True)
-            except FloatingPointError as e:   # a diverged run is a result, not a crash (Ray re-raises the trainer's
+            except FloatingPointError as e:  # a diverged run is a result, not a crash (Ray re-raises the trainer's
                 # error as an instance of its cause's type, so this catches it from the trainer actor too)
                 if not (run_dir / "eval_metrics.jsonl").exists():
                     raise
@@ -121,22 +154,25 @@ def execute(cfg: StudyConfig, out: Path, log=print, provenance: tuple[str, str] 
                 finish_run(cfg, spec, run_cfg, run_dir, time.time() - t)
             durations.append(time.time() - t)
             done = len(specs) - len(todo) + i + 1
-            typical = durations[1:] or durations     # the first run also trains the warm start
+            typical = durations[1:] or durations  # the first run also trains the warm start
             left = statistics.fmean(typical) * (len(todo) - i - 1)
-            log(f"[study] {done}/{len(specs)} done: {spec.name} in {durations[-1]:.0f}s; "
-                f"elapsed {time.time() - t0:.0f}s, about {left / 60:.1f} min left")
+            log(
+                f"[study] {done}/{len(specs)} done: {spec.name} in {durations[-1]:.0f}s; "
+                f"elapsed {time.time() - t0:.0f}s, about {left / 60:.1f} min left"
+            )
             measure_other_warm_start(cfg, out, spec.setting, log)
         finished = {s.setting for s in specs if (run_dir_of(out, s) / RESULT).exists()}
-        for setting in sorted(finished):    # a resumed study whose runs had all finished before
+        for setting in sorted(finished):  # a resumed study whose runs had all finished before
             measure_other_warm_start(cfg, out, setting, log)
     finally:
         if todo:
             import ray
+
             ray.shutdown()
     return finished_results(out, specs)
 
 
-CHANCE_SAMPLE = 20_000   # training problems the answer distribution is estimated from
+CHANCE_SAMPLE = 20_000  # training problems the answer distribution is estimated from
 
 
 def chance_level(train_problems, test_problems) -> dict:
@@ -148,10 +184,15 @@ def chance_level(train_problems, test_problems) -> dict:
     n_train = sum(counts.values())
     best = max(counts, key=lambda a: (counts[a], -a))
     test = [p.answer for p in test_problems]
-    return {"chance": counts[best] / n_train, "best_constant_answer": best,
-            "best_constant_on_test": sum(a == best for a in test) / len(test),
-            "uniform_guess": 1.0 / len(counts), "distinct_answers": len(counts),
-            "train_problems": n_train, "problems": len(test)}
+    return {
+        "chance": counts[best] / n_train,
+        "best_constant_answer": best,
+        "best_constant_on_test": sum(a == best for a in test) / len(test),
+        "uniform_guess": 1.0 / len(counts),
+        "distinct_answers": len(counts),
+        "train_problems": n_train,
+        "problems": len(test),
+    }
 
 
 def missing_warm_start_seeds(cfg: StudyConfig, record: dict) -> list[int]:
@@ -192,22 +233,31 @@ def measure_warm_start(cfg: StudyConfig, out: Path, log=print, previous: dict | 
     test = split_problems("test", replace(run_cfg.task, eval_num_prompts=cfg.test_prompts))
     validation = split_problems("validation", replace(run_cfg.task, eval_num_prompts=run_cfg.task_eval_num_prompts))
     train = [train_problem(i, 0, run_cfg.task) for i in range(CHANCE_SAMPLE)]
-    record = {"test_by_seed": by_seed, "test_mean": statistics.fmean(by_seed.values()),
-              "test_by_prompt": [statistics.fmean(col) for col in zip(*per_prompt.values())],
-              "chance_test": chance_level(train, test), "chance_validation": chance_level(train, validation),
-              "entropy_profile": warm_start_entropy_profile(run_cfg, state, validation),
-              "measure_s": time.time() - t}
+    record = {
+        "test_by_seed": by_seed,
+        "test_mean": statistics.fmean(by_seed.values()),
+        "test_by_prompt": [statistics.fmean(col) for col in zip(*per_prompt.values())],
+        "chance_test": chance_level(train, test),
+        "chance_validation": chance_level(train, validation),
+        "entropy_profile": warm_start_entropy_profile(run_cfg, state, validation),
+        "measure_s": time.time() - t,
+    }
     first = cfg.settings[0]["name"]
-    record["warm_start_scores"] = {**(previous or {}).get("warm_start_scores", {}),
-                                   **{_identity_of(cfg, out, first, seed)[1]: by_seed[seed] for seed in cfg.seeds}}
-    record["by_setting"] = {name: entry for name, entry in (previous or {}).get("by_setting", {}).items()
-                            if _covers(entry, cfg.seeds)}
+    record["warm_start_scores"] = {
+        **(previous or {}).get("warm_start_scores", {}),
+        **{_identity_of(cfg, out, first, seed)[1]: by_seed[seed] for seed in cfg.seeds},
+    }
+    record["by_setting"] = {
+        name: entry for name, entry in (previous or {}).get("by_setting", {}).items() if _covers(entry, cfg.seeds)
+    }
     # settings on the same warm start as the first; the others are measured after their first run
     warm_starts_by_setting(cfg, out, record, [s["name"] for s in cfg.settings], train=False)
     record["measure_s"] = time.time() - t
     write_json_atomically(out / WARM_START, record)
-    log(f"[study] warm start: test mean@{run_cfg.n_samples_per_eval_prompt} {record['test_mean']:.3f} "
-        f"(chance {record['chance_test']['chance']:.3f}) in {record['measure_s']:.0f}s")
+    log(
+        f"[study] warm start: test mean@{run_cfg.n_samples_per_eval_prompt} {record['test_mean']:.3f} "
+        f"(chance {record['chance_test']['chance']:.3f}) in {record['measure_s']:.0f}s"
+    )
     return record
 
 
@@ -215,10 +265,20 @@ def _warm_start_identity(run_cfg) -> tuple:
     """What makes two settings' warm starts (and their test splits) the same policy on the same task.
     The init file is named only when set, so the identities recorded before it existed still match, and by
     its content too: another file written to the same path is another warm start."""
-    identity = (repr(run_cfg.model), repr(run_cfg.task), run_cfg.warm_start_steps, run_cfg.warm_start_lr,
-                run_cfg.warm_start_batch_size, run_cfg.warm_start_answer_noise, run_cfg.warm_start_step_noise,
-                run_cfg.warm_start_seed_or_seed, run_cfg.n_samples_per_eval_prompt, run_cfg.eval_temperature,
-                run_cfg.eval_top_p, run_cfg.rollout_max_response_len)
+    identity = (
+        repr(run_cfg.model),
+        repr(run_cfg.task),
+        run_cfg.warm_start_steps,
+        run_cfg.warm_start_lr,
+        run_cfg.warm_start_batch_size,
+        run_cfg.warm_start_answer_noise,
+        run_cfg.warm_start_step_noise,
+        run_cfg.warm_start_seed_or_seed,
+        run_cfg.n_samples_per_eval_prompt,
+        run_cfg.eval_temperature,
+        run_cfg.eval_top_p,
+        run_cfg.rollout_max_response_len,
+    )
     return identity + (_init_identity(run_cfg.warm_start_init),) if run_cfg.warm_start_init else identity
 
 
@@ -227,7 +287,7 @@ def _init_identity(path: str) -> tuple:
     try:
         stat = resolved.stat()
     except OSError:
-        return ("init", path, "missing")   # its run fails with the field's one-line error
+        return ("init", path, "missing")  # its run fails with the field's one-line error
     return ("init", path, _sha256(str(resolved), stat.st_mtime_ns, stat.st_size))
 
 
@@ -258,7 +318,7 @@ def warm_starts_by_setting(cfg: StudyConfig, out: Path, record: dict, only: list
     from epic_slime.runtime.tasks import split_problems
     from epic_slime.runtime.tasks import train_problem
 
-    cfg = replace(cfg, seeds=_record_seeds(cfg, record))   # every seed of the record, not only this invocation's
+    cfg = replace(cfg, seeds=_record_seeds(cfg, record))  # every seed of the record, not only this invocation's
     scores = record.setdefault("warm_start_scores", {})
     by_setting = record.setdefault("by_setting", {})
     states = {}
@@ -272,15 +332,19 @@ def warm_starts_by_setting(cfg: StudyConfig, out: Path, record: dict, only: list
             if key not in scores:
                 ident = key.rsplit("|", 1)[0]
                 if ident not in states:
-                    states[ident] = weights_at(run_cfg, run_dir_of(out, RunSpec(name, cfg.methods[0], seed)), 0,
-                                               progress=train)
+                    states[ident] = weights_at(
+                        run_cfg, run_dir_of(out, RunSpec(name, cfg.methods[0], seed)), 0, progress=train
+                    )
                 scores[key] = _mean(evaluate_split(run_cfg, states[ident], 0, "test", cfg.test_prompts))
         run_cfg = keys[0][0]
         test = split_problems("test", replace(run_cfg.task, eval_num_prompts=cfg.test_prompts))
         train_set = [train_problem(i, 0, run_cfg.task) for i in range(CHANCE_SAMPLE)]
         by_seed = {seed: scores[key] for seed, (_, key) in zip(cfg.seeds, keys)}
-        by_setting[name] = {"test_by_seed": by_seed, "test_mean": statistics.fmean(by_seed.values()),
-                            "chance": chance_level(train_set, test)["chance"]}
+        by_setting[name] = {
+            "test_by_seed": by_seed,
+            "test_mean": statistics.fmean(by_seed.values()),
+            "chance": chance_level(train_set, test)["chance"],
+        }
 
 
 def _record_seeds(cfg: StudyConfig, record: dict) -> list[int]:
@@ -314,5 +378,7 @@ def measure_other_warm_start(cfg: StudyConfig, out: Path, setting: str, log=prin
     warm_starts_by_setting(cfg, out, record, [setting], train=True)
     warm_starts_by_setting(cfg, out, record, [s["name"] for s in cfg.settings], train=False)
     write_json_atomically(out / WARM_START, record)
-    log(f"[study] warm start of {setting}: test {record['by_setting'][setting]['test_mean']:.3f} "
-        f"in {time.time() - t:.0f}s")
+    log(
+        f"[study] warm start of {setting}: test {record['by_setting'][setting]['test_mean']:.3f} "
+        f"in {time.time() - t:.0f}s"
+    )

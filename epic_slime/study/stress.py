@@ -26,11 +26,17 @@ from __future__ import annotations
 
 import statistics
 
-from .analysis import (interval_excludes_zero, late_stage, mean_sd, minimum_detectable_difference, paired_difference,
-                       t_quantile_975)
+from .analysis import (
+    interval_excludes_zero,
+    late_stage,
+    mean_sd,
+    minimum_detectable_difference,
+    paired_difference,
+    t_quantile_975,
+)
 from .ladder import collapsed
 
-BREAK_MARGIN = 0.05        # test below the warm start by more than this breaks (noise of a cell mean ~0.02-0.03)
+BREAK_MARGIN = 0.05  # test below the warm start by more than this breaks (noise of a cell mean ~0.02-0.03)
 BREAK_COLLAPSE_FRAC = 0.5  # ... or at least this share of the seeds collapsed
 HYPOTHESIS_BASELINES = ("grpo", "gspo")
 MECHANISM = {  # summary name: logged metric (late-stage mean)
@@ -43,7 +49,7 @@ MECHANISM = {  # summary name: logged metric (late-stage mean)
     "clipfrac_lower": "train/policy/clipfrac_lower",
     "grad_removed_frac": "train/policy/grad_removed_frac",
     "entropy": "train/entropy",
-    "lag_mean": "rollout/staleness/mean",             # the lag actually reached (a buffer ramps up)
+    "lag_mean": "rollout/staleness/mean",  # the lag actually reached (a buffer ramps up)
     "train_gap": "train/logprob_abs_diff_step_start",  # the train-inference gap at the step start
 }
 
@@ -59,8 +65,13 @@ def run_collapsed(result: dict) -> bool:
     return bool(result.get("failed")) or collapsed(curve, dict(map(tuple, curve))[0])
 
 
-def stress_cell(results: list[dict], metrics: dict[int, list[dict]], warm_by_seed: dict[int, float],
-                epic: list[dict], chance: float | None = None) -> dict:
+def stress_cell(
+    results: list[dict],
+    metrics: dict[int, list[dict]],
+    warm_by_seed: dict[int, float],
+    epic: list[dict],
+    chance: float | None = None,
+) -> dict:
     """One (method, setting) cell from its runs (one per seed); metrics: seed -> metrics.jsonl rows;
     chance: the task's chance level (None: unknown, the cell counts as testable)."""
     last = {r["seed"]: r["test_at_final"] for r in results}
@@ -110,9 +121,14 @@ def breaking_points(cells: dict, axes: dict[str, list[str]], methods: list[str])
             hit = next((i for i, s in enumerate(levels) if m in cells.get(s, {}) and cells[s][m]["breaks"]), None)
             # provisional: a milder level has not finished, so the method might break earlier
             milder = levels if hit is None else levels[:hit]
-            out[m][axis] = {"level": None if hit is None else levels[hit], "index": hit,
-                            "finished_levels": len(done), "levels": len(levels), "untestable": untestable,
-                            "provisional": any(m not in cells.get(s, {}) or s in untestable for s in milder)}
+            out[m][axis] = {
+                "level": None if hit is None else levels[hit],
+                "index": hit,
+                "finished_levels": len(done),
+                "levels": len(levels),
+                "untestable": untestable,
+                "provisional": any(m not in cells.get(s, {}) or s in untestable for s in milder),
+            }
     return out
 
 
@@ -130,14 +146,21 @@ def comparisons_near_breaks(cells: dict, axes: dict[str, list[str]], points: dic
             for i in range(max(p["index"] - 1, 0), min(p["index"] + 2, len(levels))):
                 c = cells.get(levels[i], {}).get(m)
                 if c is not None and c.get("diff_vs_epic"):
-                    rows.append({"method": m, "axis": axis, "setting": levels[i], "offset": i - p["index"],
-                                 "diff_vs_epic": c["diff_vs_epic"], "epic_breaks": cells[levels[i]]["epic"]["breaks"]
-                                 if "epic" in cells[levels[i]] else None})
+                    rows.append(
+                        {
+                            "method": m,
+                            "axis": axis,
+                            "setting": levels[i],
+                            "offset": i - p["index"],
+                            "diff_vs_epic": c["diff_vs_epic"],
+                            "epic_breaks": cells[levels[i]]["epic"]["breaks"] if "epic" in cells[levels[i]] else None,
+                        }
+                    )
     return rows
 
 
 def hypothesis_test(cells: dict, runs: dict[tuple, dict], warm: dict[str, dict[int, float]]) -> dict:
-    """"EPIC stays above the warm start at stresses where GRPO and GSPO collapse."
+    """ "EPIC stays above the warm start at stresses where GRPO and GSPO collapse."
 
     The cells: every setting where GRPO or GSPO breaks. Per (cell, seed) the paired difference EPIC's
     last test score - the warm start's; pooled, its mean and 95% t interval. The hypothesis is rejected
@@ -158,14 +181,26 @@ def hypothesis_test(cells: dict, runs: dict[tuple, dict], warm: dict[str, dict[i
     out["epic_breaks_at"] = [s for s, b in zip([s for s in where if "epic" in cells[s]], epic_breaks) if b]
     out["pairs"] = len(diffs)
     if len(diffs) < 2:
-        out.update(verdict="untested", reason="GRPO and GSPO broke nowhere on the finished cells" if not where
-                   else "fewer than 2 (cell, seed) pairs of EPIC runs there", mean=None, low=None, high=None,
-                   minimum_detectable_drop=None)
+        out.update(
+            verdict="untested",
+            reason="GRPO and GSPO broke nowhere on the finished cells"
+            if not where
+            else "fewer than 2 (cell, seed) pairs of EPIC runs there",
+            mean=None,
+            low=None,
+            high=None,
+            minimum_detectable_drop=None,
+        )
         return out
     mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
     half = t_quantile_975(len(diffs) - 1) * sd / len(diffs) ** 0.5
-    out.update(mean=mean, sd=sd, low=mean - half, high=mean + half,
-               minimum_detectable_drop=minimum_detectable_difference(sd, len(diffs)) if sd > 0 else 0.0)
+    out.update(
+        mean=mean,
+        sd=sd,
+        low=mean - half,
+        high=mean + half,
+        minimum_detectable_drop=minimum_detectable_difference(sd, len(diffs)) if sd > 0 else 0.0,
+    )
     if mean + half < 0 or (epic_breaks and sum(epic_breaks) >= len(epic_breaks) / 2):
         out["verdict"] = "rejected"
     elif mean - half > 0 and not any(epic_breaks):
@@ -180,10 +215,14 @@ def stress_summary(cfg, results: list[dict], metrics: dict[tuple, list[dict]], w
     # each setting's own warm start; a record from before by_setting existed holds one warm start for all
     by_setting = warm_record.get("by_setting")
     pick = (lambda name: by_setting.get(name)) if by_setting is not None else (lambda name: warm_record)
-    warm = {s["name"]: {int(k): v for k, v in (pick(s["name"]) or {"test_by_seed": {}})["test_by_seed"].items()}
-            for s in cfg.settings}
-    chance = {s["name"]: (pick(s["name"]) or {}).get("chance", (warm_record.get("chance_test") or {}).get("chance"))
-              for s in cfg.settings}
+    warm = {
+        s["name"]: {int(k): v for k, v in (pick(s["name"]) or {"test_by_seed": {}})["test_by_seed"].items()}
+        for s in cfg.settings
+    }
+    chance = {
+        s["name"]: (pick(s["name"]) or {}).get("chance", (warm_record.get("chance_test") or {}).get("chance"))
+        for s in cfg.settings
+    }
     runs = {(r["setting"], r["method"], r["seed"]): r for r in results}
     cells = {}
     for s in cfg.settings:
@@ -194,18 +233,23 @@ def stress_summary(cfg, results: list[dict], metrics: dict[tuple, list[dict]], w
         for m in cfg.methods:
             mine = [r for r in res if r["method"] == m]
             if mine:
-                cells[name][m] = stress_cell(mine, {r["seed"]: metrics[(name, m, r["seed"])] for r in mine},
-                                             warm[name], epic, chance[name])
+                cells[name][m] = stress_cell(
+                    mine, {r["seed"]: metrics[(name, m, r["seed"])] for r in mine}, warm[name], epic, chance[name]
+                )
     axes = cfg.stress["axes"]
     points = breaking_points(cells, axes, cfg.methods)
-    return {"cells": cells, "axes": axes, "breaking_points": points,
-            "near_breaks": comparisons_near_breaks(cells, axes, points),
-            "hypothesis": hypothesis_test(cells, runs, warm),
-            "warm_start_by_setting": {s: statistics.fmean(w.values()) if w else None for s, w in warm.items()},
-            "chance_by_setting": chance,
-            # a setting is untestable when its warm start is at chance (every method's cell shares it)
-            "untestable_settings": [s for s, c in cells.items() if any(not x["testable"] for x in c.values())],
-            "rule": {"break_margin": BREAK_MARGIN, "break_collapse_frac": BREAK_COLLAPSE_FRAC}}
+    return {
+        "cells": cells,
+        "axes": axes,
+        "breaking_points": points,
+        "near_breaks": comparisons_near_breaks(cells, axes, points),
+        "hypothesis": hypothesis_test(cells, runs, warm),
+        "warm_start_by_setting": {s: statistics.fmean(w.values()) if w else None for s, w in warm.items()},
+        "chance_by_setting": chance,
+        # a setting is untestable when its warm start is at chance (every method's cell shares it)
+        "untestable_settings": [s for s, c in cells.items() if any(not x["testable"] for x in c.values())],
+        "rule": {"break_margin": BREAK_MARGIN, "break_collapse_frac": BREAK_COLLAPSE_FRAC},
+    }
 
 
 def robustness_ranking(summary: dict, methods: list[str]) -> list[tuple[str, int, float]]:
@@ -214,8 +258,11 @@ def robustness_ranking(summary: dict, methods: list[str]) -> list[tuple[str, int
     its mean score."""
     rows = []
     # the mean over the cells every method has (a cell half finished would favour the methods in it)
-    common = [c for c in summary["cells"].values() if all(m in c for m in methods)
-              and len({c[m]["n_seeds"] for m in methods}) == 1]
+    common = [
+        c
+        for c in summary["cells"].values()
+        if all(m in c for m in methods) and len({c[m]["n_seeds"] for m in methods}) == 1
+    ]
     for m in methods:
         pts = summary["breaking_points"][m].values()
         broken = sum(p["index"] is not None for p in pts)

@@ -14,15 +14,31 @@ pytest.importorskip("slime.utils.types", reason="slime is not importable (SLIME_
 
 import bookkeeping_bench as bench  # noqa: E402
 
-TINY = ["--prompts", "4", "--samples", "2", "--response-len", "300", "--prompt-len", "20", "--rollouts", "2",
-        "--r3-samples", "2", "--r3-mem-samples", "2"]
+TINY = [
+    "--prompts",
+    "4",
+    "--samples",
+    "2",
+    "--response-len",
+    "300",
+    "--prompt-len",
+    "20",
+    "--rollouts",
+    "2",
+    "--r3-samples",
+    "2",
+    "--r3-mem-samples",
+    "2",
+]
 
 
 def test_a_tiny_run_reports_every_number(capsys):
     assert bench.main(TINY + ["--rollout-wall-s", "100"]) == 0
     out = capsys.readouterr().out
     cpu_s = float(re.search(r"CPU s per rollout \(process time, one thread\): ([0-9.]+) s", out).group(1))
-    share = float(re.search(r"share of a simulated rollout \(100 s, paper preset async K=2 at 4 x 2\): ([0-9.]+)%", out).group(1))
+    share = float(
+        re.search(r"share of a simulated rollout \(100 s, paper preset async K=2 at 4 x 2\): ([0-9.]+)%", out).group(1)
+    )
     assert cpu_s > 0 and share == pytest.approx(cpu_s / 100 * 100, abs=0.002)
     assert re.search(r"RolloutManager memory for one batch \+ held groups \(5 groups, 10 samples\)", out)
     # below 512 prompts the 512-prompt line is an extrapolation, and says so

@@ -36,8 +36,13 @@ from gpu_check_sections import common, correctness, graph, host_sync, kl_bounds,
 def cpu_run(tmp_path_factory):
     """The one command, as CI and a person run it (about 20 s on 2 cores)."""
     out = tmp_path_factory.mktemp("gpu_check") / "figures.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--out", str(out)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu", "--out", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     return proc, json.loads(out.read_text()) if out.is_file() else None
 
 
@@ -91,6 +96,7 @@ def test_cpu_run_bounds_sync_speed_and_slime(cpu_run):
 # Each check can fail
 # ----------------------------------------------------------------------------------------------
 
+
 def test_correctness_check_flags_a_wrong_device_result():
     dev, ref = common.device_inputs(4, 64, torch.float32, "cpu", seed=1, with_topk=False)
     assert correctness.check_mode("epic", dev, ref, torch.float32)["ok"]
@@ -106,8 +112,15 @@ def test_plain_ppo_clip_matches_the_independent_reference():
     lp, blp, adv, mask = dev["inputs"]
     loss, grad = common.forward_backward(common.PLAIN, dev["inputs"], {})
     adv_bt = adv[:, None].expand_as(lp)
-    ref_loss, ref_grad = loss_and_grad("grpo", lp.tolist(), blp.tolist(), adv_bt.tolist(), mask.tolist(),
-                                       dict(LOSS_MODES["grpo"].defaults), "seq-mean-token-mean")
+    ref_loss, ref_grad = loss_and_grad(
+        "grpo",
+        lp.tolist(),
+        blp.tolist(),
+        adv_bt.tolist(),
+        mask.tolist(),
+        dict(LOSS_MODES["grpo"].defaults),
+        "seq-mean-token-mean",
+    )
     assert float(loss.detach()) == pytest.approx(ref_loss, rel=1e-12)
     torch.testing.assert_close(grad, torch.tensor(ref_grad, dtype=torch.float64), rtol=1e-10, atol=1e-14)
 
@@ -132,8 +145,13 @@ def test_sync_detector_sees_reads_data_dependent_ops_and_host_built_device_tenso
         (x * 2).sum()
         torch.full((), 1.5, device="meta")  # a fill kernel: no copy
     assert detector.sites == []
-    for act in (lambda: x.sum().item(), lambda: bool(x.max() > 0), lambda: torch.nonzero(x > 0),
-                lambda: torch.tensor(1.5, device="meta"), lambda: x.to("meta")):
+    for act in (
+        lambda: x.sum().item(),
+        lambda: bool(x.max() > 0),
+        lambda: torch.nonzero(x > 0),
+        lambda: torch.tensor(1.5, device="meta"),
+        lambda: x.to("meta"),
+    ):
         detector = host_sync.SyncDetector()
         with detector.watching_tensor_constructors(), detector:
             act()
@@ -142,7 +160,9 @@ def test_sync_detector_sees_reads_data_dependent_ops_and_host_built_device_tenso
 
 def test_sync_section_fails_on_a_sync_only_when_required(monkeypatch):
     monkeypatch.setattr(host_sync, "LOSS_MODES", {"epic": LOSS_MODES["epic"]})
-    monkeypatch.setattr(host_sync, "detect_syncs", lambda *a, on_meta, **k: ["aten.nonzero at x.py:1"] if on_meta else [])
+    monkeypatch.setattr(
+        host_sync, "detect_syncs", lambda *a, on_meta, **k: ["aten.nonzero at x.py:1"] if on_meta else []
+    )
     assert host_sync.section_sync("cpu", common.CPU_SIZES, require_sync_free=False)["status"] == "pass"
     failed = host_sync.section_sync("cpu", common.CPU_SIZES, require_sync_free=True)
     assert failed["status"] == "fail" and failed["not_sync_free"] == ["epic"]
@@ -151,11 +171,19 @@ def test_sync_section_fails_on_a_sync_only_when_required(monkeypatch):
 @pytest.mark.parametrize("compute_metrics", [False, True])
 def test_every_mode_is_free_of_host_syncs_on_accelerators(compute_metrics):
     dev, _ = common.device_inputs(2, 32, torch.float32, "cpu", seed=5)
-    found = {mode: host_sync.detect_syncs(mode, dev["inputs"], dev["topk"], on_meta=True, compute_metrics=compute_metrics)
-             for mode in sorted(LOSS_MODES)}
+    found = {
+        mode: host_sync.detect_syncs(mode, dev["inputs"], dev["topk"], on_meta=True, compute_metrics=compute_metrics)
+        for mode in sorted(LOSS_MODES)
+    }
     if compute_metrics:  # and on the CPU with the accelerator branches forced (ops without meta kernels)
-        found.update({f"{mode} (cpu)": host_sync.detect_syncs(mode, dev["inputs"], dev["topk"], on_meta=False,
-                                                       compute_metrics=True) for mode in sorted(LOSS_MODES)})
+        found.update(
+            {
+                f"{mode} (cpu)": host_sync.detect_syncs(
+                    mode, dev["inputs"], dev["topk"], on_meta=False, compute_metrics=True
+                )
+                for mode in sorted(LOSS_MODES)
+            }
+        )
     assert {m: s for m, s in found.items() if s} == {}
 
 
@@ -163,8 +191,13 @@ def test_sync_section_counts_a_metrics_only_sync(monkeypatch):
     """A sync that only the metrics path makes (the old bincount / p95 count) fails --require-sync-free."""
     monkeypatch.setattr(host_sync, "LOSS_MODES", {"grpo": LOSS_MODES["grpo"]})
     real = host_sync.detect_syncs
-    monkeypatch.setattr(host_sync, "detect_syncs", lambda *a, compute_metrics, **k: (
-        ["aten.bincount at metrics.py:1"] if compute_metrics else real(*a, compute_metrics=compute_metrics, **k)))
+    monkeypatch.setattr(
+        host_sync,
+        "detect_syncs",
+        lambda *a, compute_metrics, **k: (
+            ["aten.bincount at metrics.py:1"] if compute_metrics else real(*a, compute_metrics=compute_metrics, **k)
+        ),
+    )
     failed = host_sync.section_sync("cpu", common.CPU_SIZES, require_sync_free=True)
     assert failed["status"] == "fail" and failed["not_sync_free"] == ["grpo"]
     assert failed["modes"][0]["meta_metrics_sites"] == ["aten.bincount at metrics.py:1"]
@@ -197,15 +230,20 @@ def test_slime_is_found_beside_the_script_or_the_repository(tmp_path, monkeypatc
     (fake / "slime" / "backends" / "megatron_utils").mkdir(parents=True)
     (fake / "slime" / "backends" / "megatron_utils" / "loss.py").write_text("")
     assert slime_loss.find_slime(str(fake)) == fake
-    assert slime_loss.find_slime(str(tmp_path / "nothing")) in (None, common.BENCH_DIR / "slime-624b824a",
-                                                        common.REPO_ROOT.parent / "shared" / "vendor" / "slime-624b824a")
+    assert slime_loss.find_slime(str(tmp_path / "nothing")) in (
+        None,
+        common.BENCH_DIR / "slime-624b824a",
+        common.REPO_ROOT.parent / "shared" / "vendor" / "slime-624b824a",
+    )
 
 
 def test_graph_section_orders_flagged_modes_last_and_stops_when_cuda_breaks(monkeypatch):
     """The CUDA-graph bookkeeping, with a stand-in for capture: clean modes (and the control) run
     first; after a failed capture that leaves CUDA unusable the rest are recorded as not run.
     The core is sync-free now, so the detector is told which modes to flag."""
-    monkeypatch.setattr(graph, "detect_syncs", lambda mode, *a, **k: ["stand-in sync"] if mode in ("grpo", "gspo") else [])
+    monkeypatch.setattr(
+        graph, "detect_syncs", lambda mode, *a, **k: ["stand-in sync"] if mode in ("grpo", "gspo") else []
+    )
     calls = []
 
     def capture(mode, inputs, topk):
@@ -218,9 +256,9 @@ def test_graph_section_orders_flagged_modes_last_and_stops_when_cuda_breaks(monk
     rows = {r["mode"]: r for r in out["modes"]}
     assert calls[0] == common.PLAIN and set(rows) == {common.PLAIN, *LOSS_MODES}
     flagged = [m for m in calls if rows[m]["expected_syncs"]]
-    assert flagged and calls[-len(flagged):] == flagged  # the meta detector's modes come last
+    assert flagged and calls[-len(flagged) :] == flagged  # the meta detector's modes come last
     assert not rows["epic"]["ok"] and out["status"] == "fail"  # a replay that disagrees with eager
-    after = calls[calls.index("grpo") + 1:] if "grpo" in calls else []
+    after = calls[calls.index("grpo") + 1 :] if "grpo" in calls else []
     assert after == []
     assert all("not run" in r["error"] for m, r in rows.items() if m not in calls)
 

@@ -53,10 +53,18 @@ def test_a_variation_moves_one_input_and_derives_the_engine_again():
     assert band.varied(p, "tp_alpha", 1.0).c_tok == pytest.approx(paper_preset(gpus_per_engine=4, tp_alpha=1.0).c_tok)
     assert band.varied(p, "push_s_split", 40.0).push_s_split == 40.0
     low = band.varied(paper_preset(train_mfu_at={32: 0.3}), "train_mfu", 0.12)
-    assert low.train_mfu == 0.12 and low.train_mfu_at is None      # the per-GPU-count MFU would override it
+    assert low.train_mfu == 0.12 and low.train_mfu_at is None  # the per-GPU-count MFU would override it
     labels = [label for label, _, _ in band.variations(p)]
-    assert labels == ["tp_alpha 0.43", "tp_alpha 1", "push 5 s", "push 40 s", "batch-1 step 5 ms",
-                      "batch-1 step 20 ms", "train MFU 0.12", "train MFU 0.25"]
+    assert labels == [
+        "tp_alpha 0.43",
+        "tp_alpha 1",
+        "push 5 s",
+        "push 40 s",
+        "batch-1 step 5 ms",
+        "batch-1 step 20 ms",
+        "train MFU 0.12",
+        "train MFU 0.25",
+    ]
     assert band.ranges_text(p) == "tp_alpha 0.43-1, push 5-40 s, batch-1 step 5-20 ms, train MFU 0.12-0.25"
 
 
@@ -71,41 +79,56 @@ def test_the_plan_picks_the_fastest_steady_row_against_the_best_sync(monkeypatch
     p = planner.preset_for("qwen3-30b-a3b", 24, "H100", "8x4", "1000,0.6,2000", paper_preset())
     times = {(8, 4): 50.0, (8, 8): 80.0, (16, 4): 90.0, (16, 8): 60.0}
     bounds = {(8, 4): 50.0 * (STEADY_SHARE_MAX + 0.01), (8, 8): 70.0, (16, 4): 80.0, (16, 8): 55.0}
-    monkeypatch.setattr(planner, "best_sync", lambda q, n: dict(s_per_rollout=120.0, gpus_per_engine=4,
-                                                                by_engine={4: 120.0, 8: 130.0}))
+    monkeypatch.setattr(
+        planner, "best_sync", lambda q, n: dict(s_per_rollout=120.0, gpus_per_engine=4, by_engine={4: 120.0, 8: 130.0})
+    )
 
     def fake_simulate(q, schedule, rollouts, warmup=2):
         key = (q.train_gpus_split, q.gpus_per_engine)
         return dict(s_per_rollout=times[key], dropped_groups=0, requeued_groups=1 if key == (16, 8) else 0)
 
     monkeypatch.setattr(planner, "simulate", fake_simulate)
-    monkeypatch.setattr(planner, "throughput_bound",
-                        lambda q, r, t, push: dict(bound_s=bounds[(q.train_gpus_split, q.gpus_per_engine)]))
+    monkeypatch.setattr(
+        planner, "throughput_bound", lambda q, r, t, push: dict(bound_s=bounds[(q.train_gpus_split, q.gpus_per_engine)])
+    )
     result = planner.plan(p, 2, "abort")
     pick = result["pick"]
     assert (pick["train_gpus"], pick["gpus_per_engine"]) == (8, 8) and pick["speedup"] == pytest.approx(1.5)
     text = planner.format_plan(result)
     assert "not steady" in text and "(4 GPUs) 120.0 s/rollout (4: 120.0 s, 8: 130.0 s)" in text
-    bounds[(8, 8)] = 80.0 * STEADY_SHARE_MAX          # at the rule's edge: still steady
+    bounds[(8, 8)] = 80.0 * STEADY_SHARE_MAX  # at the rule's edge: still steady
     assert planner.plan(p, 2, "abort")["pick"]["gpus_per_engine"] == 8
-    bounds[(8, 8)], bounds[(16, 4)] = 80.0 * 1.021, 90.0 * 1.03   # all past their bound or requeued: no pick
+    bounds[(8, 8)], bounds[(16, 4)] = 80.0 * 1.021, 90.0 * 1.03  # all past their bound or requeued: no pick
     assert planner.plan(p, 2, "abort")["pick"] is None
     assert "pick: none" in planner.format_plan(planner.plan(p, 2, "abort"))
 
 
 def test_the_price_line_names_the_baseline_and_the_band(tmp_path):
-    table = {"band_ranges": "tp_alpha 0.43-1, push 5-40 s", "picks": {},
-             "prices": {"4x8|sync colocated": dict(s_per_rollout=315.9, speedup=1.0, gpus_per_engine=4),
-                        launch_table.key(4, 8, 1, 4, "2", "abort", "0"): dict(
-                            s_per_rollout=229.6, speedup=315.9 / 229.6, dropped=0, requeued=0,
-                            staleness_hist={"2": 640}, band=[1.3, 1.5]),
-                        launch_table.key(4, 8, 1, 4, "1", "abort", "0.1"): dict(
-                            s_per_rollout=313.9, speedup=315.9 / 313.9, dropped=0, requeued=0, staleness_hist={"1": 640})}}
+    table = {
+        "band_ranges": "tp_alpha 0.43-1, push 5-40 s",
+        "picks": {},
+        "prices": {
+            "4x8|sync colocated": dict(s_per_rollout=315.9, speedup=1.0, gpus_per_engine=4),
+            launch_table.key(4, 8, 1, 4, "2", "abort", "0"): dict(
+                s_per_rollout=229.6,
+                speedup=315.9 / 229.6,
+                dropped=0,
+                requeued=0,
+                staleness_hist={"2": 640},
+                band=[1.3, 1.5],
+            ),
+            launch_table.key(4, 8, 1, 4, "1", "abort", "0.1"): dict(
+                s_per_rollout=313.9, speedup=315.9 / 313.9, dropped=0, requeued=0, staleness_hist={"1": 640}
+            ),
+        },
+    }
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table))
     line = launch_table.predict(4, 8, 1, 4, "2", "abort", "0", path)
-    assert "229.6 s/rollout, 1.38x sync colocated (1.30-1.50x over tp_alpha 0.43-1, push 5-40 s) at its best engine " \
-           "size (4 GPUs, 315.9 s/rollout)" in line
+    assert (
+        "229.6 s/rollout, 1.38x sync colocated (1.30-1.50x over tp_alpha 0.43-1, push 5-40 s) at its best engine "
+        "size (4 GPUs, 315.9 s/rollout)" in line
+    )
     assert "oversampling 0.1" in launch_table.predict(4, 8, 1, 4, "1", "abort", "0.1", path)
     assert "no band precomputed" in launch_table.predict(4, 8, 1, 4, "1", "abort", "0.1", path)
     assert "no precomputed price" in launch_table.predict(4, 8, 1, 4, "1", "abort", "0", path)
@@ -119,9 +142,26 @@ def test_plan_runs_without_slime_and_summarises_group_errors():
     probe = subprocess.run([sys.executable, "-c", "import slime"], env=env, capture_output=True, text=True)
     if probe.returncode == 0:
         pytest.skip("slime is installed in this interpreter itself: cannot take it off the path")
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "schedule_sim.py"), "plan", "--gpus", "16", "--batch",
-                             "4x4", "--lengths", "1000,0.6,2000", "--rollouts", "3"], env=env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=110)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "schedule_sim.py"),
+            "plan",
+            "--gpus",
+            "16",
+            "--batch",
+            "4x4",
+            "--lengths",
+            "1000,0.6,2000",
+            "--rollouts",
+            "3",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     assert result.returncode == 0, result.stderr
     assert "pick: " in result.stdout and "sync colocated at its best engine size" in result.stdout
     notes = [line for line in result.stderr.splitlines() if line.strip()]

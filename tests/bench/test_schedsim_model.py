@@ -20,8 +20,9 @@ from schedsim.presets import GPUS, QWEN3_30B, TP_ALPHA_FITTED, kv_capacity, pape
 
 
 def one_engine(**kw):
-    base = dict(total_gpus=8, train_gpus_split=0, gpus_per_engine=8, kv_capacity_tokens=10_000.0, new_token_ratio=0.0,
-                dt=0.5)
+    base = dict(
+        total_gpus=8, train_gpus_split=0, gpus_per_engine=8, kv_capacity_tokens=10_000.0, new_token_ratio=0.0, dt=0.5
+    )
     base.update(kw)
     p = paper_preset(**base)
     sim = Sim(p, colocated=False)
@@ -59,9 +60,9 @@ def test_contexts_that_outgrow_the_kv_cache_are_retracted_and_re_prefilled():
     out = run_until(sim, futs)
     assert [o[0] for o in out] == [4000, 4000] and not any(o[2] for o in out)
     assert e.retractions >= 1
-    assert e.reprefilled >= 2000                       # a retracted context (>= its prompt) prefilled again
+    assert e.reprefilled >= 2000  # a retracted context (>= its prompt) prefilled again
     assert max(peak) <= 10_000 + 1e-6
-    assert e.prefilled >= 4000 + e.reprefilled - 1e-6   # the prompts and every re-prefill were paid for
+    assert e.prefilled >= 4000 + e.reprefilled - 1e-6  # the prompts and every re-prefill were paid for
 
 
 def test_admission_reserves_the_growth_of_running_requests():
@@ -83,7 +84,7 @@ def test_abort_returns_partials_in_place_keeps_decoding_across_the_push():
     e.abort_all()
     tokens, version, aborted, oldest = fut.result()
     assert aborted and 0 < tokens < 10_000 and version == 0 and oldest == 0
-    fut2 = e.submit(100, 10_000, 10_000)    # in place: paused, not aborted; the version changes under it
+    fut2 = e.submit(100, 10_000, 10_000)  # in place: paused, not aborted; the version changes under it
     e.paused = False
     sim.loop.run_until_complete(asyncio.sleep(5.0))
     e.paused = True
@@ -92,7 +93,7 @@ def test_abort_returns_partials_in_place_keeps_decoding_across_the_push():
     sim.wake()
     tokens2, version2, aborted2, oldest2 = run_until(sim, [fut2])[0]
     assert not aborted2 and tokens2 == 10_000
-    assert version2 == 1 and oldest2 == 0    # reported at response time; the simulator keeps the first token's
+    assert version2 == 1 and oldest2 == 0  # reported at response time; the simulator keeps the first token's
 
 
 def test_retract_sends_running_requests_back_to_prefill_again_and_answers_once_on_the_new_version():
@@ -110,13 +111,13 @@ def test_retract_sends_running_requests_back_to_prefill_again_and_answers_once_o
     e.retract_all()
     assert not fut.done() and not other.done() and not e.running and list(e.queue) == [first, second]
     assert e.push_retractions == 2 and e.retractions == 0
-    assert e.reprefilled == pytest.approx(first.done + second.done)   # their outputs, not their prompts
+    assert e.reprefilled == pytest.approx(first.done + second.done)  # their outputs, not their prompts
     assert first.prefill_left == pytest.approx(before)
     e.version, e.paused = 1, False
     sim.wake()
     tokens, version, aborted, oldest = run_until(sim, [fut])[0]
-    assert not aborted and tokens == 10_000 and version == 1 and oldest == 0   # first token on version 0
-    assert e.prefilled >= 2 * 100 + e.reprefilled - 1e-6   # the prompts, then the retracted contexts once more
+    assert not aborted and tokens == 10_000 and version == 1 and oldest == 0  # first token on version 0
+    assert e.prefilled >= 2 * 100 + e.reprefilled - 1e-6  # the prompts, then the retracted contexts once more
     close(sim)
 
 
@@ -151,8 +152,17 @@ def test_length_deciles_count_per_decile_and_sort_by_length():
     """The simulator's group records through the driver's decile function: every trained, requeued (per
     regeneration) and dropped group lands in its length decile; lags are averaged over the trained."""
     pytest.importorskip("epic_slime.length_deciles")
-    groups = [dict(length=float(i), steady=i % 3 != 0, requeued=int(i % 7 == 0), dropped=i == 99,
-                   true_lag=(i // 50) + 1, over_k=i >= 95) for i in range(100)]
+    groups = [
+        dict(
+            length=float(i),
+            steady=i % 3 != 0,
+            requeued=int(i % 7 == 0),
+            dropped=i == 99,
+            true_lag=(i // 50) + 1,
+            over_k=i >= 95,
+        )
+        for i in range(100)
+    ]
     dec = report.length_deciles(groups)
     records = sum(g["steady"] for g in groups) + sum(g["requeued"] for g in groups) + sum(g["dropped"] for g in groups)
     assert sum(d["groups"] for d in dec) == records
@@ -246,8 +256,9 @@ def _float64_train_s(p, gpus: int, mfu: float) -> float:
     reference forward, over GPUs x peak x MFU."""
     lengths = bound.length_sample(p)
     n, layers, d = p.model["active_params"], p.model["layers"], p.model["attn_dim"]
-    flops = math.fsum((p.prompt_len + x) * (6.0 * n + 6.0 * layers * d * (p.prompt_len + x)) * 8.0 / 6.0
-                      for x in lengths)
+    flops = math.fsum(
+        (p.prompt_len + x) * (6.0 * n + 6.0 * layers * d * (p.prompt_len + x)) * 8.0 / 6.0 for x in lengths
+    )
     return flops * p.rollout_batch_size * p.n_samples / len(lengths) / (gpus * p.peak_flops * mfu)
 
 

@@ -13,8 +13,17 @@ from schedsim.report import STEADY_SHARE_MAX, best_line, best_row  # noqa: E402
 
 
 def _row(k: int, ratio: float, share: float, dropped: int = 0, requeued_share: float = 0.0, over_k: int = 0) -> dict:
-    return dict(schedule=f"async K={k}", push="abort", split="24:8", gpe=4, ratio=ratio, share=share,
-                dropped=dropped, requeued_share=requeued_share, over_k=over_k)
+    return dict(
+        schedule=f"async K={k}",
+        push="abort",
+        split="24:8",
+        gpe=4,
+        ratio=ratio,
+        share=share,
+        dropped=dropped,
+        requeued_share=requeued_share,
+        over_k=over_k,
+    )
 
 
 def test_a_row_past_its_bound_is_not_the_best():
@@ -31,8 +40,12 @@ def test_the_slack_admits_a_row_at_the_bound_and_no_further():
 
 
 def test_drops_requeues_and_over_k_disqualify_before_speed():
-    rows = [_row(1, 1.1, 0.5), _row(2, 1.9, 0.9, dropped=1), _row(3, 1.8, 0.9, requeued_share=0.02),
-            _row(4, 1.7, 0.9, over_k=3)]
+    rows = [
+        _row(1, 1.1, 0.5),
+        _row(2, 1.9, 0.9, dropped=1),
+        _row(3, 1.8, 0.9, requeued_share=0.02),
+        _row(4, 1.7, 0.9, over_k=3),
+    ]
     assert best_row(rows)["schedule"] == "async K=1"
     assert "past" not in best_line(rows)
 
@@ -53,9 +66,12 @@ def test_the_bound_is_scaled_to_the_batches_from_the_first_steady_one_on():
     p = paper_preset(rollout_batch_size=16, mean_response_len=3000.0, max_response_len=6000)
     base = throughput_bound(p, 24, 8, p.push_s_split)
     t = base["tokens_per_rollout"]
-    row = dict(split="24:8", schedule="async K=2",
-               batches={0: {"tokens": 5 * t}, 1: {"tokens": 5 * t}, 2: {"tokens": 0.5 * t}, 3: {"tokens": 1.5 * t}})
+    row = dict(
+        split="24:8",
+        schedule="async K=2",
+        batches={0: {"tokens": 5 * t}, 1: {"tokens": 5 * t}, 2: {"tokens": 0.5 * t}, 3: {"tokens": 1.5 * t}},
+    )
     b = bound_for(p, row, warmup=2)
-    assert abs(b["token_scale"] - 1.0) < 1e-12          # mean of batches 2 and 3 only
+    assert abs(b["token_scale"] - 1.0) < 1e-12  # mean of batches 2 and 3 only
     assert abs(b["gen_s"] - base["gen_s"]) < 1e-9 * base["gen_s"]
     assert abs(bound_for(p, row, warmup=3)["token_scale"] - 1.5) < 1e-12

@@ -77,11 +77,13 @@ def test_pushes_wait_for_the_rollout_manager():
     waits = sim.simulate(p, "async K=2", 5)
     no_wait = sim.simulate(p, "async K=2", 5, push_waits_for_manager=False)
     ends = {r: b["end"] for r, b in waits["batches"].items()}
-    for r, (t0, _t1) in enumerate(waits["pushes"][1:-1]):    # the push after training r
+    for r, (t0, _t1) in enumerate(waits["pushes"][1:-1]):  # the push after training r
         assert t0 >= ends[r + 1] - 1e-9
     assert no_wait["abort_resubmits"] >= p.rollout_batch_size
     assert no_wait["abort_resubmits"] > waits["abort_resubmits"]
-    assert no_wait["per_rollout_hist"] != waits["per_rollout_hist"] or no_wait["s_per_rollout"] != waits["s_per_rollout"]
+    assert (
+        no_wait["per_rollout_hist"] != waits["per_rollout_hist"] or no_wait["s_per_rollout"] != waits["s_per_rollout"]
+    )
 
 
 def test_the_stream_is_the_real_group_stream_with_its_counts():
@@ -139,7 +141,9 @@ def test_the_simulator_reproduces_the_embedded_runtimes_async_sync_ratio():
     v = sim.runtime_validation(m)
     assert v["simulated"] == pytest.approx(m["measured_async_over_sync"], rel=0.15), v
     # and it is the shared cores that keep it there: without contention the simulator promises more
-    free = sim.runtime_preset(m, shared_cores=None, total_gpus=m["num_rollout_workers"] + 1)   # 2 engines + a trainer, no sharing
+    free = sim.runtime_preset(
+        m, shared_cores=None, total_gpus=m["num_rollout_workers"] + 1
+    )  # 2 engines + a trainer, no sharing
     sync = sim.simulate(free, "sync split", 10)["s_per_rollout"]
     asyn = sim.simulate(free, "async K=2", 10)["s_per_rollout"]
     assert sync / asyn > v["simulated"]
@@ -150,7 +154,7 @@ def test_in_place_pushes_keep_requests_abort_pushes_resubmit_and_re_prefill():
     partial responses and re-prefill; in place: none is aborted, nothing is re-prefilled for a push;
     retract: none is aborted either, the engine re-prefills the retracted contexts; the trained groups'
     true lag (first token's version) is never negative."""
-    p = small(oversample_ratio=0.5)    # leftovers: groups still generating when the push lands
+    p = small(oversample_ratio=0.5)  # leftovers: groups still generating when the push lands
     rows = {m: sim.simulate(sim.split_preset(p, 16, 8, m), "async K=4", 6) for m in ("abort", "in_place", "retract")}
     assert rows["abort"]["abort_resubmits"] > 0 and rows["abort"]["reprefill_tokens"] > 0
     assert rows["in_place"]["abort_resubmits"] == 0 and rows["in_place"]["push_retractions"] == 0

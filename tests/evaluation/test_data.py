@@ -32,8 +32,10 @@ def test_from_local_converts_the_shared_files(tmp_path, capsys):
     (dapo_line,) = [line for line in printed.splitlines() if line.startswith("dapo_math_17k")]
     assert "dapo_math_sample.jsonl is a 28-row sample of DAPO-Math-17k, not the full set" in dapo_line
     assert printed.count("-row sample") == 1
-    counts = {name: len(_read_jsonl(tmp_path / "eval" / f"{name}.jsonl"))
-              for name in ("aime_2024", "aime_2025", "amc_2023", "hmmt_feb_2025")}
+    counts = {
+        name: len(_read_jsonl(tmp_path / "eval" / f"{name}.jsonl"))
+        for name in ("aime_2024", "aime_2025", "amc_2023", "hmmt_feb_2025")
+    }
     assert counts == {"aime_2024": 30, "aime_2025": 30, "amc_2023": 40, "hmmt_feb_2025": 30}
     assert sum(counts.values()) == 130
     manifest = json.loads((tmp_path / "manifest.json").read_text())
@@ -84,8 +86,18 @@ def test_duplicates_are_removed_and_conflicts_counted():
     assert [r["metadata"]["problem_id"] for r in records] == ["amc_2023_0", "amc_2023_2", "amc_2023_4"]
 
 
-@pytest.mark.parametrize("value, expected", [("025", "25"), (27.0, "27"), (-1.0, "-1"), (" 7 ", "7"),
-                                             ("\\frac{1}{2}", "\\frac{1}{2}"), ("3.0", "3"), (12, "12")])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("025", "25"),
+        (27.0, "27"),
+        (-1.0, "-1"),
+        (" 7 ", "7"),
+        ("\\frac{1}{2}", "\\frac{1}{2}"),
+        ("3.0", "3"),
+        (12, "12"),
+    ],
+)
 def test_canonical_answer(value, expected):
     assert canonical_answer(value) == expected
 
@@ -116,11 +128,14 @@ def _dapo_parquet_bytes(tmp_path, problems):
     import pyarrow.parquet as pq
 
     rows = [
-        {"data_source": "math_dapo",
-         "prompt": [{"role": "user", "content": DAPO_PREFIX + p + DAPO_SUFFIX}],
-         "reward_model": {"ground_truth": str(2 * i), "style": "rule-lighteval/MATH_v2"},
-         "extra_info": {"index": f"uuid-{i}"}}
-        for _ in range(100) for i, p in enumerate(problems)  # each prompt repeated 100 times, like the raw file
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"role": "user", "content": DAPO_PREFIX + p + DAPO_SUFFIX}],
+            "reward_model": {"ground_truth": str(2 * i), "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": f"uuid-{i}"},
+        }
+        for _ in range(100)
+        for i, p in enumerate(problems)  # each prompt repeated 100 times, like the raw file
     ]
     path = tmp_path / "dapo.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -128,8 +143,9 @@ def _dapo_parquet_bytes(tmp_path, problems):
 
 
 def _amc_lines(answers):
-    return "".join(json.dumps({"id": i, "question": f"AMC {i}?", "answer": a}) + "\n"
-                   for i, a in enumerate(answers)).encode()
+    return "".join(
+        json.dumps({"id": i, "question": f"AMC {i}?", "answer": a}) + "\n" for i, a in enumerate(answers)
+    ).encode()
 
 
 def _sha(data: bytes) -> str:
@@ -141,8 +157,9 @@ def test_download_goes_through_huggingface_hub_and_records_commits_and_hashes(tm
     its cache), parquet + jsonl reading, de-duplication, and the manifest's revision / commit / sha256."""
     problems = [f"Compute {i} + {i}." for i in range(5)]
     parquet = _dapo_parquet_bytes(tmp_path, problems)
-    dapo_commit = hub.push("BytedTsinghua-SIA/DAPO-Math-17k",
-                           {"README.md": b"# card", "data/dapo-math-17k.parquet": parquet})
+    dapo_commit = hub.push(
+        "BytedTsinghua-SIA/DAPO-Math-17k", {"README.md": b"# card", "data/dapo-math-17k.parquet": parquet}
+    )
     amc = _amc_lines([0.0, 1.0, 2.0, 0.0])
     amc_commit = hub.push("math-ai/amc23", {"test.jsonl": amc, ".gitattributes": b"*.jsonl"})
     out, cache = tmp_path / "out", tmp_path / "hf-cache"
@@ -151,22 +168,30 @@ def test_download_goes_through_huggingface_hub_and_records_commits_and_hashes(tm
     train = _read_jsonl(out / "train" / "dapo_math_17k.jsonl")
     assert len(train) == 5 and [r["label"] for r in train] == ["0", "2", "4", "6", "8"]
     assert train[3]["prompt"][0]["content"] == DAPO_PREFIX + problems[3] + DAPO_SUFFIX
-    assert train[3]["metadata"] == {"benchmark": "dapo_math_17k", "problem_id": "uuid-3",
-                                    "source": "hf:BytedTsinghua-SIA/DAPO-Math-17k"}
+    assert train[3]["metadata"] == {
+        "benchmark": "dapo_math_17k",
+        "problem_id": "uuid-3",
+        "source": "hf:BytedTsinghua-SIA/DAPO-Math-17k",
+    }
     assert [r["label"] for r in _read_jsonl(out / "eval" / "amc_2023.jsonl")] == ["0", "1", "2", "0"]
     manifest = json.loads((out / "manifest.json").read_text())["datasets"]
     assert manifest["dapo_math_17k"]["duplicates_removed"] == 495
     assert (manifest["dapo_math_17k"]["revision"], manifest["dapo_math_17k"]["commit"]) == ("main", dapo_commit)
     assert manifest["dapo_math_17k"]["files"] == [
-        {"path": "data/dapo-math-17k.parquet", "sha256": _sha(parquet), "bytes": len(parquet)}]  # README not read
+        {"path": "data/dapo-math-17k.parquet", "sha256": _sha(parquet), "bytes": len(parquet)}
+    ]  # README not read
     assert manifest["amc_2023"]["commit"] == amc_commit
     assert manifest["amc_2023"]["files"] == [{"path": "test.jsonl", "sha256": _sha(amc), "bytes": len(amc)}]
     assert manifest["amc_2023"]["warnings"] == ["expected 40 prompts, got 4"]
     # the files sit in huggingface_hub's own cache layout (datasets--org--name/snapshots/<commit>/...)
     assert (cache / "datasets--math-ai--amc23" / "snapshots" / amc_commit / "test.jsonl").read_bytes() == amc
     fetched = [p for m, p in hub.requests if m == "GET" and "/resolve/" in p]
-    assert sorted(fetched) == sorted([f"/datasets/BytedTsinghua-SIA/DAPO-Math-17k/resolve/{dapo_commit}/data/dapo-math-17k.parquet",
-                                      f"/datasets/math-ai/amc23/resolve/{amc_commit}/test.jsonl"])
+    assert sorted(fetched) == sorted(
+        [
+            f"/datasets/BytedTsinghua-SIA/DAPO-Math-17k/resolve/{dapo_commit}/data/dapo-math-17k.parquet",
+            f"/datasets/math-ai/amc23/resolve/{amc_commit}/test.jsonl",
+        ]
+    )
     # a second run with the same data: the revision is resolved again, the cached file is not fetched again
     hub.requests.clear()
     assert prepare.main(argv) == 0
@@ -232,8 +257,10 @@ def test_gated_unknown_and_missing_revision_give_the_library_reason(tmp_path, hu
     assert "RepositoryNotFoundError" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("value, message", [("amc_2023", "expected NAME=REV"), ("amc_2023=", "expected NAME=REV"),
-                                            ("amc24=main", "unknown dataset 'amc24'")])
+@pytest.mark.parametrize(
+    "value, message",
+    [("amc_2023", "expected NAME=REV"), ("amc_2023=", "expected NAME=REV"), ("amc24=main", "unknown dataset 'amc24'")],
+)
 def test_bad_revision_flag_names_the_value(tmp_path, capsys, value, message):
     assert prepare.main(["--out", str(tmp_path), "--revision", value]) == 2
     assert message in capsys.readouterr().err
@@ -242,8 +269,14 @@ def test_bad_revision_flag_names_the_value(tmp_path, capsys, value, message):
 def _prepare_subprocess(argv, env_extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     env.update(env_extra, PYTHONPATH=REPO_ROOT)
-    return subprocess.run([sys.executable, "-m", "epic_slime", "prepare-data", *argv], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "epic_slime", "prepare-data", *argv],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_offline_mode_uses_the_seeded_cache_and_explains_a_miss(tmp_path):
@@ -253,8 +286,10 @@ def test_offline_mode_uses_the_seeded_cache_and_explains_a_miss(tmp_path):
     try:
         amc = _amc_lines(["5", "6"])
         commit = hub.push("math-ai/amc23", {"test.jsonl": amc})
-        seeded = _prepare_subprocess(["--out", str(tmp_path / "seed"), "--datasets", "amc_2023"],
-                                     {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf")})
+        seeded = _prepare_subprocess(
+            ["--out", str(tmp_path / "seed"), "--datasets", "amc_2023"],
+            {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf")},
+        )
         assert seeded.returncode == 0, seeded.stderr[-2000:]
         hub.requests.clear()
         offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.endpoint}
@@ -285,8 +320,9 @@ def test_a_file_new_to_the_manifest_is_not_a_changed_file():
     assert "a.parquet: recorded sha256 " + "1" * 64 in str(err.value) and "b.parquet" not in str(err.value)
 
 
-@pytest.mark.parametrize("count, warnings", [(40, []), (39, ["expected 40 prompts, got 39"]),
-                                             (45, ["expected 40 prompts, got 45"])])
+@pytest.mark.parametrize(
+    "count, warnings", [(40, []), (39, ["expected 40 prompts, got 39"]), (45, ["expected 40 prompts, got 45"])]
+)
 def test_prompt_count_warning_fires_on_too_many_prompts_too(tmp_path, count, warnings):
     src, out = tmp_path / "src", tmp_path / "out"
     src.mkdir()

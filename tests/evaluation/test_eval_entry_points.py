@@ -16,16 +16,22 @@ SCRIPTS = sorted((REPO_ROOT / "eval").glob("*.py"))
 
 def edits_sys_path(source: str) -> list[int]:
     """Line numbers where the source reads or changes sys.path (``sys.path.insert``, ``sys.path[...]``, ...)."""
-    return sorted(node.lineno for node in ast.walk(ast.parse(source))
-                  if isinstance(node, ast.Attribute) and node.attr == "path"
-                  and isinstance(node.value, ast.Name) and node.value.id == "sys")
+    return sorted(
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute)
+        and node.attr == "path"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
+    )
 
 
 def _run(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     # The checkout's package first, as an installed one would be (the venv may hold another checkout).
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_path_scan_finds_an_edit():

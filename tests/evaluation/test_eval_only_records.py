@@ -19,8 +19,10 @@ BENCH, PROMPTS, K = "aime_2024", 3, 2
 
 def _data(tag: int) -> dict:
     """One eval's output; ``tag`` sets which samples are correct, so a test can tell evals apart."""
-    samples = [types.SimpleNamespace(index=i, metadata={"benchmark": BENCH, "problem_id": f"p{i // K}"})
-               for i in range(PROMPTS * K)]
+    samples = [
+        types.SimpleNamespace(index=i, metadata={"benchmark": BENCH, "problem_id": f"p{i // K}"})
+        for i in range(PROMPTS * K)
+    ]
     return {BENCH: {"rewards": [float((i * 7 + tag) % 3 == 0) for i in range(PROMPTS * K)], "samples": samples}}
 
 
@@ -30,8 +32,14 @@ def _signature(tag: int) -> tuple:
 
 
 def _args(path, run="r1"):
-    return types.SimpleNamespace(epic_eval_records_path=str(path), epic_run_name=run, epic_method="epic", seed=1,
-                                 n_samples_per_eval_prompt=K, rollout_function_path=ROLLOUT_FUNCTION_PATH)
+    return types.SimpleNamespace(
+        epic_eval_records_path=str(path),
+        epic_run_name=run,
+        epic_method="epic",
+        seed=1,
+        n_samples_per_eval_prompt=K,
+        rollout_function_path=ROLLOUT_FUNCTION_PATH,
+    )
 
 
 class Process:
@@ -55,8 +63,10 @@ def _by_step(path, run="r1") -> dict[int, tuple]:
     for r in read_records(str(path)):
         if r.run == run:
             out.setdefault(r.step, []).append(r)
-    return {step: tuple(r.correct for r in sorted(rs, key=lambda r: (r.prompt_id, r.sample_idx)))
-            for step, rs in out.items()}
+    return {
+        step: tuple(r.correct for r in sorted(rs, key=lambda r: (r.prompt_id, r.sample_idx)))
+        for step, rs in out.items()
+    }
 
 
 def _trained_run(monkeypatch, path, args):
@@ -83,9 +93,9 @@ def test_eval_only_of_an_intermediate_checkpoint_keeps_later_steps(tmp_path, mon
     _trained_run(monkeypatch, path, args)
     before = _by_step(path)
     assert sorted(before) == [PRE_TRAINING_STEP, 0, 1, 2, 3]
-    _eval_only(monkeypatch, path, args, start=2, tag=9)      # checkpoint 1 re-evaluated
+    _eval_only(monkeypatch, path, args, start=2, tag=9)  # checkpoint 1 re-evaluated
     after = _by_step(path)
-    assert sorted(after) == [PRE_TRAINING_STEP, 0, 1, 2, 3]   # before the fix: 2 and 3 were gone
+    assert sorted(after) == [PRE_TRAINING_STEP, 0, 1, 2, 3]  # before the fix: 2 and 3 were gone
     assert after[1] == _signature(9)
     assert {s: after[s] for s in after if s != 1} == {s: before[s] for s in before if s != 1}
 
@@ -95,12 +105,13 @@ def test_eval_only_of_rollout0_checkpoint_replaces_only_the_pretraining_step(tmp
     args = _args(path)
     _trained_run(monkeypatch, path, args)
     before = _by_step(path)
-    _eval_only(monkeypatch, path, args, start=0, tag=9)      # the initial weights, step -1
+    _eval_only(monkeypatch, path, args, start=0, tag=9)  # the initial weights, step -1
     after = _by_step(path)
-    assert sorted(after) == [PRE_TRAINING_STEP, 0, 1, 2, 3]   # before the fix: only -1 was left
+    assert sorted(after) == [PRE_TRAINING_STEP, 0, 1, 2, 3]  # before the fix: only -1 was left
     assert after[PRE_TRAINING_STEP] == _signature(9)
-    assert {s: after[s] for s in after if s != PRE_TRAINING_STEP} == \
-        {s: before[s] for s in before if s != PRE_TRAINING_STEP}
+    assert {s: after[s] for s in after if s != PRE_TRAINING_STEP} == {
+        s: before[s] for s in before if s != PRE_TRAINING_STEP
+    }
 
 
 def test_reevaluating_the_same_step_twice_replaces_it_each_time(tmp_path, monkeypatch):
@@ -111,7 +122,7 @@ def test_reevaluating_the_same_step_twice_replaces_it_each_time(tmp_path, monkey
     _eval_only(monkeypatch, path, args, start=3, tag=7)
     _eval_only(monkeypatch, path, args, start=3, tag=8)
     after = _by_step(path)
-    assert len(read_records(str(path))) == count               # no duplicates
+    assert len(read_records(str(path))) == count  # no duplicates
     assert after[2] == _signature(8)
     assert sorted(after) == [PRE_TRAINING_STEP, 0, 1, 2, 3]
 
@@ -135,7 +146,7 @@ def test_num_rollout_0_is_eval_only_in_slimes_rollout_manager_too(tmp_path, monk
     before = _by_step(path)
     manager_args = types.SimpleNamespace(**vars(args), start_rollout_id=None, num_rollout=0, eval_interval=1)
     assert eval_hooks.eval_only_run(manager_args)
-    Process(monkeypatch).eval(1, manager_args, tag=9)          # the driver's eval of checkpoint 1
+    Process(monkeypatch).eval(1, manager_args, tag=9)  # the driver's eval of checkpoint 1
     after = _by_step(path)
     assert sorted(after) == [PRE_TRAINING_STEP, 0, 1, 2, 3] and after[1] == _signature(9)
     assert {s: after[s] for s in after if s != 1} == {s: before[s] for s in before if s != 1}

@@ -26,18 +26,30 @@ PROMPTS, K = 3, 2
 
 def _data(tag: int) -> dict:
     """One eval's output; ``tag`` sets which samples are correct, so a test can tell evals apart."""
-    samples = [types.SimpleNamespace(index=i, metadata={"benchmark": BENCH, "problem_id": f"p{i // K}"})
-               for i in range(PROMPTS * K)]
+    samples = [
+        types.SimpleNamespace(index=i, metadata={"benchmark": BENCH, "problem_id": f"p{i // K}"})
+        for i in range(PROMPTS * K)
+    ]
     return {BENCH: {"rewards": [float((i * 7 + tag) % 3 == 0) for i in range(PROMPTS * K)], "samples": samples}}
 
 
 def _signature(tag: int) -> tuple:
-    return tuple(r.correct for r in eval_hooks.eval_records_from_rollout(0, types.SimpleNamespace(n_samples_per_eval_prompt=K), _data(tag)))
+    return tuple(
+        r.correct
+        for r in eval_hooks.eval_records_from_rollout(0, types.SimpleNamespace(n_samples_per_eval_prompt=K), _data(tag))
+    )
 
 
 def _args(path, run="r1", method="epic", **extra):
-    return types.SimpleNamespace(epic_eval_records_path=str(path), epic_run_name=run, epic_method=method, seed=1,
-                                 n_samples_per_eval_prompt=K, rollout_function_path=ROLLOUT_FUNCTION_PATH, **extra)
+    return types.SimpleNamespace(
+        epic_eval_records_path=str(path),
+        epic_run_name=run,
+        epic_method=method,
+        seed=1,
+        n_samples_per_eval_prompt=K,
+        rollout_function_path=ROLLOUT_FUNCTION_PATH,
+        **extra,
+    )
 
 
 class Process:
@@ -62,19 +74,21 @@ def _by_step(path, run="r1") -> dict[int, tuple]:
     for r in read_records(str(path)):
         if r.run == run:
             out.setdefault(r.step, []).append(r)
-    return {step: tuple(r.correct for r in sorted(rs, key=lambda r: (r.prompt_id, r.sample_idx)))
-            for step, rs in out.items()}
+    return {
+        step: tuple(r.correct for r in sorted(rs, key=lambda r: (r.prompt_id, r.sample_idx)))
+        for step, rs in out.items()
+    }
 
 
 def _first_run_then_resume(monkeypatch, path, args):
     """--eval-interval 1: the pre-training eval and evals 0..3 (tags 0..4), then a crash; the resumed
     process starts at rollout 2 (checkpoint 1) and evaluates 2, 3, 4 (tags 5..7)."""
     first = Process(monkeypatch)
-    first.eval(0, args, tag=0)                   # before training: slime's rollout id 0
+    first.eval(0, args, tag=0)  # before training: slime's rollout id 0
     for rollout_id, tag in zip(range(4), range(1, 5)):
         first.generated(rollout_id)
         first.eval(rollout_id, args, tag)
-    resumed = Process(monkeypatch)               # no pre-training eval on a resume
+    resumed = Process(monkeypatch)  # no pre-training eval on a resume
     for rollout_id, tag in zip(range(2, 5), range(5, 8)):
         resumed.generated(rollout_id)
         resumed.eval(rollout_id, args, tag)
@@ -86,8 +100,14 @@ def test_resumed_run_supersedes_its_records_and_report_accepts(tmp_path, monkeyp
     got = report_on_records(str(path), str(tmp_path / "report"))
     assert got["records_per_step"] == {"r1": {step: PROMPTS * K for step in (-1, 0, 1, 2, 3, 4)}}
     # steps 2 and 3 are the resumed process's evals, the ones before it the first process's
-    assert _by_step(path) == {-1: _signature(0), 0: _signature(1), 1: _signature(2),
-                              2: _signature(5), 3: _signature(6), 4: _signature(7)}
+    assert _by_step(path) == {
+        -1: _signature(0),
+        0: _signature(1),
+        1: _signature(2),
+        2: _signature(5),
+        3: _signature(6),
+        4: _signature(7),
+    }
     assert set(got["selection"]["epic"]["r1"]) == {"seed", "step"}
 
 
@@ -95,19 +115,23 @@ def test_run_restarted_from_scratch_supersedes_its_earlier_attempt(tmp_path, mon
     path = tmp_path / "eval_records.jsonl"
     args = _args(path)
     _first_run_then_resume(monkeypatch, path, args)
-    again = Process(monkeypatch)                 # no checkpoint: rollout 0 again, pre-training eval again
+    again = Process(monkeypatch)  # no checkpoint: rollout 0 again, pre-training eval again
     again.eval(0, args, tag=8)
     assert _by_step(path) == {-1: _signature(8)}
 
 
-@pytest.mark.parametrize("rollout_function, skip_before_train, trained_first, steps", [
-    (ROLLOUT_FUNCTION_PATH, False, False, [-1, 0, 1]),  # the driver's schedule
-    (None, False, False, [-1, 0, 1]),                   # another rollout function: by the schedule
-    (None, True, False, [0, 1]),                        # --skip-eval-before-train
-    (ROLLOUT_FUNCTION_PATH, False, True, [0, 1]),       # slime's train_async.py: no eval before training
-])
-def test_eval_interval_1_keys_the_pre_training_eval_apart(tmp_path, monkeypatch, rollout_function,
-                                                           skip_before_train, trained_first, steps):
+@pytest.mark.parametrize(
+    "rollout_function, skip_before_train, trained_first, steps",
+    [
+        (ROLLOUT_FUNCTION_PATH, False, False, [-1, 0, 1]),  # the driver's schedule
+        (None, False, False, [-1, 0, 1]),  # another rollout function: by the schedule
+        (None, True, False, [0, 1]),  # --skip-eval-before-train
+        (ROLLOUT_FUNCTION_PATH, False, True, [0, 1]),  # slime's train_async.py: no eval before training
+    ],
+)
+def test_eval_interval_1_keys_the_pre_training_eval_apart(
+    tmp_path, monkeypatch, rollout_function, skip_before_train, trained_first, steps
+):
     path = tmp_path / "eval_records.jsonl"
     args = _args(path, skip_eval_before_train=skip_before_train)
     args.rollout_function_path = rollout_function
@@ -118,7 +142,7 @@ def test_eval_interval_1_keys_the_pre_training_eval_apart(tmp_path, monkeypatch,
         process.generated(rollout_id)
         process.eval(rollout_id, args, tag=rollout_id + 1)
     assert sorted(_by_step(path)) == steps
-    assert _by_step(path)[0] == _signature(1)    # rollout 0's eval is the trained weights'
+    assert _by_step(path)[0] == _signature(1)  # rollout 0's eval is the trained weights'
     report_on_records(str(path), str(tmp_path / "report"))
 
 
@@ -127,12 +151,14 @@ def test_records_of_other_runs_stay_line_for_line(tmp_path, monkeypatch):
     other = [EvalRecord("other", "grpo", 2, step, BENCH, "q", 0, True) for step in (0, 5, 9)]
     write_records(str(path), other[:1])
     # written by hand, not in the writer's key order or spacing: kept as it is
-    path.write_text(path.read_text() + '{"step": 5, "run": "other", "method": "grpo", "seed": 2,  "benchmark": '
-                    '"aime_2024", "prompt_id": "q", "sample_idx": 0, "correct": 1}\n')
+    path.write_text(
+        path.read_text() + '{"step": 5, "run": "other", "method": "grpo", "seed": 2,  "benchmark": '
+        '"aime_2024", "prompt_id": "q", "sample_idx": 0, "correct": 1}\n'
+    )
     args = _args(path)
     process = Process(monkeypatch)
     process.eval(0, args, tag=0)
-    write_records(str(path), other[2:])          # another run's appends between this run's evals
+    write_records(str(path), other[2:])  # another run's appends between this run's evals
     before = [ln for ln in path.read_text().splitlines() if json.loads(ln)["run"] == "other"]
     _first_run_then_resume(monkeypatch, path, args)
     assert [ln for ln in path.read_text().splitlines() if json.loads(ln)["run"] == "other"] == before
@@ -145,7 +171,9 @@ def test_a_run_name_is_one_method_and_seed(tmp_path, monkeypatch):
     path = tmp_path / "eval_records.jsonl"
     Process(monkeypatch).eval(0, _args(path), tag=0)
     before = path.read_bytes()
-    with pytest.raises(RecordError, match=r"eval_records.jsonl:1: run 'r1' has field 'method' 'epic' there, the new records 'grpo'"):
+    with pytest.raises(
+        RecordError, match=r"eval_records.jsonl:1: run 'r1' has field 'method' 'epic' there, the new records 'grpo'"
+    ):
         Process(monkeypatch).eval(0, _args(path, method="grpo"), tag=1)
     assert path.read_bytes() == before
 
@@ -212,7 +240,7 @@ def test_crash_mid_rewrite_loses_no_record(tmp_path, monkeypatch):
     assert path.read_bytes() == before
     stray = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
     assert len(stray) == 1 and stray[0].startswith(".eval_records.jsonl.")
-    assert read_record_paths([str(tmp_path)]) == read_records(str(path))   # the folder reads the file only
+    assert read_record_paths([str(tmp_path)]) == read_records(str(path))  # the folder reads the file only
     report_on_records(str(path), str(tmp_path / "report"))
     Process(monkeypatch, first_training_rollout=3).eval(3, args, tag=9)
     assert _by_step(path)[3] == _signature(9) and sorted(_by_step(path)) == [-1, 0, 1, 2, 3]

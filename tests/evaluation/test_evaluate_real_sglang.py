@@ -29,7 +29,7 @@ from support.eval_helpers import REPO_ROOT, save_tiny_checkpoint, write_eval_dat
 from support.sglang_engine_standin import make_sglang_module
 
 TOP_PS = ("0.7", "1.0")
-SAMPLES = 32            # --reeval-protocol
+SAMPLES = 32  # --reeval-protocol
 MAX_NEW_TOKENS = 8
 # the scorer's imports the SGLang venv does not pin (module name -> the project venv's copy)
 SCORER_MODULES = ("math_verify", "latex2sympy2_extended", "antlr4")
@@ -45,9 +45,16 @@ def _sglang_python() -> str:
 
 
 def _missing_in(python: str, modules) -> list[str]:
-    probe = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
-    done = subprocess.run([python, "-c", probe, *modules], capture_output=True, text=True, timeout=120,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    probe = (
+        "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
+    )
+    done = subprocess.run(
+        [python, "-c", probe, *modules],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
 
@@ -72,9 +79,31 @@ def _overlay(python: str, folder: Path) -> list[str]:
 
 
 def _argv(model, data, out, top_p):
-    return ["--model", str(model), "--data", str(data), "--out", str(out), "--run", "tiny-s1", "--method", "tiny",
-            "--seed", "1", "--step", "0", "--engine", "sglang", "--device", "cpu", "--reeval-protocol",
-            "--top-p", top_p, "--max-new-tokens", str(MAX_NEW_TOKENS)]
+    return [
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--run",
+        "tiny-s1",
+        "--method",
+        "tiny",
+        "--seed",
+        "1",
+        "--step",
+        "0",
+        "--engine",
+        "sglang",
+        "--device",
+        "cpu",
+        "--reeval-protocol",
+        "--top-p",
+        top_p,
+        "--max-new-tokens",
+        str(MAX_NEW_TOKENS),
+    ]
 
 
 def _mean_at_k(records) -> dict[str, float]:
@@ -99,13 +128,23 @@ def test_evaluate_runs_on_sglangs_own_engine_and_matches_the_standins_protocol(t
     answers = write_eval_data(data)
     linked = _overlay(python, tmp_path / "scorer_deps")
     print(f"linked from the project's venv into the SGLang venv's path: {linked or 'nothing'}")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, str(tmp_path / "scorer_deps")]),
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([REPO_ROOT, str(tmp_path / "scorer_deps")]),
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
     real = {}
     for top_p in TOP_PS:
         out = tmp_path / f"real_topp{top_p}.jsonl"
-        done = subprocess.run([python, "-m", "epic_slime", "evaluate", *_argv(model, data, out, top_p)], cwd=REPO_ROOT,
-                              env=env, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [python, "-m", "epic_slime", "evaluate", *_argv(model, data, out, top_p)],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
         assert f"8 prompts x {SAMPLES} samples on sglang (temperature 1.0, top-p {top_p})" in done.stdout
         real[top_p] = read_records(str(out))
@@ -115,7 +154,7 @@ def test_evaluate_runs_on_sglangs_own_engine_and_matches_the_standins_protocol(t
         (label,) = [a for problem, a in answers.items() if problem in prompt]
         return f"Answer: {label if index % 2 == 0 else 'no'}"
 
-    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "0")   # SGLangEngine sets it for --device cpu; restored after
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "0")  # SGLangEngine sets it for --device cpu; restored after
     standin = {}
     for top_p in TOP_PS:
         fake = make_sglang_module(respond)
@@ -132,11 +171,13 @@ def test_evaluate_runs_on_sglangs_own_engine_and_matches_the_standins_protocol(t
         # the same prompts, each 32 times, the same record keys: only the answers differ
         key = lambda r: (r.benchmark, r.prompt_id, r.sample_idx, r.run, r.method, r.seed, r.step)  # noqa: E731
         assert len(got) == 4 * 2 * SAMPLES and sorted(map(key, got)) == sorted(map(key, ref))
-        assert _mean_at_k(ref) == {b: 0.5 for b in _mean_at_k(ref)}   # the stand-in's script
+        assert _mean_at_k(ref) == {b: 0.5 for b in _mean_at_k(ref)}  # the stand-in's script
         scores = _mean_at_k(got)
         # the random tiny model writes words of its 10-word vocabulary (labels 0-31; "1" is one word, and
         # "\\boxed{1}"): far from the script's 0.5 on every benchmark
         correct = Counter(f"{r.benchmark}/{r.prompt_id}" for r in got if r.correct)
         assert all(v < 0.5 for v in scores.values()), (scores, correct)
-        print(f"top-p {top_p}: real sglang.Engine mean@{SAMPLES} {json.dumps(scores)}; correct samples {dict(correct)}; "
-              f"stand-in {json.dumps(_mean_at_k(ref))}")
+        print(
+            f"top-p {top_p}: real sglang.Engine mean@{SAMPLES} {json.dumps(scores)}; correct samples {dict(correct)}; "
+            f"stand-in {json.dumps(_mean_at_k(ref))}"
+        )

@@ -10,8 +10,18 @@ import types
 import pytest
 
 from epic_slime.evaluation import (
-    EvalRecord, RecordError, benchmark_pass_at_k, checkpoint_average, group_records, mean_and_std, mean_at_k,
-    method_table, pass_at_k, read_records, select_best_checkpoint, write_records,
+    EvalRecord,
+    RecordError,
+    benchmark_pass_at_k,
+    checkpoint_average,
+    group_records,
+    mean_and_std,
+    mean_at_k,
+    method_table,
+    pass_at_k,
+    read_records,
+    select_best_checkpoint,
+    write_records,
 )
 from epic_slime.slime.eval_hooks import eval_records_from_rollout, log_eval_rollout
 
@@ -22,9 +32,17 @@ def _pass_at_k_by_enumeration(outcomes: list[bool], k: int) -> float:
     return sum(any(s) for s in subsets) / len(subsets)
 
 
-@pytest.mark.parametrize("n, c, k, expected", [
-    (4, 1, 1, 0.25), (4, 1, 2, 0.5), (5, 2, 3, 0.9), (8, 0, 4, 0.0), (8, 8, 1, 1.0), (8, 7, 2, 1.0),
-])
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (4, 1, 1, 0.25),
+        (4, 1, 2, 0.5),
+        (5, 2, 3, 0.9),
+        (8, 0, 4, 0.0),
+        (8, 8, 1, 1.0),
+        (8, 7, 2, 1.0),
+    ],
+)
 def test_pass_at_k_hand_values(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected)
 
@@ -65,7 +83,9 @@ BENCH = ("aime_2024", "aime_2025", "amc_2023", "hmmt_feb_2025")
 
 
 def test_average_weighs_benchmarks_equally_whatever_their_size():
-    records = _records("r", "m", 1, 0, "big", [0, 0, 0, 0, 0, 0], samples=1) + _records("r", "m", 1, 0, "small", [1], samples=1)
+    records = _records("r", "m", 1, 0, "big", [0, 0, 0, 0, 0, 0], samples=1) + _records(
+        "r", "m", 1, 0, "small", [1], samples=1
+    )
     runs = group_records(records)
     assert checkpoint_average(runs["r"].scores[0], ["big", "small"]) == pytest.approx(0.5)  # not 1/7
     assert checkpoint_average(runs["r"].scores[0], ["big", "small", "missing"]) is None
@@ -142,20 +162,34 @@ def test_slime_eval_hook_writes_records_from_plain_objects(tmp_path):
         return types.SimpleNamespace(index=index, metadata={"benchmark": benchmark, "problem_id": problem_id})
 
     # two prompts x 2 samples, completed out of order (slime sorts by index; the hook must not rely on it)
-    samples = [sample(1, "aime_2024", "p0"), sample(0, "aime_2024", "p0"), sample(2, "aime_2024", "p1"), sample(3, "aime_2024", "p1")]
+    samples = [
+        sample(1, "aime_2024", "p0"),
+        sample(0, "aime_2024", "p0"),
+        sample(2, "aime_2024", "p1"),
+        sample(3, "aime_2024", "p1"),
+    ]
     data = {"aime_2024": {"rewards": [1.0, 0.0, 0.0, 1], "samples": samples, "truncated": [False] * 4}}
     path = tmp_path / "eval.jsonl"
-    args = types.SimpleNamespace(epic_eval_records_path=str(path), epic_run_name="run-a", epic_method="epic",
-                                 seed=3, n_samples_per_eval_prompt=2)
+    args = types.SimpleNamespace(
+        epic_eval_records_path=str(path), epic_run_name="run-a", epic_method="epic", seed=3, n_samples_per_eval_prompt=2
+    )
     assert log_eval_rollout(15, args, data, {}) is False  # slime keeps logging its own metrics
     got = {(r.prompt_id, r.sample_idx): r.correct for r in read_records(str(path))}
     assert got == {("p0", 0): False, ("p0", 1): True, ("p1", 0): False, ("p1", 1): True}
-    assert {(r.run, r.method, r.seed, r.step, r.benchmark) for r in read_records(str(path))} == {("run-a", "epic", 3, 15, "aime_2024")}
+    assert {(r.run, r.method, r.seed, r.step, r.benchmark) for r in read_records(str(path))} == {
+        ("run-a", "epic", 3, 15, "aime_2024")
+    }
     # without samples (or metadata): prompt = index // k, dataset name as benchmark; DAPO's +1/-1 scores
-    fallback = eval_records_from_rollout(0, types.SimpleNamespace(n_samples_per_eval_prompt=2, policy_loss="grpo"),
-                                         {"amc_2023": {"rewards": [1, -1, -1, -1]}})
+    fallback = eval_records_from_rollout(
+        0,
+        types.SimpleNamespace(n_samples_per_eval_prompt=2, policy_loss="grpo"),
+        {"amc_2023": {"rewards": [1, -1, -1, -1]}},
+    )
     assert [(r.benchmark, r.prompt_id, r.sample_idx, r.correct, r.method) for r in fallback] == [
-        ("amc_2023", "0", 0, True, "grpo"), ("amc_2023", "0", 1, False, "grpo"),
-        ("amc_2023", "1", 0, False, "grpo"), ("amc_2023", "1", 1, False, "grpo")]
+        ("amc_2023", "0", 0, True, "grpo"),
+        ("amc_2023", "0", 1, False, "grpo"),
+        ("amc_2023", "1", 0, False, "grpo"),
+        ("amc_2023", "1", 1, False, "grpo"),
+    ]
     # no records path configured: nothing written, no error
     assert log_eval_rollout(0, types.SimpleNamespace(), data) is False

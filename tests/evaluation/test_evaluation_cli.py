@@ -19,18 +19,31 @@ from epic_slime.evaluation.score import main as score_main
 def test_score_responses_cli(tmp_path):
     rows = [
         {"response": "Answer: 025", "label": "25", "benchmark": "aime_2024", "prompt_id": "p1", "sample_idx": 0},
-        {"response": "Answer: \\frac{9}{\\sqrt{23}}", "label": "\\frac{9 \\sqrt{23}}{23}", "benchmark": "hmmt_feb_2025",
-         "prompt_id": "p7", "sample_idx": 0, "step": 5},
+        {
+            "response": "Answer: \\frac{9}{\\sqrt{23}}",
+            "label": "\\frac{9 \\sqrt{23}}{23}",
+            "benchmark": "hmmt_feb_2025",
+            "prompt_id": "p7",
+            "sample_idx": 0,
+            "step": 5,
+        },
         {"response": "no idea", "label": "3", "benchmark": "amc_2023", "prompt_id": "p2", "sample_idx": 1},
     ]
     src = tmp_path / "gen.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "records.jsonl"
-    assert score_main(["--responses", str(src), "--out", str(out), "--run", "r", "--method", "base",
-                       "--seed", "1", "--step", "0"]) == 0
+    assert (
+        score_main(
+            ["--responses", str(src), "--out", str(out), "--run", "r", "--method", "base", "--seed", "1", "--step", "0"]
+        )
+        == 0
+    )
     records = read_records(str(out))
     assert [(r.benchmark, r.step, r.correct) for r in records] == [
-        ("aime_2024", 0, True), ("hmmt_feb_2025", 5, True), ("amc_2023", 0, False)]
+        ("aime_2024", 0, True),
+        ("hmmt_feb_2025", 5, True),
+        ("amc_2023", 0, False),
+    ]
     assert score_main(["--responses", str(src), "--out", str(out)]) == 1  # no run/method/seed/step anywhere
 
 
@@ -41,8 +54,16 @@ def test_slime_eval_arguments_follow_the_paper_protocol():
     assert flags[flags.index("--eval-top-p") + 1] == "0.7"
     assert flags[flags.index("--eval-interval") + 1] == "5"
     start = flags.index("--eval-prompt-data") + 1
-    assert flags[start : start + 8] == ["aime_2024", "/data/eval/aime_2024.jsonl", "aime_2025", "/data/eval/aime_2025.jsonl",
-                                        "amc_2023", "/data/eval/amc_2023.jsonl", "hmmt_feb_2025", "/data/eval/hmmt_feb_2025.jsonl"]
+    assert flags[start : start + 8] == [
+        "aime_2024",
+        "/data/eval/aime_2024.jsonl",
+        "aime_2025",
+        "/data/eval/aime_2025.jsonl",
+        "amc_2023",
+        "/data/eval/amc_2023.jsonl",
+        "hmmt_feb_2025",
+        "/data/eval/hmmt_feb_2025.jsonl",
+    ]
 
 
 @pytest.mark.slow
@@ -55,10 +76,34 @@ def test_three_commands_prepare_evaluate_report(tmp_path):
     env_python = [sys.executable]
     commands = [
         env_python + ["-m", "epic_slime", "prepare-data", "--out", str(data), "--from-local", shared, "--only", "eval"],
-        env_python + ["eval/evaluate.py", "--model", str(model_dir), "--data", str(data), "--out", str(records),
-                      "--run", "tiny-s1", "--method", "tiny", "--seed", "1", "--step", "0", "--max-prompts", "2",
-                      "--samples-per-prompt", "2", "--max-new-tokens", "4", "--engine", "transformers",
-                      "--device", "cpu"],
+        env_python
+        + [
+            "eval/evaluate.py",
+            "--model",
+            str(model_dir),
+            "--data",
+            str(data),
+            "--out",
+            str(records),
+            "--run",
+            "tiny-s1",
+            "--method",
+            "tiny",
+            "--seed",
+            "1",
+            "--step",
+            "0",
+            "--max-prompts",
+            "2",
+            "--samples-per-prompt",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--engine",
+            "transformers",
+            "--device",
+            "cpu",
+        ],
         env_python + ["-m", "epic_slime", "report", "--records", str(records), "--out", str(report), "--no-plots"],
     ]
     for command in commands:
@@ -73,9 +118,11 @@ def test_three_commands_prepare_evaluate_report(tmp_path):
 
 def _answer_every_other(answers):
     """Stand-in replies: the right answer on even requests, a wrong one on odd ones."""
+
     def respond(prompt, index):
         (label,) = [a for problem, a in answers.items() if problem in prompt]
         return f"Let me think.\nAnswer: {label if index % 2 == 0 else 'no'}"
+
     return respond
 
 
@@ -88,8 +135,26 @@ def test_evaluate_drives_sglang_engine_through_its_interface(tmp_path, monkeypat
     fake = make_sglang_module(_answer_every_other(answers))
     monkeypatch.setitem(sys.modules, "sglang", fake)
     out = tmp_path / "records.jsonl"
-    argv = ["--model", str(model), "--data", str(tmp_path / "data"), "--out", str(out), "--run", "ckpt-s3",
-            "--method", "epic", "--seed", "3", "--step", "120", "--engine", "sglang", "--tp-size", "2"]
+    argv = [
+        "--model",
+        str(model),
+        "--data",
+        str(tmp_path / "data"),
+        "--out",
+        str(out),
+        "--run",
+        "ckpt-s3",
+        "--method",
+        "epic",
+        "--seed",
+        "3",
+        "--step",
+        "120",
+        "--engine",
+        "sglang",
+        "--tp-size",
+        "2",
+    ]
     assert evaluate_main(argv) == 0
     (engine,) = fake.engines
     assert engine.server_args == {"model_path": str(model), "tp_size": 2, "random_seed": 3}
@@ -114,11 +179,16 @@ def test_evaluate_drives_sglang_engine_through_its_interface(tmp_path, monkeypat
     assert [r.sample_idx for r in records[:8]] == list(range(8))
     # the authors' re-evaluation protocol: 32 samples, top-p 1.0 on request
     out32 = tmp_path / "reeval.jsonl"
-    assert evaluate_main(argv[:5] + [str(out32)] + argv[6:] + ["--reeval-protocol", "--top-p", "1.0",
-                                                               "--max-prompts", "1"]) == 0
+    assert (
+        evaluate_main(
+            argv[:5] + [str(out32)] + argv[6:] + ["--reeval-protocol", "--top-p", "1.0", "--max-prompts", "1"]
+        )
+        == 0
+    )
     engine = fake.engines[-1]
     assert {tuple(sorted(p.items())) for c in engine.calls for p in c["sampling_params"]} == {
-        (("max_new_tokens", 8192), ("temperature", 1.0), ("top_p", 1.0))}
+        (("max_new_tokens", 8192), ("temperature", 1.0), ("top_p", 1.0))
+    }
     assert len(read_records(str(out32))) == 4 * 32
 
 
@@ -127,8 +197,24 @@ def test_evaluate_shuts_sglang_down_on_failure_and_checks_its_output(tmp_path, m
     model = tmp_path / "model"
     save_tiny_checkpoint(model)
     write_eval_data(tmp_path / "data", prompts=1)
-    argv = ["--model", str(model), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "r.jsonl"),
-            "--run", "r", "--method", "m", "--seed", "1", "--step", "0", "--engine", "sglang"]
+    argv = [
+        "--model",
+        str(model),
+        "--data",
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "r.jsonl"),
+        "--run",
+        "r",
+        "--method",
+        "m",
+        "--seed",
+        "1",
+        "--step",
+        "0",
+        "--engine",
+        "sglang",
+    ]
 
     def broken(prompt, index):
         raise RuntimeError("CUDA error: out of memory")
@@ -159,13 +245,40 @@ def test_evaluate_on_sglangs_cpu_engine_passes_its_cpu_server_args(tmp_path, mon
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "0")
     fake = make_sglang_module(_answer_every_other(answers))
     monkeypatch.setitem(sys.modules, "sglang", fake)
-    argv = ["--model", str(model), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "r.jsonl"), "--run", "r",
-            "--method", "m", "--seed", "4", "--step", "0", "--engine", "sglang", "--samples-per-prompt", "2"]
+    argv = [
+        "--model",
+        str(model),
+        "--data",
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "r.jsonl"),
+        "--run",
+        "r",
+        "--method",
+        "m",
+        "--seed",
+        "4",
+        "--step",
+        "0",
+        "--engine",
+        "sglang",
+        "--samples-per-prompt",
+        "2",
+    ]
     assert evaluate_main(argv + ["--device", "cpu"]) == 0
     assert fake.engines[0].server_args == {
-        "model_path": str(model), "tp_size": 1, "random_seed": 4, "device": "cpu", "attention_backend": "torch_native",
-        "sampling_backend": "pytorch", "disable_overlap_schedule": True, "cuda_graph_backend_decode": "disabled",
-        "cuda_graph_backend_prefill": "disabled", "max_total_tokens": 4096, "mem_fraction_static": 0.05}
+        "model_path": str(model),
+        "tp_size": 1,
+        "random_seed": 4,
+        "device": "cpu",
+        "attention_backend": "torch_native",
+        "sampling_backend": "pytorch",
+        "disable_overlap_schedule": True,
+        "cuda_graph_backend_decode": "disabled",
+        "cuda_graph_backend_prefill": "disabled",
+        "max_total_tokens": 4096,
+        "mem_fraction_static": 0.05,
+    }
     import os
 
     assert os.environ["SGLANG_USE_CPU_ENGINE"] == "1"

@@ -102,7 +102,10 @@ def _integer_forms(gold: str) -> tuple[list[str], list[str]]:
 LATEX_FORMS = {
     "\\frac{1}{576}": (["1/576", "\\dfrac{1}{576}"], ["\\frac{1}{575}", "576"]),
     "\\frac{1311}{2017}": (["1311/2017", "\\tfrac{1311}{2017}"], ["\\frac{1311}{2016}"]),
-    "\\frac{9 \\sqrt{23}}{23}": (["\\frac{9}{\\sqrt{23}}", "9\\sqrt{23}/23"], ["\\frac{9\\sqrt{23}}{22}", "9\\sqrt{23}"]),
+    "\\frac{9 \\sqrt{23}}{23}": (
+        ["\\frac{9}{\\sqrt{23}}", "9\\sqrt{23}/23"],
+        ["\\frac{9\\sqrt{23}}{22}", "9\\sqrt{23}"],
+    ),
     "1-\\frac{2}{\\pi}": (["\\frac{\\pi-2}{\\pi}", "1 - 2/\\pi"], ["1-\\frac{1}{\\pi}", "\\frac{2}{\\pi}"]),
     "\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}": (
         [
@@ -215,8 +218,9 @@ def test_slime_reward_hook_single_and_group(pool, monkeypatch):
 
 
 # ---------------------------------------------------------------- found by the mutation check
-@pytest.mark.parametrize("answer, gold", [("(1, 2).", "(1, 2)"), ("3.5.", "3.5"), ("\\sqrt{2}.", "\\sqrt{2}"),
-                                          ("42.", "42")])
+@pytest.mark.parametrize(
+    "answer, gold", [("(1, 2).", "(1, 2)"), ("3.5.", "3.5"), ("\\sqrt{2}.", "\\sqrt{2}"), ("42.", "42")]
+)
 def test_a_sentence_final_period_is_not_part_of_the_answer(answer, gold):
     assert normalize_answer(answer) == normalize_answer(gold)
     assert math_reward(f"so we get\nAnswer: {answer}", gold) == 1.0
@@ -226,7 +230,7 @@ def test_answer_alone_on_its_line_takes_the_next_line_not_the_last():
     response = "Answer:\n42\nI hope this is right."
     assert extract_final_answer(response) == "42"
     assert math_reward(response, "42") == 1.0
-    assert extract_final_answer("Answer:\n\n  7\n8") == "7"      # blank lines skipped, then the first
+    assert extract_final_answer("Answer:\n\n  7\n8") == "7"  # blank lines skipped, then the first
 
 
 @pytest.mark.parametrize("answer", ["12 square units", "3 cubic meters", "6 sq ft"])

@@ -24,8 +24,8 @@ from support.eval_helpers import REPO_ROOT, pid_alive
 from support.reward_faults import FAULT_FILE_ENV
 from epic_slime.reward import RewardPool, math_reward, reward_stats
 
-CORRECT = ("Answer: \\frac{2}{4}", "0.5")      # needs math-verify: 1.0
-WRONG = ("Answer: \\frac{2}{5}", "0.5")        # needs math-verify: 0.0
+CORRECT = ("Answer: \\frac{2}{4}", "0.5")  # needs math-verify: 1.0
+WRONG = ("Answer: \\frac{2}{5}", "0.5")  # needs math-verify: 0.0
 TESTS_DIR = os.path.join(REPO_ROOT, "tests")
 
 
@@ -51,14 +51,17 @@ def _dead(pid: int, seconds: float = 10.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize("fault, counter, replaced", [
-    ("raise", "worker_errors", False),
-    ("not_bool", "worker_errors", False),
-    ("hang", "timeouts", True),
-    ("exit", "worker_deaths", True),
-    ("sigkill", "worker_deaths", True),
-    ("fatal", "worker_deaths", True),      # the worker answers "fatal" and exits: retired at once
-])
+@pytest.mark.parametrize(
+    "fault, counter, replaced",
+    [
+        ("raise", "worker_errors", False),
+        ("not_bool", "worker_errors", False),
+        ("hang", "timeouts", True),
+        ("exit", "worker_deaths", True),
+        ("sigkill", "worker_deaths", True),
+        ("fatal", "worker_deaths", True),  # the worker answers "fatal" and exits: retired at once
+    ],
+)
 def test_a_failing_verifier_gives_a_counted_non_reward_and_the_pool_recovers(faults, fault, counter, replaced):
     with _pool(num_workers=1, timeout=3.0) as pool:
         assert math_reward(*CORRECT, pool=pool) == 1.0 and math_reward(*WRONG, pool=pool) == 0.0
@@ -66,7 +69,7 @@ def test_a_failing_verifier_gives_a_counted_non_reward_and_the_pool_recovers(fau
         before = reward_stats()["no_verdict"]
         faults.write_text(fault)
         start = time.monotonic()
-        assert math_reward(*CORRECT, timeout=1.0, pool=pool) == 0.0     # never the 1.0 it would have been
+        assert math_reward(*CORRECT, timeout=1.0, pool=pool) == 0.0  # never the 1.0 it would have been
         assert time.monotonic() - start < 1.0 + 1.0
         assert reward_stats()["no_verdict"] == before + 1
         stats = pool.stats()
@@ -76,7 +79,7 @@ def test_a_failing_verifier_gives_a_counted_non_reward_and_the_pool_recovers(fau
         if replaced:
             assert _dead(first), "the failed worker still runs"
         pool.wait_idle()
-        assert pool.verify(CORRECT[0][8:], CORRECT[1], timeout=10.0) is True   # later calls still work
+        assert pool.verify(CORRECT[0][8:], CORRECT[1], timeout=10.0) is True  # later calls still work
         assert math_reward(*WRONG, pool=pool, timeout=10.0) == 0.0
         assert (pool.worker_pids() == [first]) is (not replaced)
 
@@ -91,7 +94,7 @@ def test_a_worker_killed_from_outside_mid_call_is_a_counted_non_reward(faults):
         deadline = time.monotonic() + 15
         while not started.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        os.kill(int(started.read_text()), signal.SIGKILL)   # the OOM killer, mid-call
+        os.kill(int(started.read_text()), signal.SIGKILL)  # the OOM killer, mid-call
         call.join(10)
         assert got == [None]
         assert pool.stats()["worker_deaths"] == 1 and pool.stats()["timeouts"] == 0
@@ -105,7 +108,7 @@ def test_a_worker_that_died_idle_is_replaced_without_failing_a_call(faults):
         os.kill(pid, signal.SIGKILL)
         assert _dead(pid)
         before = reward_stats()["no_verdict"]
-        assert math_reward(*CORRECT, pool=pool, timeout=20.0) == 1.0   # served by its replacement
+        assert math_reward(*CORRECT, pool=pool, timeout=20.0) == 1.0  # served by its replacement
         assert reward_stats()["no_verdict"] == before
         stats = pool.stats()
         assert stats["idle_deaths"] == 1 and stats["worker_restarts"] == 1 and stats["worker_deaths"] == 0

@@ -161,9 +161,11 @@ def test_workers_exit_when_the_parent_is_killed():
 @pytest.mark.slow
 def test_reward_inside_a_ray_actor():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT}})
+    ray.init(
+        num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT}}
+    )
     try:
+
         @ray.remote(num_cpus=0)
         class Scorer:
             def score(self, response, label):

@@ -13,7 +13,7 @@ import pytest
 
 from epic_slime.reward import RewardPool, math_reward
 
-HALF = ("2/4", "\\frac{1}{2}")   # needs math-verify (not the fast path): a real round trip to a worker
+HALF = ("2/4", "\\frac{1}{2}")  # needs math-verify (not the fast path): a real round trip to a worker
 
 
 class _DiesWhenRead:
@@ -53,7 +53,7 @@ def test_a_worker_that_dies_mid_request_is_replaced_and_counted(one_worker):
     (old,) = one_worker.worker_pids()
     start = time.monotonic()
     assert one_worker.verify(_DiesWhenRead(), "1") is None
-    assert time.monotonic() - start < 5.0                    # the closed pipe answers at once, not at the deadline
+    assert time.monotonic() - start < 5.0  # the closed pipe answers at once, not at the deadline
     stats = one_worker.stats()
     # a death mid-call is its own count (the pool's worker_deaths), not a verifier error
     assert stats["worker_deaths"] == 1 and stats["worker_errors"] == 0 and stats["timeouts"] == 0, stats
@@ -107,7 +107,7 @@ def test_a_worker_that_dies_between_the_liveness_check_and_the_send_is_replaced(
     while worker.process.poll() is None:
         assert time.monotonic() < deadline, "the killed worker did not exit"
         time.sleep(0.02)
-    monkeypatch.setattr(worker.process, "poll", lambda: None)   # as if it died just after the check
+    monkeypatch.setattr(worker.process, "poll", lambda: None)  # as if it died just after the check
     assert one_worker.verify(*HALF, timeout=30.0) is True
     stats = one_worker.stats()
     assert stats["idle_deaths"] == 1 and stats["worker_deaths"] == 0 and stats["worker_errors"] == 0, stats

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from epic_slime.integrations import (PARAMS_ENV, VERL_OWN_MODES, exported_modes, params_from_env,
-                                     verl_loss_name)
+from epic_slime.integrations import PARAMS_ENV, VERL_OWN_MODES, exported_modes, params_from_env, verl_loss_name
 from epic_slime.losses import LOSS_MODES, PolicyLossInputError
 
 ADAPTERS = sorted((Path(__file__).resolve().parents[2] / "epic_slime" / "integrations").glob("*.py"))
@@ -35,8 +34,9 @@ def test_verl_names_keep_verls_own_modes_apart():
 @pytest.mark.parametrize("path", ADAPTERS, ids=[p.name for p in ADAPTERS])
 def test_an_adapter_reaches_the_losses_only_through_the_public_entry_point(path):
     tree = ast.parse(path.read_text())
-    imported = {(node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                for alias in node.names}
+    imported = {
+        (node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names
+    }
     from_losses = {(m, n) for m, n in imported if m and m.startswith("epic_slime.losses")}
     allowed_modules = {"epic_slime.losses", "epic_slime.losses.kl"}
     assert {m for m, _ in from_losses} <= allowed_modules, from_losses
@@ -49,10 +49,17 @@ def test_the_framework_free_package_imports_no_framework():
     import subprocess
     import sys
 
-    code = ("import sys, epic_slime.integrations, epic_slime.losses; "
-            "print(sorted(m for m in ('verl', 'trl', 'accelerate', 'datasets') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[2])
+    code = (
+        "import sys, epic_slime.integrations, epic_slime.losses; "
+        "print(sorted(m for m in ('verl', 'trl', 'accelerate', 'datasets') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.returncode == 0, out.stderr[-1500:]
     assert out.stdout.strip() == "[]"
 
@@ -72,8 +79,13 @@ def test_only_the_adapters_import_a_framework():
     importers = set()
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             if any(name.split(".")[0] in frameworks for name in names):
                 importers.add(path.relative_to(package).as_posix())
     assert importers == {"integrations/verl.py", "integrations/trl.py"}

@@ -43,17 +43,39 @@ class RecordingTrainer(EpicGRPOTrainer):
     def policy_loss(self, log_probs, behaviour_log_probs, advantages, mask):
         out = super().policy_loss(log_probs, behaviour_log_probs, advantages, mask)
         old = self._inputs.get("old_per_token_logps")
-        self.calls.append({"log_probs": log_probs.detach().clone(), "behaviour": behaviour_log_probs.clone(),
-                           "old": None if old is None else old.clone(), "advantages": advantages.clone(),
-                           "mask": mask.clone(), "loss": out.loss.item(), "clipfrac": out.metrics["clipfrac"].item()})
+        self.calls.append(
+            {
+                "log_probs": log_probs.detach().clone(),
+                "behaviour": behaviour_log_probs.clone(),
+                "old": None if old is None else old.clone(),
+                "advantages": advantages.clone(),
+                "mask": mask.clone(),
+                "loss": out.loss.item(),
+                "clipfrac": out.metrics["clipfrac"].item(),
+            }
+        )
         return out
 
 
 def grpo_args(tmp_path, **overrides):
-    settings = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
-                    max_completion_length=COMPLETION_WORDS, steps_per_generation=2, gradient_accumulation_steps=1,
-                    max_steps=STEPS, learning_rate=3e-2, logging_steps=1, report_to=[], save_strategy="no",
-                    use_cpu=True, seed=0, temperature=1.0, dataloader_num_workers=0, disable_tqdm=True)
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=COMPLETION_WORDS,
+        steps_per_generation=2,
+        gradient_accumulation_steps=1,
+        max_steps=STEPS,
+        learning_rate=3e-2,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        temperature=1.0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
     return GRPOConfig(**{**settings, **overrides})
 
 
@@ -76,9 +98,15 @@ def epic_run(tiny_model_dir, tmp_path_factory):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
-    trainer = RecordingTrainer(model=model, processing_class=tokenizer, reward_funcs=ones_reward,
-                               args=grpo_args(tmp_path), train_dataset=prompts(), loss_mode="epic",
-                               loss_params={"delta_high": 2e-3, "delta_low": 5e-4})
+    trainer = RecordingTrainer(
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=ones_reward,
+        args=grpo_args(tmp_path),
+        train_dataset=prompts(),
+        loss_mode="epic",
+        loss_params={"delta_high": 2e-3, "delta_low": 5e-4},
+    )
     trainer.train()
     return trainer, before
 
@@ -88,8 +116,15 @@ def test_the_loss_trl_logs_is_the_cores_on_the_same_batch(epic_run):
     logged = [entry for entry in trainer.state.log_history if "policy_loss" in entry]
     assert len(trainer.calls) == len(logged) == STEPS
     for call, entry in zip(trainer.calls, logged):
-        core = compute_policy_loss("epic", call["log_probs"], call["behaviour"], call["advantages"], call["mask"],
-                                   delta_high=2e-3, delta_low=5e-4)
+        core = compute_policy_loss(
+            "epic",
+            call["log_probs"],
+            call["behaviour"],
+            call["advantages"],
+            call["mask"],
+            delta_high=2e-3,
+            delta_low=5e-4,
+        )
         assert call["loss"] == core.loss.item()
         assert entry["policy_loss"] == pytest.approx(core.loss.item(), rel=1e-12, abs=1e-15)
         # gradient accumulation is 1: the loss TRL's Trainer logs is the one returned (it rounds it)
@@ -128,14 +163,28 @@ def test_the_run_trains_with_the_reward_recorded(epic_run):
 
 def test_unsupported_trl_settings_are_refused_with_the_reason(tiny_model_dir, tmp_path):
     with pytest.raises(PolicyLossInputError, match="beta=0.04: TRL's KL-to-reference term is not mapped"):
-        EpicGRPOTrainer(model=str(tiny_model_dir), reward_funcs=ones_reward, args=grpo_args(tmp_path, beta=0.04),
-                        train_dataset=prompts())
+        EpicGRPOTrainer(
+            model=str(tiny_model_dir),
+            reward_funcs=ones_reward,
+            args=grpo_args(tmp_path, beta=0.04),
+            train_dataset=prompts(),
+        )
     with pytest.raises(PolicyLossInputError, match="loss_mode='dppo_topk_tv' is not offered here"):
-        EpicGRPOTrainer(model=str(tiny_model_dir), reward_funcs=ones_reward, args=grpo_args(tmp_path),
-                        train_dataset=prompts(), loss_mode="dppo_topk_tv")
+        EpicGRPOTrainer(
+            model=str(tiny_model_dir),
+            reward_funcs=ones_reward,
+            args=grpo_args(tmp_path),
+            train_dataset=prompts(),
+            loss_mode="dppo_topk_tv",
+        )
     with pytest.raises(PolicyLossInputError, match="delta_high=0"):
-        EpicGRPOTrainer(model=str(tiny_model_dir), reward_funcs=ones_reward, args=grpo_args(tmp_path),
-                        train_dataset=prompts(), loss_params={"delta_high": 0})
+        EpicGRPOTrainer(
+            model=str(tiny_model_dir),
+            reward_funcs=ones_reward,
+            args=grpo_args(tmp_path),
+            train_dataset=prompts(),
+            loss_params={"delta_high": 0},
+        )
 
 
 def test_vllms_importance_sampling_correction_is_refused_with_its_reason():
@@ -145,14 +194,22 @@ def test_vllms_importance_sampling_correction_is_refused_with_its_reason():
     from epic_slime.integrations.trl import UNSUPPORTED
 
     def refusals(**changes):
-        settings = dict(use_vllm=False, vllm_importance_sampling_correction=True, beta=0.0, top_entropy_quantile=1.0,
-                        _entropy_bonus_enabled=False, off_policy_mask_threshold=None, importance_sampling_level="token")
+        settings = dict(
+            use_vllm=False,
+            vllm_importance_sampling_correction=True,
+            beta=0.0,
+            top_entropy_quantile=1.0,
+            _entropy_bonus_enabled=False,
+            off_policy_mask_threshold=None,
+            importance_sampling_level="token",
+        )
         trainer = SimpleNamespace(**{**settings, **changes})
         return [reason.format(**vars(trainer)) for is_set, reason in UNSUPPORTED if is_set(trainer)]
 
-    assert refusals() == []   # the correction is on by default but only applies with vLLM
+    assert refusals() == []  # the correction is on by default but only applies with vLLM
     (reason,) = refusals(use_vllm=True)
     assert reason.startswith("vllm_importance_sampling_correction=True: the loss already uses vLLM's sampling")
     assert refusals(use_vllm=True, vllm_importance_sampling_correction=False) == []
     assert refusals(importance_sampling_level="sequence") == [
-        "importance_sampling_level='sequence': each loss mode defines its own ratio; use 'token'"]
+        "importance_sampling_level='sequence': each loss mode defines its own ratio; use 'token'"
+    ]

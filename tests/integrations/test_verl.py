@@ -61,13 +61,14 @@ def test_verl_registry_returns_the_adapter_for_every_exported_mode():
 def test_loss_and_gradient_equal_the_core(mode, aggregation):
     old, new, advantages, mask = random_batch(seed=10 * exported_modes().index(mode) + AGGREGATIONS.index(aggregation))
     loss, metrics = core_algos.get_policy_loss_fn(verl_loss_name(mode))(
-        old_log_prob=old, log_prob=new, advantages=advantages, response_mask=mask, loss_agg_mode=aggregation)
+        old_log_prob=old, log_prob=new, advantages=advantages, response_mask=mask, loss_agg_mode=aggregation
+    )
     (grad,) = torch.autograd.grad(loss, new)
 
     new_core = new.detach().clone().requires_grad_()
     core = compute_policy_loss(mode, new_core, old, advantages, mask, aggregation=aggregation)
     (grad_core,) = torch.autograd.grad(core.loss, new_core)
-    torch.testing.assert_close(loss, core.loss, rtol=1e-7, atol=1e-12)   # verl adds 1e-8 to token counts
+    torch.testing.assert_close(loss, core.loss, rtol=1e-7, atol=1e-12)  # verl adds 1e-8 to token counts
     torch.testing.assert_close(grad, grad_core, rtol=1e-7, atol=1e-12)
     assert metrics["actor/pg_clipfrac"] == pytest.approx(core.metrics["clipfrac"].item(), abs=0)
     assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(core.metrics["clipfrac_lower"].item(), abs=0)
@@ -100,8 +101,9 @@ def test_verls_data_parallel_scaling_goes_through_its_agg_loss():
 def test_rollout_correction_weights_multiply_the_per_token_loss():
     old, new, advantages, mask = random_batch(seed=5)
     weights = torch.rand(mask.shape, dtype=old.dtype, generator=torch.Generator().manual_seed(0)) + 0.5
-    loss, _ = core_algos.get_policy_loss_fn("epic")(old, new, advantages, mask, "seq-mean-token-sum",
-                                                     rollout_is_weights=weights)
+    loss, _ = core_algos.get_policy_loss_fn("epic")(
+        old, new, advantages, mask, "seq-mean-token-sum", rollout_is_weights=weights
+    )
     (grad,) = torch.autograd.grad(loss, new)
     new_core = new.detach().clone().requires_grad_()
     core = compute_policy_loss("epic", new_core, old, advantages, mask)
@@ -123,7 +125,7 @@ def test_every_mapped_aggregation_is_one_verl_accepts():
     old, new, advantages, mask = random_batch(seed=7)
     per_token = torch.where(mask, new.detach(), 0.0)
     for name in adapter.VERL_AGGREGATIONS:
-        core_algos.agg_loss(per_token, mask, name)   # raises on a name verl does not know
+        core_algos.agg_loss(per_token, mask, name)  # raises on a name verl does not know
     with pytest.raises(ValueError):
         core_algos.agg_loss(per_token, mask, "no-such-mode")
 
@@ -143,7 +145,7 @@ def test_parameters_from_the_environment(monkeypatch):
         core = compute_policy_loss("epic", leaf, old, advantages, mask, aggregation="token-mean", **params)
         grads[name] = (torch.autograd.grad(core.loss, leaf)[0], core.metrics["clipfrac"].item())
     torch.testing.assert_close(grad, grads["set"][0], rtol=1e-12, atol=0)
-    assert metrics["actor/pg_clipfrac"] == grads["set"][1] < grads["default"][1]   # the setting mattered
+    assert metrics["actor/pg_clipfrac"] == grads["set"][1] < grads["default"][1]  # the setting mattered
     monkeypatch.setenv(PARAMS_ENV, '{"clip_high": 0.3}')
     with pytest.raises(PolicyLossInputError, match=r"mode 'epic' has no parameter\(s\) \['clip_high'\]"):
         core_algos.get_policy_loss_fn("epic")(old, new, advantages, mask, "token-mean")
@@ -174,8 +176,14 @@ print("FOUND", fn.epic_slime_mode)
 def run_fresh_process(setup: str, extra_env: dict[str, str], extra_path: list[str] = ()) -> str:
     env = {**os.environ, **extra_env}
     env["PYTHONPATH"] = os.pathsep.join([*extra_path, str(REPO_ROOT), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", _CHECK.format(setup=textwrap.dedent(setup))], env=env,
-                         capture_output=True, text=True, timeout=240, cwd=REPO_ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHECK.format(setup=textwrap.dedent(setup))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO_ROOT,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip().splitlines()[-1]
 
@@ -193,7 +201,7 @@ def test_worker_import_through_external_lib(tmp_path):
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
     assert "epic" not in POLICY_LOSS_REGISTRY, "registered before external_lib was read"
     from verl.workers.config import HFModelConfig
-    HFModelConfig(path={str(tmp_path / 'model')!r}, external_lib="epic_slime.integrations.verl")
+    HFModelConfig(path={str(tmp_path / "model")!r}, external_lib="epic_slime.integrations.verl")
     """
     assert run_fresh_process(setup, NO_PLUGINS) == "FOUND epic"
 
@@ -208,7 +216,8 @@ def test_worker_import_through_the_entry_point_pyproject_declares(tmp_path):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: epic-slime-entry-point\nVersion: 0.0\n")
     (dist / "entry_points.txt").write_text(
-        "[verl.plugins]\n" + "".join(f"{name} = {target}\n" for name, target in points.items()))
+        "[verl.plugins]\n" + "".join(f"{name} = {target}\n" for name, target in points.items())
+    )
     assert run_fresh_process("import verl", {"VERL_USE_EXTERNAL_PLUGINS": "auto"}, [str(tmp_path)]) == "FOUND epic"
 
 
@@ -227,15 +236,36 @@ def test_through_verls_worker_side_ppo_loss():
     mask = torch.arange(4)[None] < lengths[:, None]
     # the model's output as verl's engines return it: one flat row of every token's log-prob, the log-prob
     # of response token k at position prompt_len - 1 + k of its sequence
-    flat = torch.cat([piece for i in range(3) for piece in (torch.zeros(prompt_len - 1, dtype=old.dtype),
-                                                            new[i, :lengths[i]], torch.zeros(1, dtype=old.dtype))])
-    data = TensorDict({"prompts": torch.ones(3, prompt_len, dtype=torch.long),
-                       "responses": torch.ones(3, 4, dtype=torch.long),
-                       "attention_mask": torch.cat([torch.ones(3, prompt_len, dtype=torch.long), mask.long()], 1),
-                       "response_mask": mask.long(), "old_log_probs": old, "advantages": advantages}, batch_size=[3])
+    flat = torch.cat(
+        [
+            piece
+            for i in range(3)
+            for piece in (
+                torch.zeros(prompt_len - 1, dtype=old.dtype),
+                new[i, : lengths[i]],
+                torch.zeros(1, dtype=old.dtype),
+            )
+        ]
+    )
+    data = TensorDict(
+        {
+            "prompts": torch.ones(3, prompt_len, dtype=torch.long),
+            "responses": torch.ones(3, 4, dtype=torch.long),
+            "attention_mask": torch.cat([torch.ones(3, prompt_len, dtype=torch.long), mask.long()], 1),
+            "response_mask": mask.long(),
+            "old_log_probs": old,
+            "advantages": advantages,
+        },
+        batch_size=[3],
+    )
     tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=3)
-    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
-                         policy_loss=PolicyLossConfig(loss_mode="epic"), loss_agg_mode="seq-mean-token-mean")
+    config = ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        policy_loss=PolicyLossConfig(loss_mode="epic"),
+        loss_agg_mode="seq-mean-token-mean",
+    )
     loss, metrics = ppo_loss(config, {"log_probs": flat}, data)
     (grad,) = torch.autograd.grad(loss, new)
 

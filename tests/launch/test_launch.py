@@ -79,8 +79,19 @@ def test_async_table1_row_oversamples_only_when_asked():
 
 
 def test_overrides_by_environment_and_flags():
-    result = dry_run("--update-depth", "4", "--seed", "7", "--", "--num-rollout", "3",
-                      NUM_NODES="2", GPUS_PER_NODE="4", MAX_STALENESS="none", METHOD="ctpo")
+    result = dry_run(
+        "--update-depth",
+        "4",
+        "--seed",
+        "7",
+        "--",
+        "--num-rollout",
+        "3",
+        NUM_NODES="2",
+        GPUS_PER_NODE="4",
+        MAX_STALENESS="none",
+        METHOD="ctpo",
+    )
     assert result.returncode == 0, result.stderr
     driver = submit_command(result)
     assert flag_value(driver, "--update-depth") == "4" and flag_value(driver, "--seed") == "7"
@@ -115,9 +126,17 @@ def test_tis_turns_on_with_one_flag_and_keeps_slime_recompute():
         (("--max-staleness", "-3"), {}, "MAX_STALENESS must be"),
         (("--bogus",), {}, "unknown option --bogus"),
         (("--", "--stale-policy", "sometimes"), {}, "invalid choice"),
-        (("--", "--sglang-mem-frac", "0.5"), {}, "--sglang-mem-frac is an abbreviation of --sglang-mem-fraction-static"),
+        (
+            ("--", "--sglang-mem-frac", "0.5"),
+            {},
+            "--sglang-mem-frac is an abbreviation of --sglang-mem-fraction-static",
+        ),
         (("--", "--num-rollouts", "3"), {}, "unknown flag --num-rollouts"),
-        (("--", "--use-opsm"), {}, "--use-opsm is not supported by the epic-slime driver"),  # the rest: test_slime_flag_hygiene.py
+        (
+            ("--", "--use-opsm"),
+            {},
+            "--use-opsm is not supported by the epic-slime driver",
+        ),  # the rest: test_slime_flag_hygiene.py
         (("--method", "dppo_topk_tv", "--", "--use-tis"), {}, "--use-tis with --policy-loss dppo_topk_tv"),
         (("--", "--advantage-estimator", "ppo"), {}, "trains a critic"),
         (("--", "--update-weight-mode", "delta"), {}, "--update-weight-mode delta is not supported"),
@@ -137,8 +156,11 @@ def test_paper_table2_values_reach_the_driver():
     # Table 2's oversampling at K = 0 and 1; at K >= 2 the launcher's own (0, see OVERSAMPLE_RATIO) replaces it
     assert flag_value(submit_command(dry_run(MAX_STALENESS="1")), "--oversample-ratio") == "0.1"
     assert flag_value(driver, "--oversample-ratio") == "0"
-    assert (flag_value(driver, "--lr"), flag_value(driver, "--rollout-temperature"), flag_value(driver, "--kl-loss-coef")) == (
-        "1e-06", "1.0", "0.001")
+    assert (
+        flag_value(driver, "--lr"),
+        flag_value(driver, "--rollout-temperature"),
+        flag_value(driver, "--kl-loss-coef"),
+    ) == ("1e-06", "1.0", "0.001")
     # prompt + response must fit one GPU's dynamic batch (CP 1)
     assert 2048 + 16384 <= int(flag_value(driver, "--max-tokens-per-gpu"))
 
@@ -158,9 +180,18 @@ def test_two_seeds_train_two_prompt_orders(tmp_path):
 
     def prompt_order(driver: list[str]) -> list[str]:
         assert "--rollout-shuffle" in driver
-        rollout_seed = int(flag_value(driver, "--rollout-seed")) if "--rollout-seed" in driver else 42  # slime's default
-        dataset = Dataset(str(data), tokenizer=None, processor=None, max_length=None, prompt_key="prompt",
-                          label_key="label", seed=rollout_seed)
+        rollout_seed = (
+            int(flag_value(driver, "--rollout-seed")) if "--rollout-seed" in driver else 42
+        )  # slime's default
+        dataset = Dataset(
+            str(data),
+            tokenizer=None,
+            processor=None,
+            max_length=None,
+            prompt_key="prompt",
+            label_key="label",
+            seed=rollout_seed,
+        )
         dataset.shuffle(0)  # what slime's RolloutDataSource does at epoch 0 with --rollout-shuffle
         return [sample.prompt for sample in dataset.samples]
 
@@ -197,8 +228,14 @@ def test_dockerfile_build_check_imports_the_loss_hook_and_slime():
     _slime_dataset_class()
     light = sorted(m for m in modules if m != "slime.utils.arguments")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *[p for p in sys.path if "slime" in p]])}
-    result = subprocess.run([sys.executable, "-c", "import " + ", ".join(light)], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", "import " + ", ".join(light)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
 
 
@@ -221,8 +258,9 @@ def test_a_real_launch_checks_the_flags_before_ray_starts(tmp_path, script):
     fake_ray.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
     env.update(DRY_RUN="0", PYTHON=sys.executable, PATH=f"{tmp_path}:{env['PATH']}", SAVE_DIR=str(tmp_path / "save"))
-    result = subprocess.run(["bash", script, "--", "--num-rollouts", "3"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["bash", script, "--", "--num-rollouts", "3"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "--num-rollout" in result.stderr and not calls.exists()
 
@@ -237,8 +275,10 @@ def test_a_dry_run_ends_saying_nothing_was_submitted(script):
     # the footer names what asked for the dry run: DRY_RUN=1 in the environment, or the --dry-run flag
     assert passed.stdout.splitlines()[-1].endswith("to submit, run again without DRY_RUN=1 (DRY_RUN=0 or unset)")
     assert by_flag.stdout.splitlines()[-1].endswith("to submit, run again without --dry-run")
-    assert "to submit" not in failed.stdout                  # a failed check is no go-ahead
-    assert failed.stdout.splitlines()[-1].endswith("the flag check failed (exit 2): fix the error above, then dry-run again")
+    assert "to submit" not in failed.stdout  # a failed check is no go-ahead
+    assert failed.stdout.splitlines()[-1].endswith(
+        "the flag check failed (exit 2): fix the error above, then dry-run again"
+    )
 
 
 @pytest.mark.parametrize("script", ["launch/qwen3_30b_epic.sh", "launch/smoke_1gpu.sh"])
@@ -247,14 +287,24 @@ def test_without_the_project_environment_one_line_says_what_to_activate(tmp_path
     bare = tmp_path / "python3"
     bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S -E "$@"\n')
     bare.chmod(0o755)
-    result = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", f"PYTHON={bare}", "bash", script, "--dry-run"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["env", "-i", "PATH=/usr/bin:/bin", f"PYTHON={bare}", "bash", script, "--dry-run"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert "cannot import torch" in lines[0] and "activate the project's virtual environment" in lines[0]
-    missing = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", f"PYTHON={tmp_path / 'none'}", "bash", script,
-                              "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    missing = subprocess.run(
+        ["env", "-i", "PATH=/usr/bin:/bin", f"PYTHON={tmp_path / 'none'}", "bash", script, "--dry-run"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode == 2 and len(missing.stderr.splitlines()) == 1 and "is not a command" in missing.stderr
 
 
@@ -287,7 +337,9 @@ def test_the_paper_launcher_uses_the_planners_pick_and_prints_its_price():
     other = dry_run("--actor-nodes", "2", "--gpus-per-engine", "4", "--push-mode", "in_place", MAX_STALENESS="4")
     assert other.returncode == 0, other.stderr
     driver = submit_command(other)
-    assert flag_value(driver, "--actor-num-nodes") == "2" and _last_value(driver, "--rollout-num-gpus-per-engine") == "4"
+    assert (
+        flag_value(driver, "--actor-num-nodes") == "2" and _last_value(driver, "--rollout-num-gpus-per-engine") == "4"
+    )
     assert _last_value(driver, "--weight-push-mode") == "in_place"
     row = table["prices"]["4x8|train 2|engine 4|K 4|in_place|oversample 0"]
     assert f"{row['s_per_rollout']:.1f} s/rollout" in other.stdout
@@ -328,7 +380,7 @@ def test_the_synchronous_paper_run_is_colocated_unless_split_is_asked_for():
         assert flag_value(driver, "--rollout-num-gpus") == "16" and "no planner pick" in split.stdout
         assert "# price of this command (split):" in split.stdout and "# the colocated layout instead" in split.stdout
     asynchronous = submit_command(dry_run(MAX_STALENESS="2"))
-    assert "--colocate" not in asynchronous   # the asynchronous schedule cannot share GPUs
+    assert "--colocate" not in asynchronous  # the asynchronous schedule cannot share GPUs
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,17 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHERS = ["launch/qwen3_30b_epic.sh", "launch/smoke_1gpu.sh"]
-CLUSTER_ENV = ("NCCL_NVLS_ENABLE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "REUSE_RAY", "RAY_ROLE", "HEAD_ADDR",
-               "WANDB_API_KEY", "ASYNC", "MAX_STALENESS")
+CLUSTER_ENV = (
+    "NCCL_NVLS_ENABLE",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "REUSE_RAY",
+    "RAY_ROLE",
+    "HEAD_ADDR",
+    "WANDB_API_KEY",
+    "ASYNC",
+    "MAX_STALENESS",
+)
 
 # `nvidia-smi topo -m` as printed on an NVLink node, on a PCIe-only node (whose legend still says "NV#"),
 # and a node where nvidia-smi fails (no driver)
@@ -78,10 +87,18 @@ exit 0
 
     def launch(self, script: str, *args: str, dry_run: bool = False, **env: str) -> subprocess.CompletedProcess:
         full_env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV}
-        full_env.update(DRY_RUN="1" if dry_run else "0", PYTHON=sys.executable, PATH=self.path,
-                        SAVE_DIR=str(self.root / "save"), MASTER_ADDR="127.0.0.1", WAIT_NODES_S="5", **env)
-        return subprocess.run(["bash", script, *args], cwd=REPO, env=full_env, capture_output=True, text=True,
-                              timeout=120)
+        full_env.update(
+            DRY_RUN="1" if dry_run else "0",
+            PYTHON=sys.executable,
+            PATH=self.path,
+            SAVE_DIR=str(self.root / "save"),
+            MASTER_ADDR="127.0.0.1",
+            WAIT_NODES_S="5",
+            **env,
+        )
+        return subprocess.run(
+            ["bash", script, *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=120
+        )
 
     def ray_calls(self) -> list[str]:
         return self.calls.read_text().splitlines() if self.calls.exists() else []
@@ -97,8 +114,9 @@ def _submitted(result: subprocess.CompletedProcess, cluster: Cluster) -> dict[st
 
 
 @pytest.mark.parametrize("script", LAUNCHERS)
-@pytest.mark.parametrize("topology, nvls", [(NVLINK_TOPOLOGY, "1"), (PCIE_TOPOLOGY, "0"), (None, "0")],
-                         ids=["nvlink", "pcie", "no-driver"])
+@pytest.mark.parametrize(
+    "topology, nvls", [(NVLINK_TOPOLOGY, "1"), (PCIE_TOPOLOGY, "0"), (None, "0")], ids=["nvlink", "pcie", "no-driver"]
+)
 def test_nvls_follows_the_nvlink_topology_in_the_submitted_runtime_env(tmp_path, script, topology, nvls):
     cluster = Cluster(tmp_path, topology=topology)
     env = _submitted(cluster.launch(script), cluster)
@@ -115,8 +133,7 @@ def test_nvls_set_by_the_caller_wins_and_a_bad_value_is_named(tmp_path):
 @pytest.mark.parametrize("script", LAUNCHERS)
 def test_socket_interfaces_pass_through_only_when_set(tmp_path, script):
     with_names = Cluster(tmp_path / "set")
-    env = _submitted(with_names.launch(script, NCCL_SOCKET_IFNAME="^lo,docker0", GLOO_SOCKET_IFNAME="eth1"),
-                     with_names)
+    env = _submitted(with_names.launch(script, NCCL_SOCKET_IFNAME="^lo,docker0", GLOO_SOCKET_IFNAME="eth1"), with_names)
     assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("^lo,docker0", "eth1")
     only_nccl = Cluster(tmp_path / "nccl")
     env = _submitted(only_nccl.launch(script, NCCL_SOCKET_IFNAME="ib0"), only_nccl)
@@ -133,7 +150,8 @@ def test_an_interface_name_that_would_break_the_runtime_env_is_named(tmp_path):
 
 def test_dry_run_prints_the_cluster_settings_and_still_redacts_the_key(tmp_path):
     result = Cluster(tmp_path, topology=NVLINK_TOPOLOGY).launch(
-        LAUNCHERS[0], dry_run=True, NCCL_SOCKET_IFNAME="eth0", WANDB_API_KEY="sk-cluster-secret-7")
+        LAUNCHERS[0], dry_run=True, NCCL_SOCKET_IFNAME="eth0", WANDB_API_KEY="sk-cluster-secret-7"
+    )
     assert result.returncode == 0, result.stderr
     assert 'NCCL_NVLS_ENABLE: "1"' in result.stdout and "NCCL_NVLS_ENABLE=1: 6 NVLink entries" in result.stdout
     assert 'NCCL_SOCKET_IFNAME: "eth0"' in result.stdout and "GLOO_SOCKET_IFNAME" not in result.stdout
@@ -175,7 +193,8 @@ def test_a_worker_node_already_in_a_cluster_is_refused_unless_reuse_is_asked_for
     result = fresh.launch(LAUNCHERS[0], RAY_ROLE="worker", HEAD_ADDR="10.0.0.1")
     assert result.returncode == 0, result.stderr
     assert [c for c in fresh.ray_calls() if c.startswith("start")] == [
-        "start --address 10.0.0.1:6379 --num-gpus 8 --disable-usage-stats"]
+        "start --address 10.0.0.1:6379 --num-gpus 8 --disable-usage-stats"
+    ]
 
 
 def test_a_bad_reuse_setting_is_named(tmp_path):
@@ -187,5 +206,12 @@ def test_a_bad_reuse_setting_is_named(tmp_path):
 def test_help_documents_the_cluster_settings(script):
     result = subprocess.run(["bash", script, "--help"], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0
-    for word in ("--reuse-ray", "REUSE_RAY", "ray stop", "NCCL_NVLS_ENABLE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+    for word in (
+        "--reuse-ray",
+        "REUSE_RAY",
+        "ray stop",
+        "NCCL_NVLS_ENABLE",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+    ):
         assert word in result.stdout, word

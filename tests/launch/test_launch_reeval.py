@@ -24,8 +24,14 @@ def _run(args, env_extra=None):
 
 def _selection(tmp_path):
     path = tmp_path / "selection.json"
-    path.write_text(json.dumps({"epic": {"epic-s1": {"seed": 1, "step": 120}, "epic-s2": {"seed": 2, "step": 80}},
-                                "grpo": {"grpo-s1": {"seed": 1, "step": 40}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "epic": {"epic-s1": {"seed": 1, "step": 120}, "epic-s2": {"seed": 2, "step": 80}},
+                "grpo": {"grpo-s1": {"seed": 1, "step": 40}},
+            }
+        )
+    )
     return path
 
 
@@ -40,7 +46,12 @@ def test_dry_run_prints_both_top_p_passes_for_the_selected_step(tmp_path):
         flag = {command[i]: command[i + 1] for i in range(4, len(command) - 1) if command[i].startswith("--")}
         assert flag["--model"] == "/root/checkpoints/epic-s2_hf/iter_0000080"
         assert (flag["--run"], flag["--method"], flag["--seed"], flag["--step"]) == ("epic-s2", "epic", "2", "80")
-        assert (flag["--top-p"], flag["--temperature"], flag["--engine"], flag["--tp-size"]) == (top_p, "1.0", "sglang", "8")
+        assert (flag["--top-p"], flag["--temperature"], flag["--engine"], flag["--tp-size"]) == (
+            top_p,
+            "1.0",
+            "sglang",
+            "8",
+        )
         assert "--reeval-protocol" in command
         assert flag["--out"] == f"/root/reeval/epic-s2/reeval_topp{top_p}.jsonl"
     assert all("--reeval-protocol" in c for c in reports)
@@ -52,8 +63,22 @@ def test_bad_input_is_named(tmp_path):
     assert done.returncode == 2 and "run 'nobody' is not in" in done.stderr
     done = _run(["--run", "x", "--method", "m", "--seed", "1", "--steps", "5,abc", "--dry-run"])
     assert done.returncode == 2 and "'abc' is not a step number" in done.stderr
-    done = _run(["--run", "x", "--method", "m", "--seed", "1", "--steps", "5", "--out-dir", str(tmp_path / "o"),
-                 "--ckpt-pattern", str(tmp_path / "missing_%d")])
+    done = _run(
+        [
+            "--run",
+            "x",
+            "--method",
+            "m",
+            "--seed",
+            "1",
+            "--steps",
+            "5",
+            "--out-dir",
+            str(tmp_path / "o"),
+            "--ckpt-pattern",
+            str(tmp_path / "missing_%d"),
+        ]
+    )
     assert done.returncode == 2 and "no Hugging Face checkpoint at" in done.stderr
 
 
@@ -63,14 +88,54 @@ def test_reeval_runs_end_to_end_on_cpu(tmp_path):
     save_tiny_checkpoint(tmp_path / "ckpt_7")
     write_eval_data(tmp_path / "data", prompts=1)
     out = tmp_path / "reeval"
-    done = _run(["--run", "tiny-s1", "--method", "tiny", "--seed", "1", "--steps", "7", "--engine", "transformers",
-                 "--ckpt-pattern", str(tmp_path / "ckpt_%d"), "--data-dir", str(tmp_path / "data"),
-                 "--out-dir", str(out), "--top-ps", "1.0", "--", "--max-new-tokens", "3", "--device", "cpu"])
+    done = _run(
+        [
+            "--run",
+            "tiny-s1",
+            "--method",
+            "tiny",
+            "--seed",
+            "1",
+            "--steps",
+            "7",
+            "--engine",
+            "transformers",
+            "--ckpt-pattern",
+            str(tmp_path / "ckpt_%d"),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--out-dir",
+            str(out),
+            "--top-ps",
+            "1.0",
+            "--",
+            "--max-new-tokens",
+            "3",
+            "--device",
+            "cpu",
+        ]
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     records = read_records(str(out / "reeval_topp1.0.jsonl"))
     assert len(records) == 4 * 32 and {r.step for r in records} == {7}
     table = (out / "report_topp1.0" / "table1.md").read_text()
     assert "| tiny |" in table and "aime_2024 k=32" in table and "amc_2023 k=16" in table
-    again = _run(["--run", "tiny-s1", "--method", "tiny", "--seed", "1", "--steps", "7", "--out-dir", str(out),
-                  "--top-ps", "1.0", "--ckpt-pattern", str(tmp_path / "ckpt_%d")])
+    again = _run(
+        [
+            "--run",
+            "tiny-s1",
+            "--method",
+            "tiny",
+            "--seed",
+            "1",
+            "--steps",
+            "7",
+            "--out-dir",
+            str(out),
+            "--top-ps",
+            "1.0",
+            "--ckpt-pattern",
+            str(tmp_path / "ckpt_%d"),
+        ]
+    )
     assert again.returncode == 2 and "exists" in again.stderr

@@ -33,13 +33,15 @@ def _max_rel_error(log_c: torch.Tensor) -> tuple[float, float]:
 
 
 # Dense in the default operating range (c ~ 1e-4 .. 10) and across region boundaries.
-LOG_C = np.concatenate([
-    np.linspace(math.log(1e-12), math.log(1e30), 1500),
-    np.linspace(math.log(1e-4), math.log(10.0), 600),
-    np.log(np.array([0.0625, 0.0625 * (1 + 1e-9), 1.0, 1.5, 0.5, 3e-4])),
-    # Below and above the interpolation grid (x < -28, x > 70), and its edges.
-    np.array([-28.0, -28.0 - 1e-9, -28.5, -35.0, -60.0, -230.0, 70.0, 70.0 + 1e-9, 70.5]),
-])
+LOG_C = np.concatenate(
+    [
+        np.linspace(math.log(1e-12), math.log(1e30), 1500),
+        np.linspace(math.log(1e-4), math.log(10.0), 600),
+        np.log(np.array([0.0625, 0.0625 * (1 + 1e-9), 1.0, 1.5, 0.5, 3e-4])),
+        # Below and above the interpolation grid (x < -28, x > 70), and its edges.
+        np.array([-28.0, -28.0 - 1e-9, -28.5, -35.0, -60.0, -230.0, 70.0, 70.0 + 1e-9, 70.5]),
+    ]
+)
 
 
 def test_float64_relative_error_below_1e_12():
@@ -93,6 +95,7 @@ def test_shape_and_no_autograd():
 
 def test_large_input_spanning_chunks_matches_elementwise():
     from epic_slime.losses import bounds
+
     n = bounds._CHUNK * 2 + 17
     log_c = torch.linspace(-20, 60, n, dtype=torch.float64)
     lower, upper = exact_kl_log_bounds(log_c)
@@ -109,6 +112,7 @@ def test_rejects_non_float_input():
 def test_branch_free_path_matches_the_cpu_fast_path(monkeypatch):
     """Accelerators always evaluate every branch (no host sync); the CPU skips unused ones."""
     from epic_slime.losses import bounds
+
     log_c = torch.tensor(np.concatenate([LOG_C, [math.inf, -math.inf, 800.0]]), dtype=torch.float64)
     fast = exact_kl_log_bounds(log_c)
     monkeypatch.setattr(bounds, "host_checks_are_free", lambda x: False)

@@ -91,17 +91,19 @@ def test_garbage_on_masked_tokens_is_ignored(mode, garbage):
     assert all(math.isfinite(float(v)) for v in out.metrics.values()), out.metrics
 
 
-@pytest.mark.parametrize("shapes,match", [
-    (((3, 8), (3, 7), (3,), (3, 8)), "behavior_log_probs shape"),
-    (((3, 8), (3, 8), (4,), (3, 8)), "advantages shape"),
-    (((3, 8), (3, 8), (3,), (3, 9)), "mask shape"),
-    (((24,), (24,), (3,), (24,)), r"log_probs must be \[B, T\]"),
-])
+@pytest.mark.parametrize(
+    "shapes,match",
+    [
+        (((3, 8), (3, 7), (3,), (3, 8)), "behavior_log_probs shape"),
+        (((3, 8), (3, 8), (4,), (3, 8)), "advantages shape"),
+        (((3, 8), (3, 8), (3,), (3, 9)), "mask shape"),
+        (((24,), (24,), (3,), (24,)), r"log_probs must be \[B, T\]"),
+    ],
+)
 def test_shape_mismatches_raise(shapes, match):
     lp_s, blp_s, adv_s, mask_s = shapes
     with pytest.raises(PolicyLossInputError, match=match):
-        compute_policy_loss("epic", -torch.rand(lp_s), -torch.rand(blp_s), torch.randn(adv_s),
-                            torch.ones(mask_s))
+        compute_policy_loss("epic", -torch.rand(lp_s), -torch.rand(blp_s), torch.randn(adv_s), torch.ones(mask_s))
 
 
 @pytest.mark.parametrize("value", [-1.0, 2.0, 0.5])
@@ -149,8 +151,8 @@ def test_huge_prefix_log_ratios_stay_finite(mode, dtype):
     B, T = 4, 64
     lp = torch.full((B, T), -0.01, dtype=dtype)
     blp = torch.full((B, T), -0.01, dtype=dtype)
-    blp[0] -= 160.0   # L_t grows to +1e4 over the row: pi >> mu
-    lp[1] -= 160.0    # L_t falls to -1e4: pi << mu
+    blp[0] -= 160.0  # L_t grows to +1e4 over the row: pi >> mu
+    lp[1] -= 160.0  # L_t falls to -1e4: pi << mu
     blp[2, 10] = -1e4  # one token with lam = +1e4
     adv = torch.tensor([1e6, -1e6, -1e6, 1e6], dtype=dtype)
     mask = torch.ones(B, T, dtype=torch.bool)
@@ -171,8 +173,9 @@ def test_epic_clips_huge_prefix_ratios():
     blp = lp.clone()
     blp[0] -= 160.0
     lp[1] -= 160.0
-    out = compute_policy_loss("epic", lp, blp, torch.tensor([1.0, -1.0], dtype=torch.float64),
-                              torch.ones(B, T, dtype=torch.bool))
+    out = compute_policy_loss(
+        "epic", lp, blp, torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(B, T, dtype=torch.bool)
+    )
     assert bool(out.clipped.all())
 
 
@@ -208,12 +211,16 @@ def test_non_tensor_inputs_raise():
 
 # ---- on_bad_tokens="skip": mask, count, abort only past max_bad_token_frac ----
 
+
 def _with_bad_tokens():
     lp, blp, adv, mask = _batch(B=3, T=40)
     bad = torch.zeros_like(mask)
-    lp[0, 5] = math.nan; bad[0, 5] = True           # non-finite current log-prob
-    blp[1, 7] = 0.5; bad[1, 7] = True               # "probability > 1" behaviour log-prob
-    lp[2, 39] = math.inf; bad[2, 39] = True
+    lp[0, 5] = math.nan
+    bad[0, 5] = True  # non-finite current log-prob
+    blp[1, 7] = 0.5
+    bad[1, 7] = True  # "probability > 1" behaviour log-prob
+    lp[2, 39] = math.inf
+    bad[2, 39] = True
     return lp, blp, adv, mask, bad
 
 
@@ -227,7 +234,9 @@ def test_skip_masks_bad_tokens_like_a_smaller_mask(mode):
     clean_lp = torch.where(bad, -1.0, lp).requires_grad_(True)
     ref = compute_policy_loss(mode, clean_lp, torch.where(bad, -1.0, blp), adv, mask & ~bad)
     ref.loss.backward()
-    assert torch.isfinite(out.loss) and float(out.loss.detach()) == pytest.approx(float(ref.loss.detach()), rel=1e-6, abs=1e-7)
+    assert torch.isfinite(out.loss) and float(out.loss.detach()) == pytest.approx(
+        float(ref.loss.detach()), rel=1e-6, abs=1e-7
+    )
     assert torch.isfinite(live.grad).all() and (live.grad[bad] == 0).all()
     assert torch.allclose(live.grad, clean_lp.grad, rtol=1e-5, atol=1e-7)
     assert int(out.metrics["bad_tokens"]) == 3 and torch.equal(out.bad, bad)
@@ -235,11 +244,17 @@ def test_skip_masks_bad_tokens_like_a_smaller_mask(mode):
 
 
 def test_skip_aborts_past_the_bad_token_fraction():
-    lp, blp, adv, mask, _ = _with_bad_tokens()      # 3 bad of 120 = 2.5%
+    lp, blp, adv, mask, _ = _with_bad_tokens()  # 3 bad of 120 = 2.5%
     with pytest.raises(PolicyLossInputError, match=r"3 of 120 valid tokens \(2.50%\) .* max_bad_token_frac=0.01"):
         compute_policy_loss("epic", lp, blp, adv, mask, on_bad_tokens="skip", max_bad_token_frac=0.01)
-    assert int(compute_policy_loss("epic", lp, blp, adv, mask, on_bad_tokens="skip",
-                                   max_bad_token_frac=0.025).metrics["bad_tokens"]) == 3
+    assert (
+        int(
+            compute_policy_loss("epic", lp, blp, adv, mask, on_bad_tokens="skip", max_bad_token_frac=0.025).metrics[
+                "bad_tokens"
+            ]
+        )
+        == 3
+    )
 
 
 def test_raise_stays_the_default_and_bad_settings_are_errors():

@@ -81,11 +81,28 @@ def test_position_bins_and_their_spread():
 def test_every_mode_reports_the_same_metric_names(mode):
     lp, blp, adv, mask = _batch()
     names = set(compute_policy_loss(mode, lp, blp, adv, mask).metrics)
-    expected = {"clipfrac", "clipfrac_upper", "clipfrac_lower", "clipfrac_pos_adv", "clipfrac_neg_adv",
-                "clipfrac_position_cv", "finite_lower_frac", "finite_upper_frac", "abs_z_mean", "abs_L_mean",
-                "log_bound_lower_mean", "log_bound_upper_mean", "ratio_mean", "ratio_p95", "ratio_max",
-                "logprob_abs_diff", "value_capped_frac", "valid_tokens", "empty_responses",
-                *(f"clipfrac_position_bin_{k}" for k in range(10))}
+    expected = {
+        "clipfrac",
+        "clipfrac_upper",
+        "clipfrac_lower",
+        "clipfrac_pos_adv",
+        "clipfrac_neg_adv",
+        "clipfrac_position_cv",
+        "finite_lower_frac",
+        "finite_upper_frac",
+        "abs_z_mean",
+        "abs_L_mean",
+        "log_bound_lower_mean",
+        "log_bound_upper_mean",
+        "ratio_mean",
+        "ratio_p95",
+        "ratio_max",
+        "logprob_abs_diff",
+        "value_capped_frac",
+        "valid_tokens",
+        "empty_responses",
+        *(f"clipfrac_position_bin_{k}" for k in range(10)),
+    }
     assert expected <= names
 
 
@@ -103,10 +120,13 @@ def test_flags_defaults_and_overrides():
     assert _parse([]) == ("epic", {}, "seq-mean-token-mean")
     assert _parse(["--policy-loss", "dapo"]) == ("dapo", {}, "token-mean")
     assert _parse(["--policy-loss", "grpo", "--grpo-dual-clip", "3", "--grpo-clip-high", "0.28"]) == (
-        "grpo", {"dual_clip": 3, "clip_high": 0.28}, "seq-mean-token-mean")
-    assert _parse(["--policy-loss", "epic_cumulative", "--epic-delta-low", "1e-3",
-                   "--policy-loss-aggregation", "token-mean"]) == (
-        "epic_cumulative", {"delta_low": 1e-3}, "token-mean")
+        "grpo",
+        {"dual_clip": 3, "clip_high": 0.28},
+        "seq-mean-token-mean",
+    )
+    assert _parse(
+        ["--policy-loss", "epic_cumulative", "--epic-delta-low", "1e-3", "--policy-loss-aggregation", "token-mean"]
+    ) == ("epic_cumulative", {"delta_low": 1e-3}, "token-mean")
 
 
 def test_flags_reject_mismatched_family_and_bad_values():
@@ -126,7 +146,7 @@ def test_kl_penalty_estimators_against_direct_formulas():
     ref = -torch.rand(50, generator=g, dtype=torch.float64) * 3
     d = (lp - ref).numpy()
     np.testing.assert_allclose(kl_penalty(lp, ref, "k1").numpy(), d)
-    np.testing.assert_allclose(kl_penalty(lp, ref, "k2").numpy(), d ** 2 / 2)
+    np.testing.assert_allclose(kl_penalty(lp, ref, "k2").numpy(), d**2 / 2)
     np.testing.assert_allclose(kl_penalty(lp, ref, "k3").numpy(), np.exp(-d) - 1 + d, rtol=1e-12)
     assert float(kl_penalty(torch.tensor([0.0]), torch.tensor([20.0]), "low_var_kl")) == 10.0
     assert kl_penalty(lp.float(), ref.float(), "k3").dtype == torch.float32

@@ -11,8 +11,19 @@ import torch
 from support.loss_reference import loss_and_grad
 from epic_slime.losses import LOSS_MODES, compute_policy_loss
 
-MODES = ["epic", "epic_raw_prob", "epic_cumulative", "grpo", "dapo", "gspo", "ctpo", "ripo",
-         "dppo_tv", "dppo_kl", "cispo"]
+MODES = [
+    "epic",
+    "epic_raw_prob",
+    "epic_cumulative",
+    "grpo",
+    "dapo",
+    "gspo",
+    "ctpo",
+    "ripo",
+    "dppo_tv",
+    "dppo_kl",
+    "cispo",
+]
 
 
 def make_batch(seed: int, noise: float, B: int = 6, T: int = 24, dtype=torch.float64, zero_adv_rows=True):
@@ -40,8 +51,9 @@ def _check(mode, lp, blp, adv, mask, params, aggregation=None, rtol=1e-10, atol=
     B, T = lp.shape
     adv_bt = adv[:, None].expand(B, T) if adv.dim() == 1 else adv
     as_list = lambda x: x.double().tolist()  # noqa: E731
-    ref_loss, ref_grad = loss_and_grad(mode, as_list(lp), as_list(blp), as_list(adv_bt), mask.tolist(),
-                                       full, aggregation)
+    ref_loss, ref_grad = loss_and_grad(
+        mode, as_list(lp), as_list(blp), as_list(adv_bt), mask.tolist(), full, aggregation
+    )
     assert math.isfinite(float(out.loss.detach()))
     assert float(out.loss.detach()) == pytest.approx(ref_loss, rel=rtol, abs=atol), (mode, aggregation)
     got = lp_leaf.grad.double()
@@ -72,25 +84,28 @@ def test_every_aggregation(mode, aggregation):
     _check(mode, lp, blp, adv, mask, {}, aggregation=aggregation)
 
 
-@pytest.mark.parametrize("mode,params", [
-    ("epic", {"delta_low": 1e-2, "delta_high": 3e-2}),
-    ("grpo", {"dual_clip": 3.0}),
-    ("dapo", {"dual_clip": 2.0, "clip_high": 0.5}),
-    ("ripo", {"dual_clip": 3.0, "delta_low": 0.2}),
-    ("ctpo", {"power": 1.0, "clip_cap": 0.02}),
-    ("cispo", {"clip_low": 0.1}),
-    ("dppo_tv", {"ratio_cap": 1.5}),
-    # asymmetric thresholds: a swap of clip_low and clip_high must show
-    ("grpo", {"clip_low": 0.1, "clip_high": 0.4}),
-    ("grpo", {"clip_low": 0.4, "clip_high": 0.1}),
-    ("gspo", {"clip_low": 0.05, "clip_high": 0.2}),
-    ("ctpo", {"clip_low": 0.01, "clip_high": 0.08, "clip_cap": 0.03}),
-    ("cispo", {"clip_low": 0.3, "clip_high": 0.1}),
-    ("dppo_tv", {"clip_low": 0.02, "clip_high": 0.3}),
-    ("dppo_tv", {"clip_low": 0.3, "clip_high": 0.02}),
-    ("dppo_kl", {"clip_low": 0.005, "clip_high": 0.2}),
-    ("dppo_kl", {"clip_low": 0.2, "clip_high": 0.005}),
-])
+@pytest.mark.parametrize(
+    "mode,params",
+    [
+        ("epic", {"delta_low": 1e-2, "delta_high": 3e-2}),
+        ("grpo", {"dual_clip": 3.0}),
+        ("dapo", {"dual_clip": 2.0, "clip_high": 0.5}),
+        ("ripo", {"dual_clip": 3.0, "delta_low": 0.2}),
+        ("ctpo", {"power": 1.0, "clip_cap": 0.02}),
+        ("cispo", {"clip_low": 0.1}),
+        ("dppo_tv", {"ratio_cap": 1.5}),
+        # asymmetric thresholds: a swap of clip_low and clip_high must show
+        ("grpo", {"clip_low": 0.1, "clip_high": 0.4}),
+        ("grpo", {"clip_low": 0.4, "clip_high": 0.1}),
+        ("gspo", {"clip_low": 0.05, "clip_high": 0.2}),
+        ("ctpo", {"clip_low": 0.01, "clip_high": 0.08, "clip_cap": 0.03}),
+        ("cispo", {"clip_low": 0.3, "clip_high": 0.1}),
+        ("dppo_tv", {"clip_low": 0.02, "clip_high": 0.3}),
+        ("dppo_tv", {"clip_low": 0.3, "clip_high": 0.02}),
+        ("dppo_kl", {"clip_low": 0.005, "clip_high": 0.2}),
+        ("dppo_kl", {"clip_low": 0.2, "clip_high": 0.005}),
+    ],
+)
 def test_non_default_parameters(mode, params):
     lp, blp, adv, mask = make_batch(seed=3, noise=0.5)
     _check(mode, lp, blp, adv, mask, params)
@@ -120,6 +135,7 @@ def test_epic_boundary_cases_are_all_exercised():
     out = _check("epic", lp, blp, adv_bt, mask, {})
     from epic_slime.losses.inputs import prepare_batch
     from epic_slime.losses.modes import epic
+
     terms = epic(prepare_batch(lp, blp, adv_bt, mask))
     pos, neg = adv_bt > 0, adv_bt < 0
     inside = ~(terms.clipped_upper | terms.clipped_lower)
@@ -145,8 +161,10 @@ def test_token_ratio_gradients_match_finite_differences(mode):
             plus, minus = lp.clone(), lp.clone()
             plus[b, t] += h
             minus[b, t] -= h
-            fd = (compute_policy_loss(mode, plus, blp, adv, mask).loss
-                  - compute_policy_loss(mode, minus, blp, adv, mask).loss) / (2 * h)
+            fd = (
+                compute_policy_loss(mode, plus, blp, adv, mask).loss
+                - compute_policy_loss(mode, minus, blp, adv, mask).loss
+            ) / (2 * h)
             assert float(lp_leaf.grad[b, t]) == pytest.approx(float(fd), rel=1e-5, abs=1e-9)
             checked += 1
     assert checked >= 10

@@ -18,11 +18,11 @@ def _batch(seed=0, rows=6, cols=17):
     lp = (blp + 0.4 * torch.randn(rows, cols, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
     adv = torch.randn(rows, 1, generator=g, dtype=torch.float64).expand(rows, cols).clone()
     mask = torch.ones(rows, cols, dtype=torch.bool)
-    mask[1, 9:] = False      # a shorter response
-    mask[2, :] = False       # an empty one (takes no part)
-    mask[3, 0] = False       # a hole before the first valid token
-    mask[4, 5] = False       # a hole inside
-    mask[5, 1:] = False      # one token
+    mask[1, 9:] = False  # a shorter response
+    mask[2, :] = False  # an empty one (takes no part)
+    mask[3, 0] = False  # a hole before the first valid token
+    mask[4, 5] = False  # a hole inside
+    mask[5, 1:] = False  # one token
     adv = adv * mask
     return lp, blp, adv, mask
 
@@ -34,7 +34,7 @@ def _reference_prefix(lp, blp, mask, percent):
         idx = np.flatnonzero(keep)
         if idx.size == 0:
             continue
-        k = max(math.ceil(percent / 100 * idx.size), 1)        # the k-th valid token
+        k = max(math.ceil(percent / 100 * idx.size), 1)  # the k-th valid token
         values.append(abs(np.cumsum(row)[idx[k - 1]]))
     return float(np.mean(values))
 
@@ -44,14 +44,18 @@ def test_prefix_log_ratio_at_positions_matches_reference(seed):
     lp, blp, adv, mask = _batch(seed)
     out = compute_policy_loss("epic", lp, blp, adv, mask)
     for p in (50, 90):
-        assert float(out.metrics[f"abs_L_p{p}_position"]) == pytest.approx(_reference_prefix(lp, blp, mask, p), rel=1e-12)
+        assert float(out.metrics[f"abs_L_p{p}_position"]) == pytest.approx(
+            _reference_prefix(lp, blp, mask, p), rel=1e-12
+        )
 
 
 def test_prefix_at_positions_grows_with_a_constant_drift():
     # log r = 0.1 on every token of a 40-token response: |L| = 0.1 * 20 at 50%, 0.1 * 36 at 90%
     blp = torch.full((1, 40), -1.0, dtype=torch.float64)
     lp = blp + 0.1
-    out = compute_policy_loss("grpo", lp, blp, torch.ones(1, 40, dtype=torch.float64), torch.ones(1, 40, dtype=torch.bool))
+    out = compute_policy_loss(
+        "grpo", lp, blp, torch.ones(1, 40, dtype=torch.float64), torch.ones(1, 40, dtype=torch.bool)
+    )
     assert float(out.metrics["abs_L_p50_position"]) == pytest.approx(2.0)
     assert float(out.metrics["abs_L_p90_position"]) == pytest.approx(3.6)
 
@@ -62,10 +66,10 @@ def _reference_removed(mode, lp, blp, adv, mask):
     m = mask.numpy()
     r = np.exp((lp - blp).numpy())
     a = adv.numpy()
-    if mode == "grpo":        # clip to [0.8, 1.2] by the sign of A: the gradient is gone outside
+    if mode == "grpo":  # clip to [0.8, 1.2] by the sign of A: the gradient is gone outside
         clipped = np.where(a >= 0, r >= 1.2, r <= 0.8)
         kept = np.where(clipped, 0.0, np.abs(a) * r)
-    else:                     # cispo: the weight is truncated at 1.28, the gradient kept
+    else:  # cispo: the weight is truncated at 1.28, the gradient kept
         kept = np.abs(a) * np.minimum(r, 1.28)
     unbounded = np.abs(a) * r
     return float(np.maximum(unbounded - kept, 0)[m].sum() / unbounded[m].sum())
@@ -85,8 +89,9 @@ def test_grad_removed_share_is_zero_on_policy_and_one_when_everything_is_clipped
     lp, blp, adv, mask = _batch(4)
     on_policy = compute_policy_loss("epic", blp, blp, adv, mask)
     assert float(on_policy.metrics["grad_removed_frac"]) == 0.0
-    far = compute_policy_loss("grpo", torch.full_like(blp, -1.0), torch.full_like(blp, -3.0), adv.abs() + mask,
-                              mask)   # r = e^2 > 1.2 with A > 0 on every valid token
+    far = compute_policy_loss(
+        "grpo", torch.full_like(blp, -1.0), torch.full_like(blp, -3.0), adv.abs() + mask, mask
+    )  # r = e^2 > 1.2 with A > 0 on every valid token
     assert float(far.metrics["grad_removed_frac"]) == pytest.approx(1.0)
 
 

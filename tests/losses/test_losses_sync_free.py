@@ -61,8 +61,12 @@ def test_the_meta_check_fails_on_a_sync(accelerator_branches):
     with pytest.raises((RuntimeError, NotImplementedError)):
         compute_policy_loss("grpo", lp, blp, adv, mask, compute_metrics=True, validate=True)
     x = torch.zeros(8, device="meta")
-    for op in (lambda: int(x.sum()), lambda: torch.bincount(x.long(), minlength=21), lambda: torch.nonzero(x),
-               lambda: bool(x.max() > 0)):
+    for op in (
+        lambda: int(x.sum()),
+        lambda: torch.bincount(x.long(), minlength=21),
+        lambda: torch.nonzero(x),
+        lambda: bool(x.max() > 0),
+    ):
         with pytest.raises((RuntimeError, NotImplementedError)):
             op()
 
@@ -82,6 +86,7 @@ def test_accelerator_branches_give_the_cpu_metrics(mode, monkeypatch):
 # ------------------------------------------------------------------------------------------------
 # The radix select against numpy
 # ------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("host", [True, False])
@@ -104,7 +109,12 @@ def test_kth_smallest_is_exact(dtype, host, monkeypatch):
             got = kth_smallest(values, torch.tensor(k))
             assert got.dtype == dtype
             want = ordered[k - 1]
-            assert float(got) == float(want), (values[:5], k, float(got), float(want))  # -0.0 == 0.0: numpy keeps ties' order
+            assert float(got) == float(want), (
+                values[:5],
+                k,
+                float(got),
+                float(want),
+            )  # -0.0 == 0.0: numpy keeps ties' order
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -120,8 +130,12 @@ def test_kth_smallest_host_bracket_and_its_fallback(dtype, monkeypatch):
     monkeypatch.setattr(np, "partition", lambda a, kth, **kw: (sizes.append(a.size), real_partition(a, kth, **kw))[1])
     g = torch.Generator().manual_seed(11)
     n = 40_000
-    ordinary = torch.cat([torch.zeros(n // 3, dtype=torch.float64),  # masked tokens: many ties at 0
-                          torch.exp(0.05 * torch.randn(n - n // 3, generator=g, dtype=torch.float64))])
+    ordinary = torch.cat(
+        [
+            torch.zeros(n // 3, dtype=torch.float64),  # masked tokens: many ties at 0
+            torch.exp(0.05 * torch.randn(n - n // 3, generator=g, dtype=torch.float64)),
+        ]
+    )
     ordinary = ordinary[torch.randperm(n, generator=g)]
     spiky = torch.ones(n, dtype=torch.float64)
     spiky[::64] = 1e6  # every sampled element is a spike, no other element is
@@ -166,7 +180,7 @@ def test_position_bins_are_exact_for_long_responses():
     lengths = [16380, 16383, 9990, 7, 1001]
     mask = torch.zeros(len(lengths), T, dtype=torch.bool)
     for b, n in enumerate(lengths):
-        mask[b, T - n:] = True  # left padding: valid tokens start late
+        mask[b, T - n :] = True  # left padding: valid tokens start late
     mask[4, T - 600] = False  # a hole
     g = torch.Generator().manual_seed(9)
     lp = -torch.rand(len(lengths), T, generator=g) - 0.01

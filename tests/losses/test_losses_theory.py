@@ -94,7 +94,7 @@ def test_prefix_ratio_performance_difference_identity(seed):
     adv = torch.zeros_like(batch.log_prefix_ratio)
     for i, seq in enumerate(seqs):
         for t in range(len(seq)):
-            adv[i, t] = advantage(seq[:t + 1])
+            adv[i, t] = advantage(seq[: t + 1])
     per_seq = (torch.exp(batch.log_prefix_ratio) * adv * mask).sum(-1)
     lhs = float((weights * per_seq).sum())
     assert float(weights.sum()) == pytest.approx(1.0, abs=1e-13)

@@ -52,8 +52,10 @@ NAN = float("nan")
 # Batches and the reference check
 # ------------------------------------------------------------------------------------------------
 
-def make_batch(seed: int, noise: float, B: int = 5, T: int = 16, dtype=torch.float64, vocab: int = 8,
-               k: int = 3, noise_rows=None):
+
+def make_batch(
+    seed: int, noise: float, B: int = 5, T: int = 16, dtype=torch.float64, vocab: int = 8, k: int = 3, noise_rows=None
+):
     """Full softmax policies over a small vocabulary: mu = softmax(behaviour logits), pi = mu's
     logits + noise; tokens sampled from mu; variable lengths (row 0 full, one row of length 1);
     NaN garbage on padding, Top-K inputs included. ``noise_rows`` scales the noise per row."""
@@ -72,14 +74,21 @@ def make_batch(seed: int, noise: float, B: int = 5, T: int = 16, dtype=torch.flo
     adv = torch.randn(B, generator=g, dtype=torch.float64)
     lp = torch.where(mask, lp, NAN)
     behavior_topk = torch.where(mask[..., None], topk.behavior_topk_log_probs, NAN)
-    return (lp.to(dtype), blp.to(dtype), adv.to(dtype), mask,
-            TopKInputs(behavior_topk.to(dtype), topk.current_topk_log_probs.to(dtype), topk.topk_mask))
+    return (
+        lp.to(dtype),
+        blp.to(dtype),
+        adv.to(dtype),
+        mask,
+        TopKInputs(behavior_topk.to(dtype), topk.current_topk_log_probs.to(dtype), topk.topk_mask),
+    )
 
 
 def _extras(topk: TopKInputs) -> dict:
-    return {"behavior_topk": topk.behavior_topk_log_probs.double().tolist(),
-            "current_topk": topk.current_topk_log_probs.double().tolist(),
-            "topk_mask": topk.topk_mask.tolist()}
+    return {
+        "behavior_topk": topk.behavior_topk_log_probs.double().tolist(),
+        "current_topk": topk.current_topk_log_probs.double().tolist(),
+        "topk_mask": topk.topk_mask.tolist(),
+    }
 
 
 def check(mode, lp, blp, adv, mask, topk, params, aggregation=None, rtol=1e-10, atol=1e-12):
@@ -92,8 +101,9 @@ def check(mode, lp, blp, adv, mask, topk, params, aggregation=None, rtol=1e-10, 
     B, T = lp.shape
     adv_bt = adv[:, None].expand(B, T) if adv.dim() == 1 else adv
     as_list = lambda x: x.double().tolist()  # noqa: E731
-    ref_loss, ref_grad = loss_and_grad(mode, as_list(lp), as_list(blp), as_list(adv_bt), mask.tolist(), full,
-                                       aggregation, _extras(topk))
+    ref_loss, ref_grad = loss_and_grad(
+        mode, as_list(lp), as_list(blp), as_list(adv_bt), mask.tolist(), full, aggregation, _extras(topk)
+    )
     assert float(out.loss.detach()) == pytest.approx(ref_loss, rel=rtol, abs=atol), (mode, params, aggregation)
     torch.testing.assert_close(lp_leaf.grad.double(), torch.tensor(ref_grad, dtype=torch.float64), rtol=rtol, atol=atol)
     return out
@@ -105,10 +115,18 @@ def terms_of(fn, lp, blp, adv, mask, topk, **params):
     return batch, fn(batch, **params), adv_bt
 
 
-CASES = [("cppo", {}), ("cppo", {"delta": 0.15, "weight_min": 0.5, "budget_delta": 0.05}),
-         ("bandpo", {}), ("bandpo", {"generator": "tv"}), ("bandpo", {"generator": "chi2", "delta": 0.2}),
-         ("acpo", {}), ("acpo", {"eps_base": 0.1, "alpha": 0.3, "eps_min": 0.1, "eps_max": 0.3}),
-         ("dppo_topk_tv", {}), ("dppo_topk_kl", {}), ("dppo_topk_kl", {"clip_low": 0.2, "ratio_cap": 1.5})]
+CASES = [
+    ("cppo", {}),
+    ("cppo", {"delta": 0.15, "weight_min": 0.5, "budget_delta": 0.05}),
+    ("bandpo", {}),
+    ("bandpo", {"generator": "tv"}),
+    ("bandpo", {"generator": "chi2", "delta": 0.2}),
+    ("acpo", {}),
+    ("acpo", {"eps_base": 0.1, "alpha": 0.3, "eps_min": 0.1, "eps_max": 0.3}),
+    ("dppo_topk_tv", {}),
+    ("dppo_topk_kl", {}),
+    ("dppo_topk_kl", {"clip_low": 0.2, "ratio_cap": 1.5}),
+]
 
 
 @pytest.mark.parametrize("mode,params", CASES)
@@ -143,6 +161,7 @@ def test_per_token_advantages():
 # Every keep / mask branch occurs (so that agreement with the reference means something)
 # ------------------------------------------------------------------------------------------------
 
+
 def _signs(B, T):
     adv = torch.ones(B, T, dtype=torch.float64)
     adv[:, 1::2] = -1.0
@@ -160,8 +179,8 @@ def test_cppo_branches():
     lam = batch.log_ratio
     away = ((adv > 0) & (lam > 0)) | ((adv < 0) & (lam < 0))
     masked = (terms.clipped_upper | terms.clipped_lower) & valid
-    assert (valid & ~away & ~masked).any()          # kept: moves back toward mu
-    assert (valid & away & ~masked).any()           # kept: moves away, within the threshold
+    assert (valid & ~away & ~masked).any()  # kept: moves back toward mu
+    assert (valid & away & ~masked).any()  # kept: moves away, within the threshold
     assert (terms.clipped_upper & valid).any() and (terms.clipped_lower & valid).any()
     assert not (masked & ~away).any()
     # "Loss on kept tokens": masked tokens carry neither value nor gradient; kept ones A r.
@@ -263,7 +282,7 @@ def test_dppo_topk_branches(fn, mode):
     divergence = (topk_total_variation if mode.endswith("tv") else topk_kl)(batch)
     threshold = LOSS_MODES[mode].defaults["clip_high"]
     assert (valid & ~masked & (divergence <= threshold)).any()  # kept: small divergence
-    assert (valid & ~masked & (divergence > threshold)).any()   # kept despite a large one
+    assert (valid & ~masked & (divergence > threshold)).any()  # kept despite a large one
     assert not (terms.clipped_upper & ~up).any()
     name = f"topk_{mode[-2:]}_mean"
     assert float(terms.extra_metrics[name]) == pytest.approx(float(divergence[valid].mean()), rel=1e-12)
@@ -273,6 +292,7 @@ def test_dppo_topk_branches(fn, mode):
 # ------------------------------------------------------------------------------------------------
 # BandPO's bounds: closed forms against a scan, the KL band against mpmath
 # ------------------------------------------------------------------------------------------------
+
 
 def _two_point_divergence(generator, q, r):
     u = (1.0 - r * q) / (1.0 - q)
@@ -324,14 +344,18 @@ def test_bandpo_kl_band_against_mpmath():
     mp.mp.dps = 40
     g = torch.Generator().manual_seed(0)
     n = 300
-    log_q = torch.cat([-torch.rand(n // 2, generator=g, dtype=torch.float64) * 46,
-                       -torch.exp(-torch.rand(n // 2, generator=g, dtype=torch.float64) * 27.6)])
+    log_q = torch.cat(
+        [
+            -torch.rand(n // 2, generator=g, dtype=torch.float64) * 46,
+            -torch.exp(-torch.rand(n // 2, generator=g, dtype=torch.float64) * 27.6),
+        ]
+    )
     deltas = torch.exp(torch.rand(n, generator=g, dtype=torch.float64) * 21.0 - 18.4)
     worst = {"float64": 0.0, "float32": 0.0, "float32_log": 0.0, "half_width": 0.0}
     for dtype, name in ((torch.float64, "float64"), (torch.float32, "float32")):
         lq = log_q.to(dtype)
         for i in range(n):  # delta is a scalar parameter: one call per point (vectorisation: next test)
-            lo, hi = bandpo_log_bounds(lq[i:i + 1], float(deltas[i]), "kl", ratio_cap=1e300)
+            lo, hi = bandpo_log_bounds(lq[i : i + 1], float(deltas[i]), "kl", ratio_cap=1e300)
             ref_lo, ref_hi = _mp_band(float(lq[i]), float(deltas[i]))
             for got_log, ref in ((lo, ref_lo), (hi, ref_hi)):
                 got_log = mp.mpf(float(got_log))
@@ -357,7 +381,7 @@ def test_bandpo_kl_band_is_vectorised_and_handles_the_limits():
     log_q = -torch.rand(3000, generator=g, dtype=torch.float64) * 30
     lo, hi = bandpo_log_bounds(log_q, 0.05, "kl", ratio_cap=1e300)
     for i in range(0, 3000, 300):  # the same numbers as one element at a time
-        one_lo, one_hi = bandpo_log_bounds(log_q[i:i + 1], 0.05, "kl", ratio_cap=1e300)
+        one_lo, one_hi = bandpo_log_bounds(log_q[i : i + 1], 0.05, "kl", ratio_cap=1e300)
         assert float(one_lo) == float(lo[i]) and float(one_hi) == float(hi[i])
     # q -> 1: [e^{-delta}, 1]; q -> 0: [0, 1/q] (before the cap); q = 1 and q = 0 exactly stay finite.
     edge = torch.tensor([0.0, -1e-15, -60.0, -800.0, -math.inf], dtype=torch.float64)
@@ -375,6 +399,7 @@ def test_bandpo_kl_band_is_vectorised_and_handles_the_limits():
 # ------------------------------------------------------------------------------------------------
 # Top-K divergences against direct computation on full distributions
 # ------------------------------------------------------------------------------------------------
+
 
 def _full_batch(seed, vocab, B=3, T=5, noise=0.7):
     g = torch.Generator().manual_seed(seed)
@@ -418,8 +443,9 @@ def test_topk_divergences_against_direct_computation(k):
 def test_topk_with_only_the_sampled_token_is_the_binary_rule(topk_mode, binary_mode):
     """A set holding only the sampled token makes the Top-K divergence the binary one."""
     lp, blp, adv, mask, _ = make_batch(seed=9, noise=1.0, B=4, T=20)
-    only_sampled = TopKInputs(blp.unsqueeze(-1), torch.where(mask, lp, 0.0).unsqueeze(-1),
-                              torch.ones(*lp.shape, 1, dtype=torch.bool))
+    only_sampled = TopKInputs(
+        blp.unsqueeze(-1), torch.where(mask, lp, 0.0).unsqueeze(-1), torch.ones(*lp.shape, 1, dtype=torch.bool)
+    )
     got = compute_policy_loss(topk_mode, lp, blp, adv, mask, **only_sampled.loss_kwargs())
     want = compute_policy_loss(binary_mode, lp, blp, adv, mask)
     assert torch.equal(got.clipped, want.clipped) and got.clipped.any()
@@ -429,6 +455,7 @@ def test_topk_with_only_the_sampled_token_is_the_binary_rule(topk_mode, binary_m
 # ------------------------------------------------------------------------------------------------
 # Top-K inputs: building, gradients, errors
 # ------------------------------------------------------------------------------------------------
+
 
 def test_append_sampled_token_masks_duplicates_and_absent_ids():
     topk_ids = torch.tensor([[[4, 2, 7], [1, 0, -1]]])
@@ -461,8 +488,11 @@ def test_current_topk_log_probs_never_carry_the_gradient():
 @pytest.mark.parametrize("mode", TOPK_MODES)
 def test_topk_mode_without_its_inputs_says_what_to_pass(mode):
     lp, blp, adv, mask, _ = make_batch(seed=0, noise=0.1)
-    with pytest.raises(PolicyLossInputError, match=rf"mode '{mode}' needs .* behavior_topk_log_probs=\[B, T, K\] "
-                                                   r".*current_topk_log_probs=\[B, T, K\].*topk_inputs_from_logits"):
+    with pytest.raises(
+        PolicyLossInputError,
+        match=rf"mode '{mode}' needs .* behavior_topk_log_probs=\[B, T, K\] "
+        r".*current_topk_log_probs=\[B, T, K\].*topk_inputs_from_logits",
+    ):
         compute_policy_loss(mode, lp, blp, adv, mask)
 
 
@@ -474,7 +504,9 @@ def test_topk_input_errors_name_the_field():
         call(behavior_topk_log_probs=behavior)
     with pytest.raises(PolicyLossInputError, match="behavior_topk_log_probs is missing"):
         call(current_topk_log_probs=current, topk_mask=used)
-    with pytest.raises(PolicyLossInputError, match=r"behavior_topk_log_probs must be \[B, T, K\] with \[B, T\] = \(3, 6\)"):
+    with pytest.raises(
+        PolicyLossInputError, match=r"behavior_topk_log_probs must be \[B, T, K\] with \[B, T\] = \(3, 6\)"
+    ):
         call(behavior_topk_log_probs=behavior[:, :5], current_topk_log_probs=current[:, :5])
     with pytest.raises(PolicyLossInputError, match="current_topk_log_probs shape"):
         call(behavior_topk_log_probs=behavior, current_topk_log_probs=current[..., :2])
@@ -493,7 +525,9 @@ def test_topk_input_errors_name_the_field():
     # A duplicate id counted twice: the set's probabilities sum beyond 1.
     dup = behavior.clone()
     dup[2, 0, 1] = dup[2, 0, 0] = math.log(0.6)
-    with pytest.raises(PolicyLossInputError, match=r"behavior_topk_log_probs has probabilities summing beyond 1.*\(2, 0\)"):
+    with pytest.raises(
+        PolicyLossInputError, match=r"behavior_topk_log_probs has probabilities summing beyond 1.*\(2, 0\)"
+    ):
         call(behavior_topk_log_probs=dup, current_topk_log_probs=current, topk_mask=used)
     # The sampled token dropped from the set.
     missing = used.clone()
@@ -506,8 +540,15 @@ def test_topk_input_errors_name_the_field():
     other = [k for k in range(behavior.shape[-1]) if used[0, 3, k] and abs(float(behavior[0, 3, k] - blp[0, 3])) > 0.1]
     zero_b[0, 3, other[0]], zero_c[0, 3, other[-1]] = -math.inf, -math.inf
     out = call(behavior_topk_log_probs=zero_b, current_topk_log_probs=zero_c, topk_mask=used)
-    batch = prepare_batch(lp, blp, adv[:, None].expand_as(lp), mask, behavior_topk_log_probs=zero_b,
-                          current_topk_log_probs=zero_c, topk_mask=used)
+    batch = prepare_batch(
+        lp,
+        blp,
+        adv[:, None].expand_as(lp),
+        mask,
+        behavior_topk_log_probs=zero_b,
+        current_topk_log_probs=zero_c,
+        topk_mask=used,
+    )
     kl = topk_kl(batch)
     assert torch.isfinite(out.loss) and torch.isfinite(topk_total_variation(batch)[mask]).all()
     assert math.isinf(float(kl[0, 3])) and torch.isfinite(kl[mask & (torch.arange(6) != 3)]).all()
@@ -523,6 +564,7 @@ def test_topk_input_errors_name_the_field():
 # The generic properties of tests/losses/test_losses_inputs.py and test_losses_metrics.py, for Top-K modes
 # ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", TOPK_MODES)
 def test_topk_garbage_on_masked_tokens_all_masked_rows_and_metric_names(mode):
     lp, blp, adv, mask, topk = make_batch(seed=6, noise=0.8, B=4, T=12, dtype=torch.float32)
@@ -535,15 +577,30 @@ def test_topk_garbage_on_masked_tokens_all_masked_rows_and_metric_names(mode):
     behavior = topk.behavior_topk_log_probs.clone()
     behavior[:, 9:] = NAN
     lp2.requires_grad_(True)
-    out = compute_policy_loss(mode, lp2, blp2, adv, mask, behavior_topk_log_probs=behavior,
-                              current_topk_log_probs=topk.current_topk_log_probs, topk_mask=topk.topk_mask)
+    out = compute_policy_loss(
+        mode,
+        lp2,
+        blp2,
+        adv,
+        mask,
+        behavior_topk_log_probs=behavior,
+        current_topk_log_probs=topk.current_topk_log_probs,
+        topk_mask=topk.topk_mask,
+    )
     out.loss.backward()
     assert float(out.loss.detach()) == pytest.approx(float(reference.loss), rel=1e-6, abs=1e-7)
     assert torch.isfinite(lp2.grad).all() and (lp2.grad[:, 9:] == 0).all() and (lp2.grad[1] == 0).all()
     keep = [0, 2, 3]
-    only = compute_policy_loss(mode, lp[keep], blp[keep], adv[keep], mask[keep],
-                               **TopKInputs(*(x[keep] for x in (topk.behavior_topk_log_probs,
-                                                                  topk.current_topk_log_probs, topk.topk_mask))).loss_kwargs())
+    only = compute_policy_loss(
+        mode,
+        lp[keep],
+        blp[keep],
+        adv[keep],
+        mask[keep],
+        **TopKInputs(
+            *(x[keep] for x in (topk.behavior_topk_log_probs, topk.current_topk_log_probs, topk.topk_mask))
+        ).loss_kwargs(),
+    )
     assert float(out.loss.detach()) == pytest.approx(float(only.loss), rel=1e-6, abs=1e-7)
     assert float(out.metrics["empty_responses"]) == 1.0
     assert all(math.isfinite(float(v)) for v in out.metrics.values())
@@ -556,8 +613,15 @@ def test_topk_garbage_on_masked_tokens_all_masked_rows_and_metric_names(mode):
 def test_topk_empty_batch_gives_zero_loss(mode, shape):
     lp = torch.zeros(shape, requires_grad=True)
     topk = torch.zeros(*shape, 2)
-    out = compute_policy_loss(mode, lp, torch.zeros(shape), torch.zeros(shape[0]), torch.zeros(shape, dtype=torch.bool),
-                              behavior_topk_log_probs=topk, current_topk_log_probs=topk)
+    out = compute_policy_loss(
+        mode,
+        lp,
+        torch.zeros(shape),
+        torch.zeros(shape[0]),
+        torch.zeros(shape, dtype=torch.bool),
+        behavior_topk_log_probs=topk,
+        current_topk_log_probs=topk,
+    )
     out.loss.backward()
     assert float(out.loss.detach()) == 0.0 and float(out.metrics["valid_tokens"]) == 0.0
 
@@ -575,8 +639,15 @@ def test_topk_huge_ratios_stay_finite(mode, dtype):
     set_current = torch.stack([lp, torch.full_like(lp, -5.0)], -1)
     adv = torch.tensor([1e6, -1e6, -1e6, 1e6], dtype=dtype)
     lp.requires_grad_(True)
-    out = compute_policy_loss(mode, lp, blp, adv, torch.ones(B, T, dtype=torch.bool),
-                              behavior_topk_log_probs=set_behavior, current_topk_log_probs=set_current)
+    out = compute_policy_loss(
+        mode,
+        lp,
+        blp,
+        adv,
+        torch.ones(B, T, dtype=torch.bool),
+        behavior_topk_log_probs=set_behavior,
+        current_topk_log_probs=set_current,
+    )
     out.loss.backward()
     assert torch.isfinite(out.loss.detach()) and torch.isfinite(lp.grad).all()
     assert not any(math.isnan(float(v)) for v in out.metrics.values())
@@ -597,6 +668,7 @@ def test_synthetic_topk_inputs_for_benchmarks():
 # Gradients, flags
 # ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("generator", ["kl", "tv", "chi2"])
 def test_bandpo_gradient_matches_finite_differences(generator):
     """BandPO's bounds depend on mu only: the straight-through gradient is the true derivative."""
@@ -609,8 +681,10 @@ def test_bandpo_gradient_matches_finite_differences(generator):
         plus, minus = lp.clone(), lp.clone()
         plus[b, t] += h
         minus[b, t] -= h
-        fd = (compute_policy_loss("bandpo", plus, blp, adv, mask, generator=generator).loss
-              - compute_policy_loss("bandpo", minus, blp, adv, mask, generator=generator).loss) / (2 * h)
+        fd = (
+            compute_policy_loss("bandpo", plus, blp, adv, mask, generator=generator).loss
+            - compute_policy_loss("bandpo", minus, blp, adv, mask, generator=generator).loss
+        ) / (2 * h)
         assert float(leaf.grad[b, t]) == pytest.approx(float(fd), rel=1e-5, abs=1e-9)
 
 
@@ -623,11 +697,19 @@ def test_flags_for_the_new_modes():
     assert _parse_value("kl") == "kl" and _parse_value("chi2") == "chi2" and _parse_value("0.05") == 0.05
     assert _parse(["--policy-loss", "bandpo"]) == ("bandpo", {}, "seq-mean-token-mean")
     assert _parse(["--policy-loss", "bandpo", "--bandpo-generator", "tv", "--bandpo-delta", "0.1"]) == (
-        "bandpo", {"generator": "tv", "delta": 0.1}, "seq-mean-token-mean")
+        "bandpo",
+        {"generator": "tv", "delta": 0.1},
+        "seq-mean-token-mean",
+    )
     assert _parse(["--policy-loss", "cppo", "--cppo-delta", "0.15", "--cppo-weight-min", "1"]) == (
-        "cppo", {"delta": 0.15, "weight_min": 1}, "seq-mean-token-mean")
+        "cppo",
+        {"delta": 0.15, "weight_min": 1},
+        "seq-mean-token-mean",
+    )
     assert _parse(["--policy-loss", "acpo", "--acpo-eps-max", "0.4", "--acpo-alpha", "0"])[1] == {
-        "eps_max": 0.4, "alpha": 0}
+        "eps_max": 0.4,
+        "alpha": 0,
+    }
     assert _parse(["--policy-loss", "dppo_topk_kl", "--dppo-topk-kl-clip-high", "0.1"])[1] == {"clip_high": 0.1}
     with pytest.raises(PolicyLossInputError, match=r"generator='js' must be one of \('kl', 'tv', 'chi2'\)"):
         _parse(["--policy-loss", "bandpo", "--bandpo-generator", "js"])
@@ -652,7 +734,9 @@ def test_topk_inputs_around_given_log_probs():
     mass = topk.behavior_topk_log_probs.exp().sum(-1)
     torch.testing.assert_close(mass, blp.exp() + 0.9 * (1 - blp.exp()))
     for mode in TOPK_MODES:
-        out = compute_policy_loss(mode, lp, blp, torch.randn(4), torch.ones(4, 30, dtype=torch.bool), **topk.loss_kwargs())
+        out = compute_policy_loss(
+            mode, lp, blp, torch.randn(4), torch.ones(4, 30, dtype=torch.bool), **topk.loss_kwargs()
+        )
         assert torch.isfinite(out.loss)
 
 
@@ -670,8 +754,16 @@ def test_recorded_topk_gives_the_same_inputs_as_full_logits():
     current = gather_log_probs(logits, ids, mask)
     lp = gather_log_probs(logits, sampled[..., None]).squeeze(-1)
     adv, valid = torch.tensor([1.0, -1.0, 0.3], dtype=torch.float64), torch.ones(3, 7, dtype=torch.bool)
-    a = compute_policy_loss("dppo_topk_kl", lp, blp, adv, valid, behavior_topk_log_probs=behavior,
-                            current_topk_log_probs=current, topk_mask=mask)
+    a = compute_policy_loss(
+        "dppo_topk_kl",
+        lp,
+        blp,
+        adv,
+        valid,
+        behavior_topk_log_probs=behavior,
+        current_topk_log_probs=current,
+        topk_mask=mask,
+    )
     b = compute_policy_loss("dppo_topk_kl", lp, blp, adv, valid, **direct.loss_kwargs())
     assert float(a.loss) == pytest.approx(float(b.loss), rel=1e-12)
 
@@ -684,12 +776,20 @@ def test_bfloat16_inputs_are_accepted_and_close_to_float32(mode):
     kwargs = topk.loss_kwargs()
     if mode in TOPK_MODES:  # keep the sampled column consistent with the rounded log mu
         kwargs["behavior_topk_log_probs"] = torch.where(
-            (kwargs["behavior_topk_log_probs"] - blp[..., None]).abs() < 1e-6, blp16.float()[..., None],
-            kwargs["behavior_topk_log_probs"])
+            (kwargs["behavior_topk_log_probs"] - blp[..., None]).abs() < 1e-6,
+            blp16.float()[..., None],
+            kwargs["behavior_topk_log_probs"],
+        )
     out32 = compute_policy_loss(mode, lp, blp16.float(), adv, mask, **kwargs)
     lp16 = lp.to(torch.bfloat16).requires_grad_(True)
-    out16 = compute_policy_loss(mode, lp16, blp16, adv.to(torch.bfloat16), mask,
-                                **{k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in kwargs.items()})
+    out16 = compute_policy_loss(
+        mode,
+        lp16,
+        blp16,
+        adv.to(torch.bfloat16),
+        mask,
+        **{k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in kwargs.items()},
+    )
     out16.loss.backward()
     assert out16.loss.dtype == torch.float32 and torch.isfinite(lp16.grad.float()).all()
     assert float(out16.loss.detach()) == pytest.approx(float(out32.loss), rel=0.05, abs=2e-3)

@@ -88,22 +88,26 @@ def mutate(text: str, m: dict) -> tuple[str | None, str]:
     start = -1
     for _ in range(n):
         start = text.index(original, start + 1)
-    return text[:start] + m["replacement"] + text[start + len(original):], ""
+    return text[:start] + m["replacement"] + text[start + len(original) :], ""
 
 
 def copy_tree(dest: Path) -> Path:
     """The working tree's tracked + untracked-not-ignored files, as they are now, under dest/repo."""
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                         check=True, capture_output=True).stdout.decode()
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
     root = dest / "repo"
     for rel in filter(None, out.split("\0")):
         src = REPO / rel
-        if not src.is_file():   # deleted in the working tree, or a submodule
+        if not src.is_file():  # deleted in the working tree, or a submodule
             continue
         target = root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)
-    shared = REPO.parent / "shared"   # tests look for ../shared (data, vendored slime); keep the layout
+    shared = REPO.parent / "shared"  # tests look for ../shared (data, vendored slime); keep the layout
     if shared.exists():
         (dest / "shared").symlink_to(shared)
     return root
@@ -112,14 +116,15 @@ def copy_tree(dest: Path) -> Path:
 def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[int, float, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
-    env["PYTHONDONTWRITEBYTECODE"] = "1"   # no stale .pyc: a same-size edit within a second would be missed
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # no stale .pyc: a same-size edit within a second would be missed
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *tests]
     start = time.monotonic()
     # its own process group, so that a timeout ends pytest and everything it started (Ray, servers):
     # subprocess.run's timeout kills pytest only, and its children would run on beside the next mutants
-    p = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = p.communicate(timeout=timeout)
         rc, tail = p.returncode, out.strip().splitlines()
@@ -127,7 +132,7 @@ def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[int, float,
         _kill_group(p)
         rc, tail = -1, [f"timed out after {timeout:.0f}s (the mutant's whole test run)"]
     finally:
-        _kill_group(p)      # whatever the tests left running
+        _kill_group(p)  # whatever the tests left running
     return rc, time.monotonic() - start, tail[-1] if tail else ""
 
 
@@ -138,7 +143,7 @@ def _kill_group(p: subprocess.Popen) -> None:
         pass
     try:
         p.communicate(timeout=10)
-    except subprocess.TimeoutExpired:   # a child that left the group still holds the pipe: stop reading
+    except subprocess.TimeoutExpired:  # a child that left the group still holds the pipe: stop reading
         for stream in (p.stdout, p.stderr):
             if stream is not None:
                 stream.close()
@@ -148,8 +153,14 @@ def _kill_group(p: subprocess.Popen) -> None:
 def check_imports_from(root: Path) -> None:
     """The copy's package must be the one imported (not an installed or editable checkout)."""
     env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
-    got = subprocess.run([sys.executable, "-c", "import epic_slime; print(epic_slime.__file__)"], cwd=root, env=env,
-                         capture_output=True, text=True, check=True).stdout.strip()
+    got = subprocess.run(
+        [sys.executable, "-c", "import epic_slime; print(epic_slime.__file__)"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     if not Path(got).resolve().is_relative_to(root.resolve()):
         raise SystemExit(f"the temporary copy imports epic_slime from {got}, not from {root}: mutants would not apply")
 
@@ -172,10 +183,10 @@ def check_one(root: Path, m: dict, timeout: float) -> dict:
         path.write_text(text)
     if rc == 0:
         result = "survived"
-    elif rc in (1, 2):      # a failing test, or an import / collection error the mutant caused
+    elif rc in (1, 2):  # a failing test, or an import / collection error the mutant caused
         result = "killed"
     elif rc == -1:
-        result = "killed"   # a hang is a failure a user meets too
+        result = "killed"  # a hang is a failure a user meets too
     else:
         result = "error"
     return {"result": result, "why": last, "seconds": seconds}
@@ -241,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     equivalent = [m["id"] for m in mutants if m.get("equivalent")]
     total = len(killed) + len(survived)
     print()
-    print(f"kill rate: {len(killed)} of {total} ({100 * len(killed) / max(total, 1):.0f}%) in "
-          f"{time.monotonic() - started:.0f}s; equivalent (not counted): {len(equivalent)}")
+    print(
+        f"kill rate: {len(killed)} of {total} ({100 * len(killed) / max(total, 1):.0f}%) in "
+        f"{time.monotonic() - started:.0f}s; equivalent (not counted): {len(equivalent)}"
+    )
     for name, ids in (("survived", survived), ("not applicable (stale list)", stale), ("error", errors)):
         if ids:
             print(f"{name}: {', '.join(ids)}")

@@ -22,16 +22,23 @@ DEVIATIONS = {
     "grpo_r3.yaml": {"clip_high": 0.28},
 }
 # Flags a method file may set besides the loss's own: slime / project flags the method needs.
-METHOD_EXTRA_FLAGS = {"--use-routing-replay", "--use-rollout-routing-replay", "--policy-loss-topk",
-                      "--custom-generate-function-path"}
+METHOD_EXTRA_FLAGS = {
+    "--use-routing-replay",
+    "--use-rollout-routing-replay",
+    "--policy-loss-topk",
+    "--custom-generate-function-path",
+}
 
 
 def method_file_problems(path: Path, deviations: dict[str, object]) -> list[str]:
     """What in one configs/methods file differs from the registry, read the way the launchers read it
     (YAML -> command line -> the loss flags' parser)."""
     data = yaml.safe_load(path.read_text())
-    problems = [f"top-level keys {sorted(data)}, expected ['description', 'flags']"] if sorted(data) != [
-        "description", "flags"] else []
+    problems = (
+        [f"top-level keys {sorted(data)}, expected ['description', 'flags']"]
+        if sorted(data) != ["description", "flags"]
+        else []
+    )
     parser = add_policy_loss_arguments(argparse.ArgumentParser())
     args, rest = parser.parse_known_args(config_argv([path]))
     problems += [f"unexpected flag {flag}" for flag in rest if flag.startswith("--") and flag not in METHOD_EXTRA_FLAGS]
@@ -45,8 +52,11 @@ def method_file_problems(path: Path, deviations: dict[str, object]) -> list[str]
     for param, value in resolve_params(mode, params).items():
         if value != expected[param] or type(value) is not type(expected[param]):
             problems.append(f"{param} = {value!r}, expected {expected[param]!r}")
-    problems += [f"listed deviation {param} = {value!r} is the registry default (remove it from DEVIATIONS)"
-                 for param, value in deviations.items() if spec.defaults[param] == value]
+    problems += [
+        f"listed deviation {param} = {value!r} is the registry default (remove it from DEVIATIONS)"
+        for param, value in deviations.items()
+        if spec.defaults[param] == value
+    ]
     return problems
 
 

@@ -125,8 +125,9 @@ def test_losses_doc_has_every_registry_mode_with_its_defaults():
         body = sections[mode]
         defaults_line = re.search(r"^Defaults: (.*?)(?:\n\n|\Z)", body, flags=re.M | re.S)
         assert defaults_line, f"docs/losses.md: `{mode}` has no 'Defaults:' line"
-        documented = {name: ast.literal_eval(value)
-                      for name, value in re.findall(r"`(\w+)=([^`]+)`", defaults_line.group(1))}
+        documented = {
+            name: ast.literal_eval(value) for name, value in re.findall(r"`(\w+)=([^`]+)`", defaults_line.group(1))
+        }
         assert documented == spec.defaults, (mode, documented, spec.defaults)
         (aggregation,) = re.findall(r"aggregation\s+`([^`]+)`", defaults_line.group(1))
         assert aggregation == spec.aggregation, (mode, aggregation, spec.aggregation)
@@ -155,8 +156,10 @@ def test_losses_summary_table_lists_every_mode():
 
 def test_the_suite_size_and_time_are_one_figure_in_readme_and_testing_md():
     """The first-hour trial found 1319 tests in 16 min in the README and 1081 in 11.5 in testing.md."""
-    pattern = (r"The suite holds (\d+) tests \(`python -m pytest --collect-only -q`, (\d{4}-\d\d-\d\d).*?"
-               r"last timed run, (\d+) tests on (\d{4}-\d\d-\d\d), took (\d+ min \d+ s)")
+    pattern = (
+        r"The suite holds (\d+) tests \(`python -m pytest --collect-only -q`, (\d{4}-\d\d-\d\d).*?"
+        r"last timed run, (\d+) tests on (\d{4}-\d\d-\d\d), took (\d+ min \d+ s)"
+    )
     found = [re.search(pattern, " ".join(_read(path).split())) for path in (README, DOCS / "testing.md")]
     assert all(found), "README.md and docs/testing.md each state the suite's size and last timed run"
     assert found[0].groups() == found[1].groups(), [f.groups() for f in found]
@@ -202,15 +205,19 @@ def test_the_runtimes_cpu_time_finding_is_the_bench_logs():
     calls = s["calls"]
     results = " ".join(_read(DOCS / "results.md").split())
     step = calls["train_step"]
-    assert (f"the trainer's step on one batch (512 samples, D = 8) {step['old']:.0f} ms old, {step['new']:.0f} ms new "
-            f"(new/old per pair {', '.join(f'{r:.3f}' for r in step['ratios'])})") in results
+    assert (
+        f"the trainer's step on one batch (512 samples, D = 8) {step['old']:.0f} ms old, {step['new']:.0f} ms new "
+        f"(new/old per pair {', '.join(f'{r:.3f}' for r in step['ratios'])})"
+    ) in results
     gen = calls["generate"]
     assert f"a rollout worker's request (256 samples) {gen['old']:.0f} ms old, {gen['new']:.0f} ms new" in results
     m = calls["metrics"]
     per_step = (m["new"] - m["old"]) * 8
-    assert (f"the loss metrics per minibatch {m['old']:.2f} ms old, {m['new']:.2f} ms new, of which the three new "
-            f"ones (abs_L_p50/p90_position, grad_removed_frac) {s['metrics_new']:.2f} ms: 8 minibatches make it "
-            f"{per_step:.1f} ms a step, {100 * per_step / step['old']:.2f}% of the step") in results
+    assert (
+        f"the loss metrics per minibatch {m['old']:.2f} ms old, {m['new']:.2f} ms new, of which the three new "
+        f"ones (abs_L_p50/p90_position, grad_removed_frac) {s['metrics_new']:.2f} ms: 8 minibatches make it "
+        f"{per_step:.1f} ms a step, {100 * per_step / step['old']:.2f}% of the step"
+    ) in results
     probe = _read(REPO / "bench" / "runtime_stall_probe.log")
     held = re.findall(r"worker_held_by_budget (\d+), request_cut_by_budget (\d+)", probe)
     waits = re.findall(r"start-order waits: (\d+) ", probe)
@@ -220,5 +227,7 @@ def test_the_runtimes_cpu_time_finding_is_the_bench_logs():
     old = [float(c) for t, c in cpu if "old" in t]
     new = [float(c) for t, c in cpu if "old" not in t]
     assert old and new, cpu
-    assert (f"the trainer actor's CPU per step over the whole run {', '.join(f'{c:.0f}' for c in old)} ms old, "
-            f"{', '.join(f'{c:.0f}' for c in new)} ms new") in results
+    assert (
+        f"the trainer actor's CPU per step over the whole run {', '.join(f'{c:.0f}' for c in old)} ms old, "
+        f"{', '.join(f'{c:.0f}' for c in new)} ms new"
+    ) in results

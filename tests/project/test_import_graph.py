@@ -100,13 +100,21 @@ def private_names_crossing(path: Path, sibling_modules: set[str]) -> list[str]:
     crossings, module_aliases = [], set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            crossings += [f"from {'.' * node.level}{node.module or ''} import {alias.name}"
-                          for alias in node.names if alias.name.startswith("_")]
+            crossings += [
+                f"from {'.' * node.level}{node.module or ''} import {alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_")
+            ]
             if node.level == 1 and node.module is None:
                 module_aliases |= {alias.asname or alias.name for alias in node.names if alias.name in sibling_modules}
-    crossings += [f"{node.value.id}.{node.attr}" for node in ast.walk(tree)
-                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                  and node.value.id in module_aliases and node.attr.startswith("_")]
+    crossings += [
+        f"{node.value.id}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in module_aliases
+        and node.attr.startswith("_")
+    ]
     return crossings
 
 

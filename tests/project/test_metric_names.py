@@ -39,19 +39,19 @@ def test_both_paths_log_the_same_loss_names():
     slime = _slime_logged_names()
     for name in (names.TRAIN_LOSS, names.PG_LOSS, names.KL_LOSS, names.CLIPFRAC):
         assert name in runtime and name in slime, name
-    policy = lambda keys: {k[len(names.POLICY_PREFIX):] for k in keys if k.startswith(names.POLICY_PREFIX)}
-    assert len(policy(runtime) & policy(slime)) >= 20      # clipfrac_*, ratio_*, abs_z_mean, bounds, ...
+    policy = lambda keys: {k[len(names.POLICY_PREFIX) :] for k in keys if k.startswith(names.POLICY_PREFIX)}
+    assert len(policy(runtime) & policy(slime)) >= 20  # clipfrac_*, ratio_*, abs_z_mean, bounds, ...
     assert policy(runtime) - policy(slime) == RUNTIME_ONLY
     assert policy(slime) - policy(runtime) == SLIME_ONLY
     assert not any(k.startswith("loss/") for k in runtime)  # no runtime-only spelling left
-    assert names.GRAD_NORM in runtime                       # slime logs train/grad_norm itself
+    assert names.GRAD_NORM in runtime  # slime logs train/grad_norm itself
 
 
 def test_staleness_and_rollout_names_agree():
     gate = StalenessGate(max_staleness=2, stale_policy="drop")
     gate.admit(1, 8)
     slime = set(gate.metrics(prefix=names.STALENESS_PREFIX))
-    assert {names.STALENESS_MEAN, names.STALENESS_MAX} <= slime    # what the runtime's driver logs
+    assert {names.STALENESS_MEAN, names.STALENESS_MAX} <= slime  # what the runtime's driver logs
     assert names.REWARD_MEAN == "rollout/raw_reward"
 
 
@@ -71,8 +71,15 @@ def test_tensorboard_gets_the_numeric_values(tmp_path):
 
     assert open_tensorboard(False, "", str(tmp_path)) is None
     writer = open_tensorboard(True, "", str(tmp_path))
-    line = {"step": 3, names.CLIPFRAC: 0.25, names.REWARD_MEAN: 0.5,
-            "train/version": 3, "note": "text", "flag": True, "bad": math.nan}
+    line = {
+        "step": 3,
+        names.CLIPFRAC: 0.25,
+        names.REWARD_MEAN: 0.5,
+        "train/version": 3,
+        "note": "text",
+        "flag": True,
+        "bad": math.nan,
+    }
     assert log_scalars(writer, line, 3) == 3
     writer.close()
     events = EventAccumulator(str(tmp_path / "tensorboard"))

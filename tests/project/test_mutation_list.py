@@ -26,7 +26,7 @@ def test_every_mutant_applies_to_its_file_and_names_test_files_that_exist():
         mutated, why = run.mutate(source.read_text(), m) if source.is_file() else (None, "no such file")
         if mutated is None:
             stale.append(f"{m['id']}: {m['file']}: {why}")
-        for test in m["tests"]:   # a file, or a file::test node
+        for test in m["tests"]:  # a file, or a file::test node
             path, _, node = test.partition("::")
             if not (REPO / path).is_file():
                 stale.append(f"{m['id']}: test file {path} is missing")

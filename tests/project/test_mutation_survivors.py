@@ -18,7 +18,7 @@ def test_staleness_min_is_the_smallest_admitted_lag():
         assert gate.admit(lag, 4)
     m = gate.metrics()
     assert m["staleness/min"] == 1.0 and m["staleness/max"] == 3.0 and m["staleness/mean"] == 2.0
-    assert not gate.admit(4, 4) and gate.metrics()["staleness/min"] == 1.0   # a dropped group is not a lag
+    assert not gate.admit(4, 4) and gate.metrics()["staleness/min"] == 1.0  # a dropped group is not a lag
 
 
 @pytest.mark.parametrize("text,expected", [("0", "0"), ("00", "0"), ("-0", "0"), ("007", "7"), ("+0", "0")])
@@ -29,7 +29,7 @@ def test_zero_answers_stay_zero(text, expected):
 def test_answer_zero_is_scored_and_an_empty_answer_is_not():
     assert math_reward("so the result is\nAnswer: 0", "0") == 1.0
     assert math_reward("so the result is\nAnswer: 000", "0") == 1.0
-    assert math_reward("so the result is\nAnswer: ", "0") == 0.0        # "" must not equal a normalised "0"
+    assert math_reward("so the result is\nAnswer: ", "0") == 0.0  # "" must not equal a normalised "0"
     assert math_reward("so the result is\nAnswer: 1", "0") == 0.0
 
 
@@ -37,8 +37,16 @@ def test_answer_zero_is_scored_and_an_empty_answer_is_not():
 def test_an_eval_record_with_a_negative_sample_idx_is_refused(sample_idx, tmp_path):
     from epic_slime.evaluation.records import RecordError, read_records
 
-    record = {"run": "r", "method": "epic", "seed": 0, "step": 2, "benchmark": "aime_2024", "prompt_id": "p1",
-              "sample_idx": sample_idx, "correct": True}
+    record = {
+        "run": "r",
+        "method": "epic",
+        "seed": 0,
+        "step": 2,
+        "benchmark": "aime_2024",
+        "prompt_id": "p1",
+        "sample_idx": sample_idx,
+        "correct": True,
+    }
     with pytest.raises(RecordError, match="sample_idx"):
         EvalRecord.from_dict(record)
     path = tmp_path / "eval_records.jsonl"
@@ -67,11 +75,11 @@ def test_select_groups_admits_at_most_target_and_leaves_the_rest_unexamined():
     from epic_slime.staleness import select_groups
 
     groups = [[object()] * 2 for _ in range(5)]
-    versions = [[3, 3], [1, 1], [3, 2], [3, 3], [2, 3]]   # lags at trainer version 3: 0, 2, 1, 0, 1
+    versions = [[3, 3], [1, 1], [3, 2], [3, 3], [2, 3]]  # lags at trainer version 3: 0, 2, 1, 0, 1
     gate = StalenessGate(max_staleness=1, stale_policy="drop")
     chosen, lags = select_groups(groups, versions, 3, gate, target=2)
     assert (chosen, lags) == ([0, 2], [0, 1])
-    assert gate.admitted_groups == 2 and gate.dropped_groups == 1      # group 1 dropped; 3 and 4 not examined
+    assert gate.admitted_groups == 2 and gate.dropped_groups == 1  # group 1 dropped; 3 and 4 not examined
     assert select_groups(groups, versions, 3, StalenessGate(max_staleness=1), target=3)[0] == [0, 2, 3]
 
 
@@ -90,13 +98,19 @@ def test_mutation_runner_applies_one_occurrence_and_calls_a_stale_entry_not_appl
     run = _mutation_runner()
     text = "a = x <= k\nb = x <= k\nc = y\n"
     assert run.mutate(text, {"original": "y", "replacement": "z"}) == ("a = x <= k\nb = x <= k\nc = z\n", "")
-    assert run.mutate(text, {"original": "x <= k", "replacement": "x < k", "occurrence": 2})[0] == \
-        "a = x <= k\nb = x < k\nc = y\n"
-    for entry, why in [({"original": "w = 1"}, "not found"), ({"original": "x <= k"}, "found 2 times"),
-                       ({"original": "x <= k", "occurrence": 3}, "occurrence 3"), ({"original": "b = x\nc"}, "one-line")]:
+    assert (
+        run.mutate(text, {"original": "x <= k", "replacement": "x < k", "occurrence": 2})[0]
+        == "a = x <= k\nb = x < k\nc = y\n"
+    )
+    for entry, why in [
+        ({"original": "w = 1"}, "not found"),
+        ({"original": "x <= k"}, "found 2 times"),
+        ({"original": "x <= k", "occurrence": 3}, "occurrence 3"),
+        ({"original": "b = x\nc"}, "one-line"),
+    ]:
         mutated, reason = run.mutate(text, {**entry, "replacement": "-"})
         assert mutated is None and why in reason
-    with open(run.HERE / "mutants.yaml") as f:      # the list parses and every entry is complete
+    with open(run.HERE / "mutants.yaml") as f:  # the list parses and every entry is complete
         assert len(run.load_mutants(run.HERE / "mutants.yaml")) == len(__import__("yaml").safe_load(f))
 
 
@@ -112,12 +126,13 @@ def test_mutation_runner_keeps_its_per_mutant_limit_when_a_test_leaves_children(
     (tmp_path / "test_hangs.py").write_text(
         "import subprocess, time\n\n\ndef test_hangs():\n"
         f"    child = subprocess.Popen(['sleep', '60'])\n    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
-        "    time.sleep(3600)\n")
+        "    time.sleep(3600)\n"
+    )
     start = time.monotonic()
     rc, seconds, last = run.run_tests(tmp_path, ["test_hangs.py", "-s", "-p", "no:timeout"], timeout=3)
     assert rc == -1 and "timed out after 3s" in last and time.monotonic() - start < 30, (rc, last)
     child = int(pid_file.read_text())
-    for _ in range(50):                 # SIGKILLed with its group; reaped by init
+    for _ in range(50):  # SIGKILLed with its group; reaped by init
         try:
             os.kill(child, 0)
         except ProcessLookupError:

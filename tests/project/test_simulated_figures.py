@@ -16,10 +16,13 @@ BEST = "best at the launcher's split: "
 
 def _paper_run() -> dict:
     lines = (SIM / "paper_run.txt").read_text().splitlines()
-    head = [line[len(HEADLINE):] for line in lines if line.startswith(HEADLINE)]
-    best = [line[len(BEST):] for line in lines if line.startswith(BEST)]
-    base = [re.search(r"best engine size \((\d) GPUs\): (\d+\.\d) s/rollout", line) for line in lines
-            if line.startswith("baseline: ")]
+    head = [line[len(HEADLINE) :] for line in lines if line.startswith(HEADLINE)]
+    best = [line[len(BEST) :] for line in lines if line.startswith(BEST)]
+    base = [
+        re.search(r"best engine size \((\d) GPUs\): (\d+\.\d) s/rollout", line)
+        for line in lines
+        if line.startswith("baseline: ")
+    ]
     assert len(head) == len(best) == len(base) == 1 and base[0], "paper_run.txt lacks its headline, best or baseline"
     return dict(headline=head[0], best=best[0], sync_gpe=base[0].group(1), sync_s=base[0].group(2))
 
@@ -28,7 +31,7 @@ def _section(path: Path, heading: str) -> str:
     text = path.read_text()
     start = text.index(heading)
     end = text.find("\n## ", start + len(heading))
-    return text[start:end if end > 0 else None]
+    return text[start : end if end > 0 else None]
 
 
 def _collapse(text: str) -> str:
@@ -38,7 +41,7 @@ def _collapse(text: str) -> str:
 def test_the_readme_results_line_is_the_default_commands_headline_and_best():
     run = _paper_run()
     text = _collapse((REPO / "README.md").read_text())
-    line = text[text.index("**Cluster scale, simulated**"):][:700]
+    line = text[text.index("**Cluster scale, simulated**") :][:700]
     assert f"K = 2 {run['headline']}" in line, (run["headline"], line)
     assert run["best"] in line, (run["best"], line)
     assert f"{run['sync_s']} s" in line
@@ -57,13 +60,21 @@ def test_the_cluster_tables_rows_are_the_frontiers():
     front = json.loads((SIM / "frontier_paper.json").read_text())
     rows = {(r["schedule"].split("=")[-1], r["push"], r["split"], r["gpe"]): r for r in front["rows"]}
     text = (REPO / "docs" / "cluster.md").read_text()
-    pattern = re.compile(r"^\| \**(\d)\** \| \**(abort|in_place)\** \| \**(\d+) : (\d+), (\d)[^|]*\| \**([\d.]+)\** \| "
-                         r"\**([\d.]+)\** \| \**(\d+)%", re.M)
+    pattern = re.compile(
+        r"^\| \**(\d)\** \| \**(abort|in_place)\** \| \**(\d+) : (\d+), (\d)[^|]*\| \**([\d.]+)\** \| "
+        r"\**([\d.]+)\** \| \**(\d+)%",
+        re.M,
+    )
     found = pattern.findall(text)
     assert len(found) >= 6, "the frontier table in docs/cluster.md was not found"
     for k, push, rollout, train, gpe, s, ratio, share in found:
         r = rows[(k, push, f"{rollout}:{train}", int(gpe))]
-        assert (s, ratio, share) == (f"{r['s']:.1f}", f"{r['ratio']:.2f}", f"{r['share'] * 100:.0f}"), (k, push, rollout, gpe)
+        assert (s, ratio, share) == (f"{r['s']:.1f}", f"{r['ratio']:.2f}", f"{r['share'] * 100:.0f}"), (
+            k,
+            push,
+            rollout,
+            gpe,
+        )
     baseline = f"{front['sync_colocated_s']:.1f} s per rollout"
     assert baseline in _collapse(text) and f"{front['sync_colocated_gpus_per_engine']}-GPU engines" in text
 
@@ -81,7 +92,7 @@ def test_the_cluster_docs_quote_the_launchers_price_and_verls_rows():
         m = re.search(rf"async K={k} abort\s*: step ([\d.]+) s, ([\d.]+)x", verl)
         assert m, k
         assert f"K = {k} {m.group(1)} s" in text and f"{m.group(2)}x" in text, k
-        if k == 1:     # the like-staleness comparison (verl lets at most half a batch run ahead)
+        if k == 1:  # the like-staleness comparison (verl lets at most half a batch run ahead)
             assert f"K = 1 {m.group(2)}x against verl's" in text
     sync8 = re.search(r"sync colocated by GPUs per engine: 4: [\d.]+ s, 8: ([\d.]+) s", verl)
     assert sync8 is None or f"would take {sync8.group(1)} s" in text

@@ -36,17 +36,19 @@ def test_this_test_carries_its_limit(request):
     if request.config.getoption("timeout", None) is not None or not float(request.config.getini("timeout") or 0):
         pytest.skip("--timeout given on the command line (one limit for all), or no default limit")
     assert marker is not None and marker.args[0] == pytest.approx(
-        float(request.config.getini("timeout")) * conftest._timeout_scale())
+        float(request.config.getini("timeout")) * conftest._timeout_scale()
+    )
 
 
 def test_the_scale_multiplies_a_slow_files_limit(monkeypatch):
     class Item:
         fspath, nodeid = REPO / "tests" / "runtime" / "test_runtime_e2e.py", "tests/runtime/test_runtime_e2e.py::t"
+
     monkeypatch.setenv(conftest.TIMEOUT_SCALE_ENV, "2.5")
     assert conftest.time_limit_s(Item, 120) == 2.5 * conftest.SLOW_FILE_TIMEOUT_S["tests/runtime/test_runtime_e2e.py"]
     Item.fspath, Item.nodeid = REPO / "tests" / "project" / "test_docs.py", "tests/project/test_docs.py::t[x]"
     assert conftest.time_limit_s(Item, 120) == 2.5 * 120
-    nodeid, own = next(iter(conftest.SLOW_TEST_TIMEOUT_S.items()))   # a single test's own limit beats its file's
+    nodeid, own = next(iter(conftest.SLOW_TEST_TIMEOUT_S.items()))  # a single test's own limit beats its file's
     Item.fspath, Item.nodeid = REPO / nodeid.split("::")[0], nodeid
     assert conftest.time_limit_s(Item, 120) == 2.5 * own
     monkeypatch.setenv(conftest.TIMEOUT_SCALE_ENV, "0")
@@ -59,11 +61,29 @@ def test_a_hanging_test_fails_by_name_and_the_next_one_runs(tmp_path):
     hour, with a 2 s limit: that test fails naming itself, and the test after it passes."""
     (tmp_path / "test_hang.py").write_text(
         "import time\n\n\ndef test_sleeps_for_an_hour():\n    time.sleep(3600)\n\n\n"
-        "def test_after_it():\n    assert True\n")
+        "def test_after_it():\n    assert True\n"
+    )
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c",
-                           str(REPO / "pyproject.toml"), "--rootdir", str(tmp_path), "-o", "timeout=2",
-                           str(tmp_path / "test_hang.py")], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            str(REPO / "pyproject.toml"),
+            "--rootdir",
+            str(tmp_path),
+            "-o",
+            "timeout=2",
+            str(tmp_path / "test_hang.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     took = time.monotonic() - start
     out = done.stdout + done.stderr
     assert done.returncode == 1 and took < 60, (took, out)
@@ -74,19 +94,22 @@ def test_a_hanging_test_fails_by_name_and_the_next_one_runs(tmp_path):
 def test_the_slow_tail_says_what_is_running(monkeypatch):
     """The first test of a slow file names the file, an end-to-end (`slow`) test names itself, others
     stay dots; the line is printed as the test starts."""
+
     class Item:
         def __init__(self, rel, name, slow=False):
             self.fspath, self.nodeid, self.slow = REPO / rel, f"{rel}::{name}", slow
 
         def get_closest_marker(self, name):
             return object() if name == "slow" and self.slow else None
+
     e2e, docs = "tests/runtime/test_runtime_e2e.py", "tests/project/test_docs.py"
     items = [Item(docs, "a"), Item(e2e, "test_first"), Item(e2e, "test_big_run", slow=True), Item(e2e, "test_small")]
     monkeypatch.delenv(conftest.TIMEOUT_SCALE_ENV, raising=False)
     limit = conftest.SLOW_FILE_TIMEOUT_S[e2e]
     assert conftest.announcements(items, 120) == {
         f"{e2e}::test_first": f"running {e2e} (3 tests of a slow file; limit {limit:.0f} s each)",
-        f"{e2e}::test_big_run": f"running {e2e}::test_big_run (end-to-end; limit {limit:.0f} s)"}
+        f"{e2e}::test_big_run": f"running {e2e}::test_big_run (end-to-end; limit {limit:.0f} s)",
+    }
 
     lines = []
 
@@ -96,9 +119,12 @@ def test_the_slow_tail_says_what_is_running(monkeypatch):
 
         def write_line(self, text):
             lines.append(text)
+
     monkeypatch.setitem(conftest._REPORTER, "tr", Reporter())
     monkeypatch.setattr(conftest, "_ANNOUNCE", conftest.announcements(items, 120))
     for item in items:
         conftest.pytest_runtest_logstart(item.nodeid, None)
-    assert lines == [f"running {e2e} (3 tests of a slow file; limit {limit:.0f} s each)",
-                     f"running {e2e}::test_big_run (end-to-end; limit {limit:.0f} s)"]
+    assert lines == [
+        f"running {e2e} (3 tests of a slow file; limit {limit:.0f} s each)",
+        f"running {e2e}::test_big_run (end-to-end; limit {limit:.0f} s)",
+    ]

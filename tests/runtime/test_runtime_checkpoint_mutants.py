@@ -13,7 +13,7 @@ from epic_slime.runtime.checkpoint import DRIVER_STATE_FILE, DRIVER_STATE_KEYS, 
 
 
 def _save(root, step):
-    step_dir(root, step).mkdir(parents=True)      # the trainer's state is written there first
+    step_dir(root, step).mkdir(parents=True)  # the trainer's state is written there first
     return checkpoint.save_driver_state(root, step, {k: step for k in DRIVER_STATE_KEYS})
 
 
@@ -22,12 +22,13 @@ def test_a_driver_state_write_that_fails_half_way_leaves_the_previous_checkpoint
     _save(root, 2)
 
     def half_then_crash(obj, f):
-        f.write(pickle.dumps(obj)[:10])           # the disk fills up (or the process dies) mid-pickle
+        f.write(pickle.dumps(obj)[:10])  # the disk fills up (or the process dies) mid-pickle
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(checkpoint.pickle, "dump", half_then_crash)
     with pytest.raises(OSError, match="No space"):
         _save(root, 4)
-    assert not (step_dir(root, 4) / DRIVER_STATE_FILE).exists()          # no truncated state to load
+    assert not (step_dir(root, 4) / DRIVER_STATE_FILE).exists()  # no truncated state to load
     assert resolve_checkpoint(str(root)) == step_dir(root, 2)
     with pytest.raises(FileNotFoundError, match="no checkpoint there"):
         resolve_checkpoint(str(step_dir(root, 4)))

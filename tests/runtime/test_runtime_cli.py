@@ -27,11 +27,11 @@ def _old_run(out: Path) -> None:
 
 def test_existing_run_directory_is_refused_naming_the_folder(tmp_path):
     cfg = tiny_config(tmp_path)
-    prepare_output_dir(cfg, None)                      # a fresh directory is fine
+    prepare_output_dir(cfg, None)  # a fresh directory is fine
     _old_run(Path(cfg.output_dir))
     with pytest.raises(ConfigError, match=rf"--output-dir {cfg.output_dir} already holds a run .*--load .*--overwrite"):
         prepare_output_dir(cfg, None)
-    prepare_output_dir(cfg, Path(cfg.output_dir) / "checkpoints" / "step_000002")   # resuming: allowed
+    prepare_output_dir(cfg, Path(cfg.output_dir) / "checkpoints" / "step_000002")  # resuming: allowed
 
 
 def test_overwrite_clears_only_the_old_runs_files(tmp_path):
@@ -39,7 +39,7 @@ def test_overwrite_clears_only_the_old_runs_files(tmp_path):
     out = Path(cfg.output_dir)
     _old_run(out)
     prepare_output_dir(cfg, None)
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]   # metrics, plots, checkpoints gone
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # metrics, plots, checkpoints gone
     _old_run_again = out / "checkpoints" / "step_000004"
     _old_run_again.mkdir(parents=True)
     with pytest.raises(ConfigError, match="--overwrite would delete the checkpoint"):
@@ -90,12 +90,13 @@ def test_resolved_defaults_are_recorded_not_null(tmp_path):
     d = cfg.to_dict()
     assert d["policy_loss_params"] == {"delta_low": 5e-4, "delta_high": 2e-3}
     assert d["epic_delta_low"] == 5e-4 and d["epic_delta_high"] == 2e-3
-    assert not any(k.startswith("grpo_") for k in d)                 # other families' unset flags left out
+    assert not any(k.startswith("grpo_") for k in d)  # other families' unset flags left out
     assert resume_differences(d, tiny_config(tmp_path, "--epic-delta-low", "5e-4").to_dict()) == []
     v = versions()
     import torch
 
     import epic_slime
+
     assert v["torch"] == torch.__version__ and v["epic_slime"] == epic_slime.__version__
     assert v["git_commit"] is None or len(v["git_commit"].split("-")[0]) == 40
 
@@ -104,6 +105,7 @@ def test_version_flag(capsys):
     from epic_slime.cli import main
 
     import epic_slime
+
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith(f"epic-slime {epic_slime.__version__} (torch ")
 
@@ -111,7 +113,7 @@ def test_version_flag(capsys):
 def test_progress_writes_plain_lines_off_a_terminal():
     from epic_slime.runtime.progress import Progress
 
-    stream = io.StringIO()                     # not a terminal, like a log file
+    stream = io.StringIO()  # not a terminal, like a log file
     bar = Progress(25, desc="epic-slime", interval=10, stream=stream)
     for step in range(1, 26):
         bar.update(step, {"reward": 0.5})
@@ -129,7 +131,7 @@ def test_progress_writes_plain_lines_off_a_terminal():
     for step in range(1, 6):
         bar.update(step)
     bar.close()
-    assert "\r" in tty.getvalue() and "5/5" in tty.getvalue()        # a tqdm bar on a terminal
+    assert "\r" in tty.getvalue() and "5/5" in tty.getvalue()  # a tqdm bar on a terminal
 
 
 def test_end_of_run_summary_names_reward_best_eval_staleness_and_files(tmp_path):
@@ -139,21 +141,41 @@ def test_end_of_run_summary_names_reward_best_eval_staleness_and_files(tmp_path)
     out = Path(cfg.output_dir)
     out.mkdir()
     # metrics.jsonl holds the shared names (epic_slime.metric_names), as the driver writes them
-    rows = [{"step": s, "rollout/raw_reward": r, "rollout/staleness/max": lag, "train/policy/bad_tokens": b}
-            for s, r, lag, b in [(1, 0.1, 0, 0), (2, 0.3, 1, 2), (3, 0.5, 1, 0), (4, 0.7, 0, 1)]]
+    rows = [
+        {"step": s, "rollout/raw_reward": r, "rollout/staleness/max": lag, "train/policy/bad_tokens": b}
+        for s, r, lag, b in [(1, 0.1, 0, 0), (2, 0.3, 1, 2), (3, 0.5, 1, 0), (4, 0.7, 0, 1)]
+    ]
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    evals = [{"step": 0, "eval/version": 0, "eval/heldout/mean@2": 0.2}, {"step": 2, "eval/version": 2, "eval/heldout/mean@2": 0.4},
-             {"step": 4, "eval/version": 4, "eval/heldout/mean@2": 0.4}]
+    evals = [
+        {"step": 0, "eval/version": 0, "eval/heldout/mean@2": 0.2},
+        {"step": 2, "eval/version": 2, "eval/heldout/mean@2": 0.4},
+        {"step": 4, "eval/version": 4, "eval/heldout/mean@2": 0.4},
+    ]
     (out / "eval_metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
     outcome = run_outcome(out, cfg)
     assert outcome["reward_first"] == pytest.approx(0.2) and outcome["reward_last"] == pytest.approx(0.6)
-    assert (outcome["eval_best"], outcome["eval_best_step"]) == (0.4, 2)        # earliest on ties
+    assert (outcome["eval_best"], outcome["eval_best_step"]) == (0.4, 2)  # earliest on ties
     assert outcome["staleness_max"] == 1 and outcome["bad_tokens"] == 3
-    summary = {**outcome, "steps": 4, "start_step": 2, "steps_this_run": 2, "loop_s": 1.0,
-               "trained_samples_per_s": 32.0, "accounting/dropped": 16, "accounting/lost": 4, "skipped_steps": 0}
+    summary = {
+        **outcome,
+        "steps": 4,
+        "start_step": 2,
+        "steps_this_run": 2,
+        "loop_s": 1.0,
+        "trained_samples_per_s": 32.0,
+        "accounting/dropped": 16,
+        "accounting/lost": 4,
+        "skipped_steps": 0,
+    }
     text = "\n".join(end_of_run_lines(summary, cfg))
-    for part in ("2 steps this run (steps 3..4 of 4)", "training reward 0.200 (first 2 steps) -> 0.600 (last 2)",
-                 "best 0.400 at step 2", "staleness max 1 (K=2)", "dropped 16, lost 4", f"{out}/metrics.jsonl"):
+    for part in (
+        "2 steps this run (steps 3..4 of 4)",
+        "training reward 0.200 (first 2 steps) -> 0.600 (last 2)",
+        "best 0.400 at step 2",
+        "staleness max 1 (K=2)",
+        "dropped 16, lost 4",
+        f"{out}/metrics.jsonl",
+    ):
         assert part in text, part
     cmd = resume_command(["--config", "c.yaml", "--load", "old", "--overwrite", "--lr", "1e-4"], cfg)
     assert cmd == f"epic-slime train --config c.yaml --lr 1e-4 --load {cfg.checkpoint_dir}"
@@ -166,12 +188,15 @@ def test_key_settings_are_printed_before_anything_slow(tmp_path, capsys, monkeyp
 
     def not_yet(cfg):
         raise ConfigError("stopped before the run")
+
     monkeypatch.setattr(driver, "run_training", not_yet)
     flags = [f for f in TINY_FLAGS if f != "--no-progress"]
     assert train_main([*flags, "--output-dir", str(tmp_path / "r"), "--epic-delta-high", "0.003"]) == 2
     out = capsys.readouterr().out
-    assert out.startswith("[epic-slime] epic (delta_low=0.0005, delta_high=0.003; seq-mean-token-mean), "
-                          "update depth D=2, max staleness K=2 (drop), async, 4 prompts x 4 samples per step, 4 steps")
+    assert out.startswith(
+        "[epic-slime] epic (delta_low=0.0005, delta_high=0.003; seq-mean-token-mean), "
+        "update depth D=2, max staleness K=2 (drop), async, 4 prompts x 4 samples per step, 4 steps"
+    )
 
 
 def test_first_signal_asks_for_a_checkpoint_and_a_second_exits_at_once(capsys):
@@ -198,16 +223,16 @@ def test_first_signal_asks_for_a_checkpoint_and_a_second_exits_at_once(capsys):
 def test_plain_progress_lines_carry_an_eta(monkeypatch):
     from epic_slime.runtime import progress
 
-    clock = iter([0.0, 2.0, 40.0, 60.0])                # start, then the time at each update
+    clock = iter([0.0, 2.0, 40.0, 60.0])  # start, then the time at each update
     monkeypatch.setattr(progress.time, "time", lambda: next(clock))
     stream = io.StringIO()
     bar = progress.Progress(100, desc="warm start", interval=10, stream=stream)
     for step in (10, 20, 100):
         bar.update(step)
     lines = stream.getvalue().splitlines()
-    assert lines[0].endswith("(2 s, ETA 18 s)"), lines           # 0.2 s a step, 90 steps left
-    assert lines[1].endswith("(40 s, ETA 2m40s)"), lines         # 2 s a step, 80 left
-    assert lines[2].endswith("(60 s)"), lines                    # done: no ETA
+    assert lines[0].endswith("(2 s, ETA 18 s)"), lines  # 0.2 s a step, 90 steps left
+    assert lines[1].endswith("(40 s, ETA 2m40s)"), lines  # 2 s a step, 80 left
+    assert lines[2].endswith("(60 s)"), lines  # done: no ETA
 
 
 def _tiny_warm_start(tmp_path, monkeypatch, seen: dict):
@@ -223,9 +248,18 @@ def _tiny_warm_start(tmp_path, monkeypatch, seen: dict):
         for i in range(1, kw["steps"] + 1):
             on_step(i, 1.0)
         return {"w": torch.zeros(1)}
+
     monkeypatch.setattr(warmstart, "supervised_warm_start", recording)
-    return warmstart.load_or_train_warm_start(ModelConfig(), TaskConfig(), steps=20, lr=1e-3, batch_size=2, seed=0,
-                                              cache_dir=tmp_path / "cache", progress=True)
+    return warmstart.load_or_train_warm_start(
+        ModelConfig(),
+        TaskConfig(),
+        steps=20,
+        lr=1e-3,
+        batch_size=2,
+        seed=0,
+        cache_dir=tmp_path / "cache",
+        progress=True,
+    )
 
 
 def test_the_warm_start_runs_on_one_torch_thread_and_restores_the_callers(tmp_path, monkeypatch, capsys):
@@ -308,15 +342,26 @@ def test_ctrl_c_during_the_warm_start_exits_in_seconds(tmp_path):
     from support.runtime_helpers import TINY_FLAGS
 
     flags = [f for f in TINY_FLAGS if f != "--no-progress"]
-    argv = [sys.executable, "-m", "epic_slime.cli", "train", *flags, "--warm-start-steps", "100000",
-            "--output-dir", str(tmp_path / "run"), "--warm-start-cache-dir", str(tmp_path / "cache")]
+    argv = [
+        sys.executable,
+        "-m",
+        "epic_slime.cli",
+        "train",
+        *flags,
+        "--warm-start-steps",
+        "100000",
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--warm-start-cache-dir",
+        str(tmp_path / "cache"),
+    ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         seen = []
         for line in proc.stdout:
             seen.append(line)
-            if "warm start: training" in line:   # the next thing it does is train
+            if "warm start: training" in line:  # the next thing it does is train
                 break
         time.sleep(1.0)
         sent = time.monotonic()
@@ -335,11 +380,13 @@ def test_ctrl_c_during_the_warm_start_exits_in_seconds(tmp_path):
 
 # ---- refusals before torch's import ----
 
+
 def test_the_stored_loss_flags_match_the_registry():
     from epic_slime.runtime.loss_flags import live_table, stored_table
 
-    assert stored_table() == live_table(), ("epic_slime/runtime/loss_flags.json is stale: "
-                                            "python -m epic_slime.runtime.loss_flags --write")
+    assert stored_table() == live_table(), (
+        "epic_slime/runtime/loss_flags.json is stale: python -m epic_slime.runtime.loss_flags --write"
+    )
 
 
 def test_the_quick_parser_is_the_full_parser_but_for_value_types():
@@ -347,16 +394,26 @@ def test_the_quick_parser_is_the_full_parser_but_for_value_types():
     from epic_slime.runtime.loss_flags import stored_table
 
     def actions(parser):
-        return [(a.option_strings, a.dest, a.default, list(a.choices) if a.choices else None, a.help, a.nargs,
-                 a.metavar) for a in parser._actions]
+        return [
+            (a.option_strings, a.dest, a.default, list(a.choices) if a.choices else None, a.help, a.nargs, a.metavar)
+            for a in parser._actions
+        ]
+
     full, quick = build_parser(), build_parser(loss_table=stored_table())
     assert actions(quick) == actions(full)
     assert quick.format_help() == full.format_help()
 
 
-REFUSALS = [["train", "--bogus"], ["train", "--lr", "-1"], ["train", "--max-stalenes", "2"],
-            ["train", "--policy-loss", "epik"], ["train", "--config", "/nonexistent.yaml"], ["train", "--help"],
-            ["sweep", "--bogus"], ["sweep", "--policy-losses", "epik"]]
+REFUSALS = [
+    ["train", "--bogus"],
+    ["train", "--lr", "-1"],
+    ["train", "--max-stalenes", "2"],
+    ["train", "--policy-loss", "epik"],
+    ["train", "--config", "/nonexistent.yaml"],
+    ["train", "--help"],
+    ["sweep", "--bogus"],
+    ["sweep", "--policy-losses", "epik"],
+]
 
 
 @pytest.mark.parametrize("argv", REFUSALS, ids=[" ".join(a) for a in REFUSALS])
@@ -365,8 +422,10 @@ def test_a_refusal_answers_before_torch_is_imported(argv):
     import subprocess
     import sys
 
-    code = ("import sys\nfrom epic_slime.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
-            "    rc = e.code\nprint('torch imported' if 'torch' in sys.modules else 'no torch', rc)\n")
+    code = (
+        "import sys\nfrom epic_slime.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "    rc = e.code\nprint('torch imported' if 'torch' in sys.modules else 'no torch', rc)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     last = done.stdout.strip().splitlines()[-1]
     assert last in ("no torch 2", "no torch 0"), (last, done.stderr[-500:])
@@ -387,13 +446,19 @@ def test_a_run_folder_load_or_mode_refusal_answers_before_torch_and_ray(tmp_path
     other.mkdir(parents=True)
     with open(other / "driver.pkl", "wb") as f:
         pickle.dump({"step": 2, "config": {"lr": 0.5}}, f)
-    cases = [(["--output-dir", str(held)], f"--output-dir {held} already holds a run"),
-             (["--load", str(tmp_path / "none"), "--output-dir", str(tmp_path / "a")], "no checkpoint there"),
-             (["--load", str(other), "--output-dir", str(tmp_path / "b")], "lr: checkpoint 0.5, now"),
-             (["--policy-loss", "grpo", "--epic-delta-low", "1e-3", "--output-dir", str(tmp_path / "c")],
-              "--epic-delta-low=1e-3 applies to the 'epic' modes, but --policy-loss is 'grpo'")]
-    code = ("import sys\nfrom epic_slime.cli import main\nrc = main(sys.argv[1:])\n"
-            "print([m for m in ('torch', 'ray') if m in sys.modules], rc)\n")
+    cases = [
+        (["--output-dir", str(held)], f"--output-dir {held} already holds a run"),
+        (["--load", str(tmp_path / "none"), "--output-dir", str(tmp_path / "a")], "no checkpoint there"),
+        (["--load", str(other), "--output-dir", str(tmp_path / "b")], "lr: checkpoint 0.5, now"),
+        (
+            ["--policy-loss", "grpo", "--epic-delta-low", "1e-3", "--output-dir", str(tmp_path / "c")],
+            "--epic-delta-low=1e-3 applies to the 'epic' modes, but --policy-loss is 'grpo'",
+        ),
+    ]
+    code = (
+        "import sys\nfrom epic_slime.cli import main\nrc = main(sys.argv[1:])\n"
+        "print([m for m in ('torch', 'ray') if m in sys.modules], rc)\n"
+    )
     for argv, message in cases:
         done = subprocess.run([sys.executable, "-c", code, "train", *argv], capture_output=True, text=True, timeout=120)
         assert done.stdout.strip().splitlines()[-1] == "[] 2", (argv, done.stdout, done.stderr[-500:])
@@ -412,7 +477,7 @@ def test_ray_keeps_its_auth_mode_and_only_the_notice_is_quieted(monkeypatch, pre
 
     from epic_slime.runtime import driver
 
-    monkeypatch.setenv("RAY_AUTH_MODE", "restored after the test")   # so that monkeypatch restores the variable
+    monkeypatch.setenv("RAY_AUTH_MODE", "restored after the test")  # so that monkeypatch restores the variable
     if preset is None:
         monkeypatch.delenv("RAY_AUTH_MODE")
     else:

@@ -14,9 +14,28 @@ REPO = Path(__file__).resolve().parents[2]
 def test_default_yaml_parses_and_flags_override(tmp_path):
     cfg = parse_config(["--config", str(REPO / "configs/local/default.yaml")])
     assert cfg.policy_loss == "epic" and cfg.update_depth == 8 and cfg.use_kl_loss
-    cfg = parse_config(["--config", str(REPO / "configs/local/default.yaml"), "--policy-loss", "grpo",
-                        "--update-depth", "4", "--max-staleness", "0", "--seed", "7", "--output-dir", str(tmp_path),
-                        "--grpo-clip-high", "0.28", "--stale-policy", "keep", "--rollout-mode", "sync"])
+    cfg = parse_config(
+        [
+            "--config",
+            str(REPO / "configs/local/default.yaml"),
+            "--policy-loss",
+            "grpo",
+            "--update-depth",
+            "4",
+            "--max-staleness",
+            "0",
+            "--seed",
+            "7",
+            "--output-dir",
+            str(tmp_path),
+            "--grpo-clip-high",
+            "0.28",
+            "--stale-policy",
+            "keep",
+            "--rollout-mode",
+            "sync",
+        ]
+    )
     assert (cfg.policy_loss, cfg.update_depth, cfg.max_staleness, cfg.seed) == ("grpo", 4, 0, 7)
     assert cfg.output_dir == str(tmp_path) and cfg.stale_policy == "keep" and cfg.rollout_mode == "sync"
     assert cfg.policy_loss_params == {"clip_high": 0.28}
@@ -30,11 +49,21 @@ def test_every_local_config_is_valid():
     for path in paths:
         cfg = parse_config(["--config", str(path)])
         # every key of the file reaches the resolved config (nothing silently dropped)
-        resolved = {**cfg.to_dict(), **{f"{LOSS_MODES[cfg.policy_loss].flag_prefix.replace('-', '_')}_{k}": v
-                                        for k, v in cfg.policy_loss_params.items()}}
+        resolved = {
+            **cfg.to_dict(),
+            **{
+                f"{LOSS_MODES[cfg.policy_loss].flag_prefix.replace('-', '_')}_{k}": v
+                for k, v in cfg.policy_loss_params.items()
+            },
+        }
         for key, value in yaml.safe_load(path.read_text()).items():
-            want = float(value) if isinstance(value, str) and key not in ("output_dir",) and \
-                value.replace(".", "").replace("e-", "").isdigit() else value
+            want = (
+                float(value)
+                if isinstance(value, str)
+                and key not in ("output_dir",)
+                and value.replace(".", "").replace("e-", "").isdigit()
+                else value
+            )
             assert resolved[key] == want, (path.name, key, resolved[key], want)
 
 
@@ -45,24 +74,29 @@ def _yaml(tmp_path, text):
 
 
 def test_yaml_values_and_scientific_notation(tmp_path):
-    cfg = parse_config(["--config", _yaml(tmp_path, "lr: 1e-4\nkl_loss_coef: 1e-3\nuse_kl_loss: true\nepic_delta_low: 1e-3\n")])
+    cfg = parse_config(
+        ["--config", _yaml(tmp_path, "lr: 1e-4\nkl_loss_coef: 1e-3\nuse_kl_loss: true\nepic_delta_low: 1e-3\n")]
+    )
     assert cfg.lr == 1e-4 and cfg.kl_loss_coef == 1e-3 and cfg.policy_loss_params == {"delta_low": 1e-3}
     # a flag beats the file
     assert parse_config(["--config", _yaml(tmp_path, "lr: 1e-4\n"), "--lr", "2e-4"]).lr == 2e-4
 
 
-@pytest.mark.parametrize("text,match", [
-    ("learning_rate: 0.1\n", "unknown key 'learning_rate'"),
-    ("update_depth: two\n", "update_depth must be an integer"),
-    ("update_depth: 0\n", "update_depth: invalid value 0"),
-    ("update_depth: 3\n", "update_depth=3 must divide"),
-    ("stale_policy: ignore\n", "stale_policy must be one of"),
-    ("use_kl_loss: yes please\n", "use_kl_loss must be true or false"),
-    ("rollout_top_p: 1.5\n", "rollout_top_p: invalid value 1.5"),
-    ("policy_loss: nope\n", "policy_loss must be one of"),
-    ("kl_loss_coef: 0.01\nuse_kl_loss: false\n", "kl_loss_coef=0.01 has no effect"),
-    ("- a\n- b\n", "top level must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("learning_rate: 0.1\n", "unknown key 'learning_rate'"),
+        ("update_depth: two\n", "update_depth must be an integer"),
+        ("update_depth: 0\n", "update_depth: invalid value 0"),
+        ("update_depth: 3\n", "update_depth=3 must divide"),
+        ("stale_policy: ignore\n", "stale_policy must be one of"),
+        ("use_kl_loss: yes please\n", "use_kl_loss must be true or false"),
+        ("rollout_top_p: 1.5\n", "rollout_top_p: invalid value 1.5"),
+        ("policy_loss: nope\n", "policy_loss must be one of"),
+        ("kl_loss_coef: 0.01\nuse_kl_loss: false\n", "kl_loss_coef=0.01 has no effect"),
+        ("- a\n- b\n", "top level must be a mapping"),
+    ],
+)
 def test_bad_yaml_is_a_clear_error(tmp_path, text, match):
     with pytest.raises(ConfigError, match=match):
         parse_config(["--config", _yaml(tmp_path, text)])
@@ -97,34 +131,45 @@ def test_sweep_rejects_per_run_flags_and_bad_values(tmp_path, capsys):
     assert "nope" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("epic_delta_low: 0.001\n", {"delta_low": 0.001}),          # a YAML float
-    ("epic_delta_low: 5e-4\n", {"delta_low": 5e-4}),            # PyYAML reads this one as a string
-    ("epic_delta_high: 1\n", {"delta_high": 1}),                # a YAML int
-    ("epic_delta_low: null\n", {}),                             # null = the mode's default
-    ("policy_loss: bandpo\nbandpo_generator: tv\nbandpo_delta: 0.1\n", {"generator": "tv", "delta": 0.1}),
-    ("policy_loss: grpo\ngrpo_dual_clip: 3\n", {"dual_clip": 3}),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("epic_delta_low: 0.001\n", {"delta_low": 0.001}),  # a YAML float
+        ("epic_delta_low: 5e-4\n", {"delta_low": 5e-4}),  # PyYAML reads this one as a string
+        ("epic_delta_high: 1\n", {"delta_high": 1}),  # a YAML int
+        ("epic_delta_low: null\n", {}),  # null = the mode's default
+        ("policy_loss: bandpo\nbandpo_generator: tv\nbandpo_delta: 0.1\n", {"generator": "tv", "delta": 0.1}),
+        ("policy_loss: grpo\ngrpo_dual_clip: 3\n", {"dual_clip": 3}),
+    ],
+)
 def test_loss_parameters_of_every_yaml_type(tmp_path, text, expected):
     assert parse_config(["--config", _yaml(tmp_path, text)]).policy_loss_params == expected
 
 
-@pytest.mark.parametrize("text,match", [
-    ("epic_delta_low: 0\n", "delta_low=0 must be a finite number > 0"),
-    ("epic_delta_low: -1.0\n", "delta_low=-1.0 must be a finite number > 0"),
-    ("epic_delta_low: true\n", "epic_delta_low"),
-    ("policy_loss: bandpo\nbandpo_generator: 3\n", "generator=3 must be one of"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("epic_delta_low: 0\n", "delta_low=0 must be a finite number > 0"),
+        ("epic_delta_low: -1.0\n", "delta_low=-1.0 must be a finite number > 0"),
+        ("epic_delta_low: true\n", "epic_delta_low"),
+        ("policy_loss: bandpo\nbandpo_generator: 3\n", "generator=3 must be one of"),
+    ],
+)
 def test_bad_loss_parameter_in_yaml_is_a_clear_error(tmp_path, text, match):
     with pytest.raises(ConfigError, match=match):
         parse_config(["--config", _yaml(tmp_path, text)])
 
 
-@pytest.mark.parametrize("flag,value,expected", [
-    ("--epic-delta-low", "0.001", 0.001), ("--epic-delta-low", "5e-4", 5e-4), ("--epic-delta-high", "1", 1),
-])
+@pytest.mark.parametrize(
+    "flag,value,expected",
+    [
+        ("--epic-delta-low", "0.001", 0.001),
+        ("--epic-delta-low", "5e-4", 5e-4),
+        ("--epic-delta-high", "1", 1),
+    ],
+)
 def test_loss_parameters_on_the_command_line(flag, value, expected):
-    assert parse_config([flag, value]).policy_loss_params == {flag[len("--epic-"):].replace("-", "_"): expected}
+    assert parse_config([flag, value]).policy_loss_params == {flag[len("--epic-") :].replace("-", "_"): expected}
     assert parse_config(["--epic-delta-low", "null"]).policy_loss_params == {}
 
 
@@ -141,4 +186,4 @@ def test_every_sweep_option_has_help_and_its_default():
     assert {a.dest for a in actions} == {"policy_losses", "update_depths", "seeds", "output_dir"}
     for a in actions:
         assert a.help and "default" in a.help, a.dest
-    assert build_sweep_parser().parse_args([]).update_depths is None   # then the config's update_depth
+    assert build_sweep_parser().parse_args([]).update_depths is None  # then the config's update_depth

@@ -20,7 +20,7 @@ REQUIRED = ("step", "rollout/raw_reward", "rollout/staleness/mean", "rollout/sta
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    driver.init_local_ray(num_cpus=4)     # one Ray start for the module (several seconds each)
+    driver.init_local_ray(num_cpus=4)  # one Ray start for the module (several seconds each)
     yield tmp_path_factory.mktemp("runtime_e2e")
     ray.shutdown()
 
@@ -31,8 +31,18 @@ def run_training(cfg):
 
 @pytest.fixture(scope="module")
 def async_run(root):
-    cfg = tiny_config(root, "--num-rollout", "5", "--max-staleness", "0", "--stale-policy", "drop",
-                      "--debug-kill-rollout-worker-at-step", "2", name="async")
+    cfg = tiny_config(
+        root,
+        "--num-rollout",
+        "5",
+        "--max-staleness",
+        "0",
+        "--stale-policy",
+        "drop",
+        "--debug-kill-rollout-worker-at-step",
+        "2",
+        name="async",
+    )
     summary = run_training(cfg)
     return cfg, summary, Path(cfg.output_dir)
 
@@ -47,15 +57,24 @@ def test_async_run_writes_the_metrics_plots_and_eval_records(async_run):
     k = cfg.n_samples_per_eval_prompt
     evals = [r for r in rows if f"eval/heldout/mean@{k}" in r]
     assert evals and evals[-1]["step"] == 5 and evals[-1]["eval/version"] == 5
-    assert {r["eval/version"] for r in evals} >= {0, 5}       # warm-start level and final
+    assert {r["eval/version"] for r in evals} >= {0, 5}  # warm-start level and final
     for name in ("reward.png", "eval.png", "clipfrac.png", "staleness_hist.png"):
         assert (out / name).stat().st_size > 1000
-    all_evals = read_jsonl(out / "eval_metrics.jsonl")              # every evaluation, also those not on a step line
+    all_evals = read_jsonl(out / "eval_metrics.jsonl")  # every evaluation, also those not on a step line
     assert {e["eval/version"] for e in all_evals} >= {r["eval/version"] for r in evals}
     records = read_jsonl(out / "eval_records.jsonl")
-    assert set(records[0]) == {"run", "method", "seed", "step", "benchmark", "prompt_id", "sample_idx", "correct",
-                               "weight_version"}
-    assert all(rec["weight_version"] == rec["step"] for rec in records)   # each eval scored the version it is keyed by
+    assert set(records[0]) == {
+        "run",
+        "method",
+        "seed",
+        "step",
+        "benchmark",
+        "prompt_id",
+        "sample_idx",
+        "correct",
+        "weight_version",
+    }
+    assert all(rec["weight_version"] == rec["step"] for rec in records)  # each eval scored the version it is keyed by
     by_step = {}
     for rec in records:
         by_step.setdefault(rec["step"], []).append(rec)
@@ -109,9 +128,9 @@ def test_resume_continues_exactly(root):
     assert batches_b[0]["trained_group_ids"] == batches_a[2]["trained_group_ids"]
     before = [g for bt in batches_a[:2] for g in bt["trained_group_ids"] + bt["dropped_group_ids"]]
     after = batches_b[0]["trained_group_ids"] + batches_b[0]["dropped_group_ids"]
-    assert not set(before) & set(after)                             # nothing trained twice
+    assert not set(before) & set(after)  # nothing trained twice
     acc = {k.split("/", 1)[1]: v for k, v in summary_b.items() if k.startswith("accounting/")}
-    assert acc["generated"] == acc["trained"] + acc["dropped"] + summary_b["buffered"]   # nothing lost
+    assert acc["generated"] == acc["trained"] + acc["dropped"] + summary_b["buffered"]  # nothing lost
     assert acc["trained"] == 3 * a.samples_per_step
     # a checkpoints directory resolves to its latest step
     assert checkpoint.resolve_checkpoint(str(Path(a.output_dir) / "checkpoints")).name == "step_000003"
@@ -120,8 +139,21 @@ def test_resume_continues_exactly(root):
 
 
 def test_sync_on_policy_run(root):
-    cfg = tiny_config(root, "--num-rollout", "2", "--rollout-mode", "sync", "--max-staleness", "0",
-                      "--update-depth", "1", "--eval-interval", "0", "--no-plots", name="sync")
+    cfg = tiny_config(
+        root,
+        "--num-rollout",
+        "2",
+        "--rollout-mode",
+        "sync",
+        "--max-staleness",
+        "0",
+        "--update-depth",
+        "1",
+        "--eval-interval",
+        "0",
+        "--no-plots",
+        name="sync",
+    )
     summary = run_training(cfg)
     rows = read_jsonl(Path(cfg.output_dir) / "metrics.jsonl")
     assert [r["rollout/staleness/max"] for r in rows] == [0, 0]
@@ -133,9 +165,22 @@ def test_sync_on_policy_run(root):
 def test_sync_rollout_lag_generates_every_batch_exactly_l_versions_behind(root):
     """--rollout-lag 2: batches at steps 1, 2 come from version 0 (lags 0, 1), every later one from
     version step - 3, i.e. lag exactly 2; with router noise on, the step-start gap is measured per step."""
-    cfg = tiny_config(root, "--num-rollout", "5", "--rollout-mode", "sync", "--max-staleness", "2",
-                      "--rollout-lag", "2", "--rollout-router-noise", "0.5", "--lr-warmup-steps", "3",
-                      name="lag2")
+    cfg = tiny_config(
+        root,
+        "--num-rollout",
+        "5",
+        "--rollout-mode",
+        "sync",
+        "--max-staleness",
+        "2",
+        "--rollout-lag",
+        "2",
+        "--rollout-router-noise",
+        "0.5",
+        "--lr-warmup-steps",
+        "3",
+        name="lag2",
+    )
     run_training(cfg)
     rows = read_jsonl(Path(cfg.output_dir) / "metrics.jsonl")
     assert [r["rollout/staleness/max"] for r in rows] == [0, 1, 2, 2, 2]
@@ -151,21 +196,36 @@ def test_sweep_writes_a_comparison_table(root):
     out = root / "sweep"
     flags = [f for f in TINY_FLAGS]
     i = flags.index("--update-depth")
-    del flags[i:i + 2]
+    del flags[i : i + 2]
     config = root / "sweep_base.yaml"
-    config.write_text("update_depth: 2\n")        # no --update-depths: the config's depth is used
-    argv = ["--config", str(config), "--policy-losses", "epic,grpo", "--seeds", "1", "--output-dir", str(out),
-            *flags, "--num-rollout", "2", "--eval-interval", "0", "--no-plots",
-            "--warm-start-cache-dir", str(root / "warm_cache")]
+    config.write_text("update_depth: 2\n")  # no --update-depths: the config's depth is used
+    argv = [
+        "--config",
+        str(config),
+        "--policy-losses",
+        "epic,grpo",
+        "--seeds",
+        "1",
+        "--output-dir",
+        str(out),
+        *flags,
+        "--num-rollout",
+        "2",
+        "--eval-interval",
+        "0",
+        "--no-plots",
+        "--warm-start-cache-dir",
+        str(root / "warm_cache"),
+    ]
     assert sweep_main(argv) == 0
     table = (out / "comparison.md").read_text()
     assert "| epic | 2 | 1 | ok |" in table and "| grpo | 2 | 1 | ok |" in table
-    assert table.startswith("> Smoke test: 2 steps per run")          # says it compares nothing
+    assert table.startswith("> Smoke test: 2 steps per run")  # says it compares nothing
     assert (out / "sweep_reward.png").exists() and (out / "comparison.csv").read_text().count("\n") == 3
-    assert sweep_main(argv) == 2                                      # a rerun would mix runs: refused
+    assert sweep_main(argv) == 2  # a rerun would mix runs: refused
 
 
-TIMING_KEYS = ("time/", "perf/", "driver/", "eval/")   # eval lines land on whichever step they finish by
+TIMING_KEYS = ("time/", "perf/", "driver/", "eval/")  # eval lines land on whichever step they finish by
 
 
 def _without_timings(rows):
@@ -212,10 +272,14 @@ def test_sigint_checkpoints_and_the_resumed_sync_run_equals_an_uninterrupted_one
     assert summary["steps_this_run"] == 4 - interrupted_at
     rows, ref_rows = read_jsonl(metrics), read_jsonl(Path(ref.output_dir) / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert _without_timings(rows) == _without_timings(ref_rows)            # bit for bit, every step
+    assert _without_timings(rows) == _without_timings(ref_rows)  # bit for bit, every step
     assert read_jsonl(Path(cfg.output_dir) / "batches.jsonl") == read_jsonl(Path(ref.output_dir) / "batches.jsonl")
-    evals = {e["eval/version"]: e["eval/heldout/mean@2"] for e in read_jsonl(Path(cfg.output_dir) / "eval_metrics.jsonl")}
-    ref_evals = {e["eval/version"]: e["eval/heldout/mean@2"] for e in read_jsonl(Path(ref.output_dir) / "eval_metrics.jsonl")}
+    evals = {
+        e["eval/version"]: e["eval/heldout/mean@2"] for e in read_jsonl(Path(cfg.output_dir) / "eval_metrics.jsonl")
+    }
+    ref_evals = {
+        e["eval/version"]: e["eval/heldout/mean@2"] for e in read_jsonl(Path(ref.output_dir) / "eval_metrics.jsonl")
+    }
     assert evals == ref_evals and set(evals) == {0, 4}
 
 
@@ -224,8 +288,20 @@ def test_every_due_evaluation_runs_on_the_weights_it_was_due_on(root):
     step): each due evaluation is queued with its weights, none is skipped or replaced by a newer
     version, and each version's records are one full evaluation. Before the queue, an evaluation
     due while one was in flight later ran on the newest weights, so versions went missing."""
-    cfg = tiny_config(root, "--num-rollout", "4", "--eval-interval", "1", "--task-eval-num-prompts", "64",
-                      "--n-samples-per-eval-prompt", "4", "--rollout-mode", "async", name="eval_queue")
+    cfg = tiny_config(
+        root,
+        "--num-rollout",
+        "4",
+        "--eval-interval",
+        "1",
+        "--task-eval-num-prompts",
+        "64",
+        "--n-samples-per-eval-prompt",
+        "4",
+        "--rollout-mode",
+        "async",
+        name="eval_queue",
+    )
     run_training(cfg)
     out = Path(cfg.output_dir)
     k = cfg.n_samples_per_eval_prompt

@@ -33,9 +33,9 @@ def test_warmup_factor_at_its_boundaries():
 
 def test_trainer_applies_the_warmup_per_adam_step_and_keeps_counting_across_steps():
     trainer, samples, _ = tiny_trainer(lr=1e-3, lr_warmup_steps=3, update_depth=2)
-    m1 = trainer.train_step(samples)       # Adam steps 0, 1: lr 1/3, 2/3 of 1e-3
+    m1 = trainer.train_step(samples)  # Adam steps 0, 1: lr 1/3, 2/3 of 1e-3
     assert m1["train/lr"] == pytest.approx(1e-3 * (1 / 3 + 2 / 3) / 2)
-    m2 = trainer.train_step(samples)       # Adam steps 2, 3: full lr
+    m2 = trainer.train_step(samples)  # Adam steps 2, 3: full lr
     assert m2["train/lr"] == pytest.approx(1e-3) and trainer.adam_steps == 4
     assert trainer.state()["adam_steps"] == 4
 
@@ -68,7 +68,7 @@ def test_trainer_kl_term_uses_the_configured_estimator():
     losses = {}
     for kind in ("k3", "low_var_kl"):
         trainer, samples, _ = tiny_trainer(kl_loss_coef=1.0, kl_loss_type=kind, update_depth=1, lr=1e-9)
-        with torch.no_grad():      # a reference far from the policy: k3 exceeds 10 on some tokens
+        with torch.no_grad():  # a reference far from the policy: k3 exceeds 10 on some tokens
             for p in trainer.ref.parameters():
                 p.mul_(-6.0)
         losses[kind] = trainer.train_step(samples)["train/kl_loss"]
@@ -110,16 +110,20 @@ def test_config_refuses_tis_with_a_top_k_mode_and_bad_beta2(tmp_path):
     with pytest.raises(ConfigError, match="rollout_router_noise"):
         tiny_config(tmp_path, "--rollout-router-noise=-0.1")
     cfg = tiny_config(tmp_path, "--lr-warmup-steps", "10", "--kl-loss-type", "low_var_kl", "--adam-beta2", "0.98")
-    d = cfg.to_dict()     # what config.json records
+    d = cfg.to_dict()  # what config.json records
     assert (d["lr_warmup_steps"], d["kl_loss_type"], d["adam_beta2"], d["use_tis"]) == (10, "low_var_kl", 0.98, False)
 
 
 # ---- router noise ----
 def _engine_and_requests(noise: float):
     torch.manual_seed(0)
-    state = {k: v.clone() for k, v in build_policy(ModelConfig(), TOK.vocab_size, TOK.pad_id, TOK.bos_id,
-                                                      TOK.eos_id, seed=0).state_dict().items()}
-    for k in state:     # routers start at zero weights: give them logits with near-ties to break
+    state = {
+        k: v.clone()
+        for k, v in build_policy(ModelConfig(), TOK.vocab_size, TOK.pad_id, TOK.bos_id, TOK.eos_id, seed=0)
+        .state_dict()
+        .items()
+    }
+    for k in state:  # routers start at zero weights: give them logits with near-ties to break
         if k.endswith("gate.weight"):
             state[k] = torch.randn_like(state[k])
     reqs = [(i, train_problem(i, 0, TaskConfig())) for i in range(4)]
@@ -131,11 +135,12 @@ def _gap(engine, groups, state) -> float:
     trainer_model.load_state_dict(state)
     samples = [s for g in groups for s in g.samples]
     with torch.no_grad():
-        lp, mask = response_log_probs(trainer_model, [s["prompt_ids"] for s in samples],
-                                      [s["response_ids"] for s in samples], 1.0, TOK.pad_id)
+        lp, mask = response_log_probs(
+            trainer_model, [s["prompt_ids"] for s in samples], [s["response_ids"] for s in samples], 1.0, TOK.pad_id
+        )
     mu = torch.zeros_like(lp)
     for i, s in enumerate(samples):
-        mu[i, :len(s["behavior_log_probs"])] = torch.tensor(s["behavior_log_probs"])
+        mu[i, : len(s["behavior_log_probs"])] = torch.tensor(s["behavior_log_probs"])
     return float(((lp - mu).abs() * mask).sum() / mask.sum())
 
 
@@ -144,10 +149,12 @@ def test_router_noise_is_rollout_only_zero_is_exact_and_sigma_opens_a_gap():
     base, reqs, state = _engine_and_requests(0.0)
     zero, _, _ = _engine_and_requests(0.0)
     from epic_slime.runtime.mismatch import install_router_noise
+
     assert install_router_noise(zero.model, 0.0, torch.Generator()) == ModelConfig().num_layers
     g0, gz = base.generate(reqs, **kw), zero.generate(reqs, **kw)
-    assert [s["behavior_log_probs"] for g in g0 for s in g.samples] == \
-        [s["behavior_log_probs"] for g in gz for s in g.samples]
+    assert [s["behavior_log_probs"] for g in g0 for s in g.samples] == [
+        s["behavior_log_probs"] for g in gz for s in g.samples
+    ]
     noisy, _, _ = _engine_and_requests(1.0)
     gn, gn2 = noisy.generate(reqs, **kw), noisy.generate(reqs, **kw)
     assert [s["response_ids"] for g in gn for s in g.samples] == [s["response_ids"] for g in gn2 for s in g.samples]
@@ -175,7 +182,7 @@ def test_fib_problems_are_exact_and_6n_plus_3_tokens(steps, tokens):
     for a, op, b in [(3, "+", 7), (0, "-", 9), (9, "+", 9), (5, "-", 5)]:
         p = make_fib_problem(a, op, b, steps)
         assert p.answer == _fib_answer(a, op, b, steps)
-        assert len(TOK.encode(p.solution)) + 1 == tokens    # + <eos>
+        assert len(TOK.encode(p.solution)) + 1 == tokens  # + <eos>
 
 
 def test_fib_splits_are_disjoint_and_the_config_rules_hold():
@@ -197,5 +204,5 @@ def test_fib_warm_start_slips_carry_on_with_exact_copies():
     slipped = slipped_solution(p, random.Random(1), 0.3)
     assert slipped != p.solution
     steps = slipped.split(";")[:-1]
-    for prev, cur in zip(steps, steps[1:]):    # each step copies b and c of the step before
+    for prev, cur in zip(steps, steps[1:]):  # each step copies b and c of the step before
         assert cur[0] == prev[2] and cur[2] == prev[4]

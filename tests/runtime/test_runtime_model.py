@@ -40,7 +40,12 @@ def _reference_log_probs(model, prompt, response, temperature):
 def test_model_is_a_small_qwen3_moe(policy):
     cfg = policy.config
     assert type(policy).__name__ == "Qwen3MoeForCausalLM"
-    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.num_hidden_layers, cfg.vocab_size) == (4, 2, 2, TOK.vocab_size)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.num_hidden_layers, cfg.vocab_size) == (
+        4,
+        2,
+        2,
+        TOK.vocab_size,
+    )
     assert sum(p.numel() for p in policy.parameters()) < 300_000
 
 
@@ -48,8 +53,16 @@ def test_model_is_a_small_qwen3_moe(policy):
 def test_behaviour_log_probs_equal_trainer_log_probs(policy, temperature, top_p):
     prompts = _prompts(12)
     assert len({len(p) for p in prompts}) > 1
-    res = sample(policy, prompts, temperature=temperature, top_p=top_p, max_new_tokens=16, eos_id=TOK.eos_id,
-                 pad_id=TOK.pad_id, generator=torch.Generator().manual_seed(1))
+    res = sample(
+        policy,
+        prompts,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=16,
+        eos_id=TOK.eos_id,
+        pad_id=TOK.pad_id,
+        generator=torch.Generator().manual_seed(1),
+    )
     responses = [r["response_ids"] for r in res]
     with torch.no_grad():
         lp, mask = response_log_probs(policy, prompts, responses, temperature, TOK.pad_id)
@@ -78,7 +91,7 @@ def test_top_p_filter_matches_definition():
             probs = row.exp().tolist()
             order = sorted(range(len(probs)), key=lambda i: -probs[i])
             keep, mass = [], 0.0
-            for i in order:               # smallest prefix of the sorted tokens whose mass reaches p
+            for i in order:  # smallest prefix of the sorted tokens whose mass reaches p
                 keep.append(i)
                 mass += probs[i]
                 if mass >= p:
@@ -94,8 +107,16 @@ def test_sampler_draws_from_the_top_p_distribution(policy):
     """Empirical first-token frequencies match exp(sampling_log_prob) (chi-square-style bound)."""
     prompt = _prompts(1)[0]
     n = 3000
-    res = sample(policy, [prompt] * n, temperature=1.0, top_p=0.9, max_new_tokens=1, eos_id=TOK.eos_id,
-                 pad_id=TOK.pad_id, generator=torch.Generator().manual_seed(2))
+    res = sample(
+        policy,
+        [prompt] * n,
+        temperature=1.0,
+        top_p=0.9,
+        max_new_tokens=1,
+        eos_id=TOK.eos_id,
+        pad_id=TOK.pad_id,
+        generator=torch.Generator().manual_seed(2),
+    )
     with torch.no_grad():
         logits = policy(input_ids=torch.tensor([prompt])).logits[0, -1].float()
     expected = _top_p_filter(torch.log_softmax(logits, -1), 0.9).exp()
@@ -116,8 +137,9 @@ def test_bfloat16_worker_reproduces_a_train_inference_mismatch():
     groups = PolicyEngine(ModelConfig(), state, 0, dtype="bfloat16").generate(reqs, **kw)
     samples = [s for g in groups for s in g.samples]
     with torch.no_grad():
-        lp, mask = response_log_probs(base.eval(), [s["prompt_ids"] for s in samples],
-                                      [s["response_ids"] for s in samples], 1.0, TOK.pad_id)
+        lp, mask = response_log_probs(
+            base.eval(), [s["prompt_ids"] for s in samples], [s["response_ids"] for s in samples], 1.0, TOK.pad_id
+        )
     gap = sum(abs(a - b) for i, s in enumerate(samples) for a, b in zip(s["behavior_log_probs"], lp[i].tolist()))
     gap /= int(mask.sum())
     assert 1e-4 < gap < 0.5

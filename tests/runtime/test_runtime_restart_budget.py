@@ -70,10 +70,10 @@ def test_a_restarted_worker_gives_back_exactly_its_lost_groups_slots(tmp_path, m
     # worker 0 dies with its request of 2 prompts (8 samples): its 2 groups leave the budget
     (fut0,) = [f for f, (i, _, _) in run.pending_gen.items() if i == 0]
     dead.add(fut0)
-    run.version = 1                       # a step was trained meanwhile
+    run.version = 1  # a step was trained meanwhile
     run._collect_generation(fut0)
     assert made == [0] and run.acc.lost == 2 * n and run.acc.worker_restarts == 1
-    assert run.live_started == 2          # 4 started - 2 lost, not - 8 samples, not - 0
+    assert run.live_started == 2  # 4 started - 2 lost, not - 8 samples, not - 0
     assert "rollout worker 0 died" in capsys.readouterr().err
     # the new worker was built with the current weights: its next request carries none
     assert run.worker_versions[0] == 1 and run._submit_version(0) == (False, 1)
@@ -82,12 +82,12 @@ def test_a_restarted_worker_gives_back_exactly_its_lost_groups_slots(tmp_path, m
     run._fill_workers()
     assert run.live_started == 4 and run.workers[0].requests == [([4, 5], False, 1)]
     # a second death at the limit's edge: the budget binds before the memory cap
-    run.live_started = 12 - 1 + 2         # 1 slot short of the limit, plus worker 0's 2 in flight
+    run.live_started = 12 - 1 + 2  # 1 slot short of the limit, plus worker 0's 2 in flight
     (fut0,) = [f for f, (i, _, _) in run.pending_gen.items() if i == 0]
     dead.add(fut0)
     run._collect_generation(fut0)
     assert run.live_started == 11 and run.acc.worker_restarts == 2
-    assert run._room(0) == 1              # the memory cap would allow 2
+    assert run._room(0) == 1  # the memory cap would allow 2
 
 
 def test_a_resume_counts_the_buffered_groups_against_the_budget(tmp_path, monkeypatch):

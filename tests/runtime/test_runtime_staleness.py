@@ -35,7 +35,7 @@ def test_keep_policy_trains_stale_groups_and_counts_them():
     buf = _groups([0, 3, 1, 5], n=3)
     sel = select_batch(buf, current_version=5, n_groups=3, max_staleness=2, stale_policy="keep")
     assert [g.group_id for g in sel.batch] == [0, 1, 2]
-    assert sel.dropped == [] and sel.stale_kept == 6          # groups 0 and 2: lag 5 and 4 > K, 3 samples each
+    assert sel.dropped == [] and sel.stale_kept == 6  # groups 0 and 2: lag 5 and 4 > K, 3 samples each
 
 
 def test_not_enough_fresh_groups_leaves_them_in_order_but_drops_are_final():
@@ -83,6 +83,7 @@ def test_accounting_round_trip_keeps_every_counter():
 
 # ---- the runtime driver's use of the rules (no Ray: the trainer and workers are stand-ins) ----
 
+
 def _run(tmp_path, *flags, name="run"):
     from support.runtime_helpers import tiny_config
 
@@ -95,17 +96,17 @@ def _run(tmp_path, *flags, name="run"):
 def test_trainable_groups_counts_the_groups_select_batch_would_train(tmp_path, k, policy, expected):
     run = _run(tmp_path, "--max-staleness", str(k), "--stale-policy", policy)
     run.version = 3
-    run.buffer = _groups([3, 2, 3, 1])                 # lags 0, 1, 0, 2
+    run.buffer = _groups([3, 2, 3, 1])  # lags 0, 1, 0, 2
     assert run._trainable_groups() == expected
     sel = select_batch(deque(run.buffer), 3, expected, k, policy)
-    assert sel.batch is not None and len(sel.batch) == expected    # exactly that many are trainable
+    assert sel.batch is not None and len(sel.batch) == expected  # exactly that many are trainable
 
 
 def test_top_up_with_k0_stops_once_a_fresh_batch_is_buffered(tmp_path):
     """--max-staleness 0: groups of the current version count as trainable (else a save hangs)."""
     run = _run(tmp_path, "--max-staleness", "0")
     run.version = 2
-    run.buffer = _groups([1, 1, 1, 1])                 # a full batch, all one step stale
+    run.buffer = _groups([1, 1, 1, 1])  # a full batch, all one step stale
     run.workers = [None, None]
     rounds = []
 
@@ -119,7 +120,7 @@ def test_top_up_with_k0_stops_once_a_fresh_batch_is_buffered(tmp_path):
 
     run._submit, run._drain = submit, drain
     run._top_up()
-    assert len(rounds) == 2 and run._trainable_groups() == 4     # 2 workers x 2 rounds = 4 fresh groups
+    assert len(rounds) == 2 and run._trainable_groups() == 4  # 2 workers x 2 rounds = 4 fresh groups
 
 
 class _StubTrainer:
@@ -165,7 +166,7 @@ def test_checkpoint_and_restore_bring_back_every_driver_field(tmp_path, monkeypa
     resumed.acc.check(resumed._buffered_samples())
 
     wrong = _run(tmp_path, "--max-staleness", "1", "--load", str(path.parent), name="c")
-    wrong.trainer = _StubTrainer(2)               # a trainer checkpoint of another step
+    wrong.trainer = _StubTrainer(2)  # a trainer checkpoint of another step
     wrong._check_resume()
     with pytest.raises(RuntimeError, match="trainer version 2 != driver version 3"):
         wrong._restore(path)
@@ -173,7 +174,7 @@ def test_checkpoint_and_restore_bring_back_every_driver_field(tmp_path, monkeypa
 
 def test_batches_are_taken_in_start_order_and_wait_for_the_oldest_group():
     """Start order = group_id; a group still generating (first_unfinished) holds the batch."""
-    buf = deque(Group(group_id=i, version=0, samples=[{}]) for i in (3, 0, 4, 1))   # finished out of order
+    buf = deque(Group(group_id=i, version=0, samples=[{}]) for i in (3, 0, 4, 1))  # finished out of order
     sel = select_batch(buf, current_version=1, n_groups=2, max_staleness=2, stale_policy="drop", first_unfinished=2)
     assert [g.group_id for g in sel.batch] == [0, 1] and [g.group_id for g in buf] == [3, 4]
     # group 2 still generating: 3 and 4 cannot form a batch without it
@@ -188,16 +189,16 @@ def test_runtime_admission_follows_the_budget_in_its_own_versions(tmp_path):
     b, ppr = run.cfg.rollout_batch_size, run.prompts_per_request
     run.worker_versions = [0, 0]
     run.live_started = 2 * b - 1
-    assert run._room(0) == 1                       # (0 + 1 + 1) * B = 2B: one group left
+    assert run._room(0) == 1  # (0 + 1 + 1) * B = 2B: one group left
     run.live_started = 2 * b
     assert run._room(0) == 0
     run.version, run.worker_versions = 1, [-1, -1]  # the worker gets version 1 with its next request
     assert run._room(0) == min(ppr, b)
     assert b == 4 and ppr == 2
-    run.live_started = 4 * b - 1                    # at version 1 the limit is 3B: over it, no room
+    run.live_started = 4 * b - 1  # at version 1 the limit is 3B: over it, no room
     assert run._room(0) == 0
     run.version, run.live_started = 3, 10
-    run.buffer = _groups([0, 0, 3], n=run.cfg.n_samples_per_prompt)   # two groups 3 versions old (> K)
+    run.buffer = _groups([0, 0, 3], n=run.cfg.n_samples_per_prompt)  # two groups 3 versions old (> K)
     run.pending_gen = {}
     sel = run._take_batch()
     assert sel.batch is None and len(sel.dropped) == 2 and run.live_started == 8
@@ -211,8 +212,16 @@ def _room_states(max_staleness: int, tmp_path):
     from epic_slime.runtime.driver import Run
 
     repo = Path(__file__).resolve().parents[2]
-    cfg = parse_config(["--config", str(repo / "configs" / "local" / "default.yaml"), "--output-dir", str(tmp_path),
-                        "--max-staleness", str(max_staleness)])
+    cfg = parse_config(
+        [
+            "--config",
+            str(repo / "configs" / "local" / "default.yaml"),
+            "--output-dir",
+            str(tmp_path),
+            "--max-staleness",
+            str(max_staleness),
+        ]
+    )
     run, batch, n = Run(cfg), cfg.rollout_batch_size, cfg.n_samples_per_prompt
     request, cap = run.prompts_per_request, cfg.rollout_buffer_batches * batch
     run.version, run.worker_versions = 5, [5] * cfg.num_rollout_workers
@@ -233,4 +242,4 @@ def test_at_the_default_k_the_admission_budget_never_holds_back_a_request_the_me
     states = list(_room_states(2, tmp_path / "k2"))
     assert len(states) > 100 and all(budget == cap for cap, budget in states)
     tighter = [(cap, budget) for cap, budget in _room_states(1, tmp_path / "k1") if budget < cap]
-    assert tighter   # the test can tell: at K = 1 some admitted request is cut or held
+    assert tighter  # the test can tell: at K = 1 some admitted request is cut or held

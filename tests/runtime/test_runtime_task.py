@@ -24,7 +24,7 @@ def test_tokenizer_round_trip_and_answer_token():
     ids = tok.encode(text)
     assert tok.decode(ids) == text
     assert ids.count(tok.answer_id) == 1
-    assert tok.decode(ids + [tok.eos_id, tok.token_to_id["7"]]) == text   # stops at <eos>
+    assert tok.decode(ids + [tok.eos_id, tok.token_to_id["7"]]) == text  # stops at <eos>
     with pytest.raises(ValueError, match="'x'"):
         tok.encode("3x5")
 
@@ -41,7 +41,7 @@ def test_problems_are_correct_and_deterministic(ops):
         # every step line is a true equation
         for a, op, b, c in re.findall(r"(-?\d+)([+\-*])(\d+)=(-?\d+);", p.solution):
             assert eval(f"{a}{op}{b}") == int(c)
-    assert any(train_problem(i, 3, cfg) != train_problem(i, 4, cfg) for i in range(10))   # seeds differ
+    assert any(train_problem(i, 3, cfg) != train_problem(i, 4, cfg) for i in range(10))  # seeds differ
 
 
 def test_heldout_split_is_disjoint_from_training():
@@ -51,7 +51,7 @@ def test_heldout_split_is_disjoint_from_training():
     assert all(is_heldout(p.prompt, cfg) for p in held)
     train_prompts = {train_problem(i, 1, cfg).prompt for i in range(3000)}
     assert not train_prompts & {p.prompt for p in held}
-    assert eval_problems(cfg) == held                       # seed-independent, fixed
+    assert eval_problems(cfg) == held  # seed-independent, fixed
 
 
 def test_too_many_eval_prompts_is_a_clear_error():
@@ -61,12 +61,12 @@ def test_too_many_eval_prompts_is_a_clear_error():
 
 def test_exact_verifier():
     tok = Tokenizer()
-    enc = lambda s: tok.encode(s) + [tok.eos_id]   # noqa: E731
+    enc = lambda s: tok.encode(s) + [tok.eos_id]  # noqa: E731
     assert answer_reward(enc("3+5=8;Answer:8"), 8, tok) == 1.0
     assert answer_reward(enc("3+5=8;Answer:-8"), -8, tok) == 1.0
     assert answer_reward(enc("3+5=8;Answer:9"), 8, tok) == 0.0
-    assert answer_reward(enc("3+5=8;Answer:8;"), 8, tok) == 0.0        # answer must end the response
-    assert answer_reward(enc("Answer:7Answer:8"), 8, tok) == 1.0       # the final answer counts
+    assert answer_reward(enc("3+5=8;Answer:8;"), 8, tok) == 0.0  # answer must end the response
+    assert answer_reward(enc("Answer:7Answer:8"), 8, tok) == 1.0  # the final answer counts
     assert answer_reward(tok.encode("3+5=8;Answer:8"), 8, tok) == 0.0  # truncated: no <eos>
     assert answer_reward(enc("88"), 8, tok) == 0.0
     assert parse_answer("Answer:") is None and parse_answer("Answer:12") == 12
@@ -83,13 +83,18 @@ def test_the_registry_names_each_task_once_and_checks_its_limits():
         validate_task_config(TaskConfig(name="chain_long", min_operands=34, max_operands=41))
     long = train_problem(3, 1, TaskConfig(name="chain_long", min_operands=34, max_operands=34))
     assert long.solution.count(";") == 33 and len(long.solution) >= 199
-    with pytest.raises(ValueError, match="task_name must be one of \\['arith', 'chain', 'chain_long', 'fib'\\], got 'poetry'"):
+    with pytest.raises(
+        ValueError, match="task_name must be one of \\['arith', 'chain', 'chain_long', 'fib'\\], got 'poetry'"
+    ):
         get_task("poetry")
     validate_task_config(TaskConfig(name="chain", min_operands=12, max_operands=14))
     with pytest.raises(ValueError, match="<= 6"):
-        validate_task_config(TaskConfig(max_operands=7))            # the arithmetic task's own limit
+        validate_task_config(TaskConfig(max_operands=7))  # the arithmetic task's own limit
     with pytest.raises(ValueError, match="<= 14"):
         validate_task_config(TaskConfig(name="chain", min_operands=12, max_operands=15))
     # dispatch by name: the chain task's stream differs from the arithmetic one for the same (index, seed)
-    assert train_problem(3, 1, TaskConfig(name="chain", min_operands=9, max_operands=9)).prompt.count("+") + \
-        train_problem(3, 1, TaskConfig(name="chain", min_operands=9, max_operands=9)).prompt.count("-") == 8
+    assert (
+        train_problem(3, 1, TaskConfig(name="chain", min_operands=9, max_operands=9)).prompt.count("+")
+        + train_problem(3, 1, TaskConfig(name="chain", min_operands=9, max_operands=9)).prompt.count("-")
+        == 8
+    )

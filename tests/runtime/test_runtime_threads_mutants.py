@@ -29,14 +29,18 @@ def _actor_class(handle):
     return meta.modified_class
 
 
-@pytest.mark.parametrize("name, args", [
-    ("RolloutWorker", (0, "cfg", {}, 1, "float32", 7)),
-    ("EvalWorker", ("cfg", {}, 7)),
-    ("Trainer", ({}, {"lr": 1e-3})),
-])
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("RolloutWorker", (0, "cfg", {}, 1, "float32", 7)),
+        ("EvalWorker", ("cfg", {}, 7)),
+        ("Trainer", ({}, {"lr": 1e-3})),
+    ],
+)
 @pytest.mark.parametrize("env, expected", [(None, 1), ("3", 3)])
-def test_each_actor_sets_torch_threads_before_it_builds_torch_state(monkeypatch, callers_threads, name, args, env,
-                                                                   expected):
+def test_each_actor_sets_torch_threads_before_it_builds_torch_state(
+    monkeypatch, callers_threads, name, args, env, expected
+):
     """The actors share the cores with each other and with other work: torch's default team (one per
     core) spins at OpenMP barriers on a busy machine (threads.py)."""
     from epic_slime.runtime import rollout, trainer
@@ -46,6 +50,7 @@ def test_each_actor_sets_torch_threads_before_it_builds_torch_state(monkeypatch,
     def recording(*a, **kw):
         seen["threads"] = torch.get_num_threads()
         return object()
+
     monkeypatch.setattr(rollout, "PolicyEngine", recording)
     monkeypatch.setattr(trainer, "PolicyTrainer", recording)
     if env is None:

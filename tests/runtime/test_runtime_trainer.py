@@ -28,20 +28,23 @@ def test_train_step_updates_weights_and_version_and_reports_metrics():
     trainer, samples, state = tiny_trainer(kl_loss_coef=1e-3)
     m = trainer.train_step(samples)
     assert trainer.version == 1 and m["train/version"] == 1
-    assert m["train/logprob_abs_diff_step_start"] < 1e-5          # same weights sampled and train
+    assert m["train/logprob_abs_diff_step_start"] < 1e-5  # same weights sampled and train
     assert 0.0 <= m["train/policy/clipfrac"] <= 1.0 and "train/kl_loss" in m
     new = trainer.get_weights()
     assert any(not torch.equal(new[k], state[k]) for k in state)
     # the update moved log-probs of positive-advantage samples up relative to negative ones
     pos = [s for s in samples if s["advantage"] > 0]
     neg = [s for s in samples if s["advantage"] < 0]
+
     def mean_seq_lp(weights, batch):
         model = build_policy(ModelConfig(), TOK.vocab_size, TOK.pad_id, TOK.bos_id, TOK.eos_id, 0)
         model.load_state_dict(weights)
         with torch.no_grad():
-            lp, mask = response_log_probs(model.eval(), [s["prompt_ids"] for s in batch],
-                                          [s["response_ids"] for s in batch], 1.0, TOK.pad_id)
+            lp, mask = response_log_probs(
+                model.eval(), [s["prompt_ids"] for s in batch], [s["response_ids"] for s in batch], 1.0, TOK.pad_id
+            )
         return float(((lp * mask).sum(1) / mask.sum(1)).mean())
+
     d_pos = mean_seq_lp(new, pos) - mean_seq_lp(state, pos)
     d_neg = mean_seq_lp(new, neg) - mean_seq_lp(state, neg)
     assert d_pos > d_neg
@@ -58,7 +61,7 @@ def test_state_round_trip_gives_identical_next_step():
     t1.train_step(samples)
     saved = t1.state()
     m1 = t1.train_step(samples)
-    t2, _, _ = tiny_trainer(seed=5)        # a different minibatch RNG until the state is loaded
+    t2, _, _ = tiny_trainer(seed=5)  # a different minibatch RNG until the state is loaded
     t2.load_state(saved)
     m2 = t2.train_step(samples)
     assert m2["train/pg_loss"] == m1["train/pg_loss"] and m2["train/grad_norm"] == m1["train/grad_norm"]
@@ -67,26 +70,50 @@ def test_state_round_trip_gives_identical_next_step():
 
 def test_topk_mode_gets_the_behaviour_top_k_set_and_trains():
     torch.set_num_threads(1)
-    state = {k: v.clone() for k, v in build_policy(ModelConfig(), TOK.vocab_size, TOK.pad_id, TOK.bos_id,
-                                                      TOK.eos_id, seed=0).state_dict().items()}
+    state = {
+        k: v.clone()
+        for k, v in build_policy(ModelConfig(), TOK.vocab_size, TOK.pad_id, TOK.bos_id, TOK.eos_id, seed=0)
+        .state_dict()
+        .items()
+    }
     engine = PolicyEngine(ModelConfig(), state, 0)
     reqs = [(i, train_problem(i, 0, TaskConfig())) for i in range(4)]
     groups = engine.generate(reqs, n_samples=4, temperature=0.8, top_p=1.0, max_new_tokens=12, seed=0, topk=3)
-    samples = [{**s, "advantage": a} for g in groups
-               for s, a in zip(g.samples, group_advantages([float(j % 2) for j in range(len(g))]))]
+    samples = [
+        {**s, "advantage": a}
+        for g in groups
+        for s, a in zip(g.samples, group_advantages([float(j % 2) for j in range(len(g))]))
+    ]
     # reference: the 3 largest entries of the trainer's log_softmax(logits / T) at each response position
     with torch.no_grad():
-        _, mask, all_lp = response_log_probs(engine.model, [s["prompt_ids"] for s in samples],
-                                             [s["response_ids"] for s in samples], 0.8, TOK.pad_id, return_all=True)
+        _, mask, all_lp = response_log_probs(
+            engine.model,
+            [s["prompt_ids"] for s in samples],
+            [s["response_ids"] for s in samples],
+            0.8,
+            TOK.pad_id,
+            return_all=True,
+        )
     for i, s in enumerate(samples):
         n = len(s["response_ids"])
         assert len(s["topk_ids"]) == n and all(len(row) == 3 for row in s["topk_ids"])
         ref = torch.topk(all_lp[i, :n], 3, dim=-1)
         assert torch.allclose(torch.tensor(s["topk_log_probs"]), ref.values, atol=2e-5)
         assert all(set(a) == set(b) for a, b in zip(s["topk_ids"], ref.indices.tolist()))
-    trainer = PolicyTrainer(model_cfg=ModelConfig(), init_state=state, policy_loss="dppo_topk_tv",
-                            policy_loss_params={}, policy_loss_aggregation=None, update_depth=2, lr=1e-3,
-                            weight_decay=0.0, clip_grad=1.0, kl_loss_coef=0.0, temperature=0.8, seed=0)
+    trainer = PolicyTrainer(
+        model_cfg=ModelConfig(),
+        init_state=state,
+        policy_loss="dppo_topk_tv",
+        policy_loss_params={},
+        policy_loss_aggregation=None,
+        update_depth=2,
+        lr=1e-3,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        kl_loss_coef=0.0,
+        temperature=0.8,
+        seed=0,
+    )
     m = trainer.train_step(samples)
     assert math.isfinite(m["train/pg_loss"]) and trainer.version == 1
     with pytest.raises(ValueError, match="topk_ids"):
@@ -99,13 +126,14 @@ def test_bad_tokens_are_skipped_and_counted_with_the_kl_term_finite():
     samples[7] = {**samples[7], "behavior_log_probs": [0.5] + list(samples[7]["behavior_log_probs"][1:])}
     m = trainer.train_step(samples)
     assert m["train/policy/bad_tokens"] == 2 and m["train/policy/skipped_steps"] == 0
-    valid = sum(len(s["response_ids"]) for s in samples)   # every response token is on the mask here
+    valid = sum(len(s["response_ids"]) for s in samples)  # every response token is on the mask here
     assert m["train/policy/bad_token_frac"] == pytest.approx(2 / valid)
     assert all(math.isfinite(v) for k, v in m.items() if isinstance(v, float)), m
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     raising, samples, _ = tiny_trainer(on_bad_tokens="raise")
     samples[3] = {**samples[3], "behavior_log_probs": [float("nan")] + list(samples[3]["behavior_log_probs"][1:])}
     from epic_slime.losses import PolicyLossInputError
+
     with pytest.raises(PolicyLossInputError, match="behavior_log_probs has a non-finite value"):
         raising.train_step(samples)
 
@@ -114,7 +142,7 @@ def test_non_finite_gradient_skips_the_optimizer_step_and_counts_it(monkeypatch)
     real_clip = torch.nn.utils.clip_grad_norm_
     calls = []
 
-    def first_norm_is_nan(params, max_norm):      # what a NaN/inf gradient makes clip_grad_norm_ return
+    def first_norm_is_nan(params, max_norm):  # what a NaN/inf gradient makes clip_grad_norm_ return
         calls.append(1)
         norm = real_clip(params, max_norm)
         return torch.tensor(float("nan")) if len(calls) == 1 else norm
@@ -123,7 +151,7 @@ def test_non_finite_gradient_skips_the_optimizer_step_and_counts_it(monkeypatch)
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", first_norm_is_nan)
     m = trainer.train_step(samples)
     assert m["train/policy/skipped_steps"] == 1 and trainer.version == 1
-    assert trainer.opt.state_dict()["state"][0]["step"] == 1        # 2 minibatches, one update
+    assert trainer.opt.state_dict()["state"][0]["step"] == 1  # 2 minibatches, one update
     calls.clear()
     raising, samples, _ = tiny_trainer(on_bad_tokens="raise")
     with pytest.raises(FloatingPointError, match="gradient norm is nan"):
@@ -138,7 +166,7 @@ def _k3_kl(model, ref, samples) -> float:
         ref_lp, _ = response_log_probs(ref, prompts, responses, 1.0, TOK.pad_id)
     total = 0.0
     for i in range(len(samples)):
-        d = (ref_lp[i] - lp[i])[mask[i]].double()       # log ref - log pi on the valid tokens
+        d = (ref_lp[i] - lp[i])[mask[i]].double()  # log ref - log pi on the valid tokens
         total += float((d.exp() - 1 - d).mean())
     return total / len(samples)
 
@@ -148,7 +176,7 @@ def test_kl_term_pulls_the_policy_back_to_the_reference():
     trainer, samples, _ = tiny_trainer(kl_loss_coef=1.0, lr=3e-3, update_depth=1)
     samples = [{**s, "advantage": 0.0} for s in samples]
     gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():   # move the policy away from the frozen reference (its initial weights)
+    with torch.no_grad():  # move the policy away from the frozen reference (its initial weights)
         for p in trainer.model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
     before = _k3_kl(trainer.model, trainer.ref, samples)
@@ -158,7 +186,7 @@ def test_kl_term_pulls_the_policy_back_to_the_reference():
         m = trainer.train_step(samples)
         kls.append(m["train/kl_loss"])
     after = _k3_kl(trainer.model, trainer.ref, samples)
-    assert kls[0] == pytest.approx(before, rel=1e-3)   # the logged term is the KL measured here
+    assert kls[0] == pytest.approx(before, rel=1e-3)  # the logged term is the KL measured here
     assert after < 0.8 * before, (before, after)
 
 

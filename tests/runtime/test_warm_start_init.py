@@ -10,8 +10,16 @@ from epic_slime.runtime.model import ModelConfig, build_policy
 from epic_slime.runtime.task import TaskConfig, Tokenizer
 from epic_slime.runtime.warmstart import load_or_train_warm_start, warm_start_key
 
-TINY = ModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, num_experts=2, top_k=1,
-                   moe_intermediate_size=16, max_positions=64)
+TINY = ModelConfig(
+    hidden_size=16,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    num_experts=2,
+    top_k=1,
+    moe_intermediate_size=16,
+    max_positions=64,
+)
 
 
 def _weights(seed: int, model_cfg: ModelConfig = TINY) -> dict:
@@ -25,17 +33,18 @@ def _max_diff(a: dict, b: dict) -> float:
 
 
 def _train(tmp_path, init, steps=1, lr=1e-12):
-    return load_or_train_warm_start(TINY, TaskConfig(), steps=steps, lr=lr, batch_size=2, seed=0,
-                                    cache_dir=tmp_path / "cache", init=init)
+    return load_or_train_warm_start(
+        TINY, TaskConfig(), steps=steps, lr=lr, batch_size=2, seed=0, cache_dir=tmp_path / "cache", init=init
+    )
 
 
 def test_the_warm_start_starts_from_the_init_weights_not_a_fresh_model(tmp_path):
-    start = _weights(seed=7)                       # another seed than the warm start's own (0)
+    start = _weights(seed=7)  # another seed than the warm start's own (0)
     torch.save(start, tmp_path / "init.pt")
     from_init, _ = _train(tmp_path, tmp_path / "init.pt")
     fresh, _ = _train(tmp_path, None)
-    assert _max_diff(from_init, start) < 1e-6      # one step at lr 1e-12 leaves the weights where they began
-    assert _max_diff(fresh, start) > 1e-2          # a fresh model (seed 0) is elsewhere
+    assert _max_diff(from_init, start) < 1e-6  # one step at lr 1e-12 leaves the weights where they began
+    assert _max_diff(fresh, start) > 1e-2  # a fresh model (seed 0) is elsewhere
 
 
 def test_the_init_files_content_is_in_the_cache_key_only_when_set(tmp_path):
@@ -46,7 +55,7 @@ def test_the_init_files_content_is_in_the_cache_key_only_when_set(tmp_path):
     first, how = _train(tmp_path, tmp_path / "init.pt")
     assert how.startswith("trained:")
     assert _train(tmp_path, tmp_path / "init.pt")[1] == how.replace("trained:", "cache:")
-    torch.save(_weights(seed=2), tmp_path / "init.pt")          # same path, other weights: trained again
+    torch.save(_weights(seed=2), tmp_path / "init.pt")  # same path, other weights: trained again
     second, how2 = _train(tmp_path, tmp_path / "init.pt")
     assert how2.startswith("trained:") and how2 != how
     assert _max_diff(first, second) > 1e-2
@@ -56,9 +65,22 @@ def test_a_missing_or_misfitting_init_file_is_a_one_line_error_naming_the_field(
     with pytest.raises(ValueError, match=r"^warm_start_init: cannot read weights from '.*nowhere\.pt'") as e:
         _train(tmp_path, tmp_path / "nowhere.pt")
     assert "\n" not in str(e.value)
-    torch.save(_weights(seed=0, model_cfg=ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                                                      num_experts=2, top_k=1, moe_intermediate_size=16,
-                                                      max_positions=64)), tmp_path / "wide.pt")
+    torch.save(
+        _weights(
+            seed=0,
+            model_cfg=ModelConfig(
+                hidden_size=32,
+                num_layers=1,
+                num_heads=2,
+                num_kv_heads=1,
+                num_experts=2,
+                top_k=1,
+                moe_intermediate_size=16,
+                max_positions=64,
+            ),
+        ),
+        tmp_path / "wide.pt",
+    )
     with pytest.raises(ValueError, match=r"^warm_start_init: the weights do not fit this model") as e:
         _train(tmp_path, tmp_path / "wide.pt")
     assert "\n" not in str(e.value)

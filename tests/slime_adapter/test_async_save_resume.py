@@ -31,7 +31,7 @@ from epic_slime.slime import train
 from epic_slime.slime.checkpoint_marks import MODEL_DONE_FILE, ModelSaves, model_checkpoint_complete
 from epic_slime.staleness import GroupLedger
 
-BATCH, NUM_ROLLOUT, SAVE_INTERVAL, KILL_AT = 3, 6, 2, 3   # saves after rollouts 1, 3, 5
+BATCH, NUM_ROLLOUT, SAVE_INTERVAL, KILL_AT = 3, 6, 2, 3  # saves after rollouts 1, 3, 5
 
 
 class Killed(BaseException):
@@ -53,18 +53,22 @@ class InnerSource:
     def save(self, rollout_id):
         import torch
 
-        torch.save({"offset": self.offset}, os.path.join(self.args.save, f"rollout/global_dataset_state_dict_{rollout_id}.pt"))
+        torch.save(
+            {"offset": self.offset}, os.path.join(self.args.save, f"rollout/global_dataset_state_dict_{rollout_id}.pt")
+        )
 
     def load(self, rollout_id=None):
         import torch
 
         if self.args.load is None or rollout_id is None or rollout_id < 0:
             return
-        self.offset = torch.load(os.path.join(self.args.load, f"rollout/global_dataset_state_dict_{rollout_id}.pt"))["offset"]
+        self.offset = torch.load(os.path.join(self.args.load, f"rollout/global_dataset_state_dict_{rollout_id}.pt"))[
+            "offset"
+        ]
 
 
 def data_source(args) -> project_rollout.StreamingDataSource:
-    source = object.__new__(project_rollout.StreamingDataSource)   # __init__ builds slime's real inner source
+    source = object.__new__(project_rollout.StreamingDataSource)  # __init__ builds slime's real inner source
     source.args, source.inner, source.ledger = args, InnerSource(args), GroupLedger()
     source._lock, source._restored, source._returned = threading.Lock(), deque(), deque()
     return source
@@ -112,11 +116,11 @@ class AsyncSavingTrainGroup:
         self.trained: dict[int, list] = {}
         self.writer: threading.Thread | None = None
         self.writing: int | None = None
-        self.hold = threading.Event()      # a slow disk: the second half waits for it
+        self.hold = threading.Event()  # a slow disk: the second half waits for it
         self.killed = threading.Event()
         self.start_rollout_id = 0
         tracker = os.path.join(args.save, "latest_checkpointed_iteration.txt")
-        if args.load and os.path.exists(tracker):   # Megatron's --load: the newest finalized save
+        if args.load and os.path.exists(tracker):  # Megatron's --load: the newest finalized save
             with open(tracker) as handle:
                 self.start_rollout_id = int(handle.read()) + 1
         if getattr(args, "ckpt_step", None) is not None:
@@ -134,7 +138,7 @@ class AsyncSavingTrainGroup:
             handle.write("first half")
         self.hold.wait()
         if self.killed.is_set():
-            return   # the process is gone: the second half is never written
+            return  # the process is gone: the second half is never written
         with open(os.path.join(folder, "shard_1"), "w") as handle:
             handle.write("second half")
 
@@ -143,18 +147,18 @@ class AsyncSavingTrainGroup:
             return
         self.writer.join()
         with open(os.path.join(self.args.save, "latest_checkpointed_iteration.txt"), "w") as handle:
-            handle.write(str(self.writing))   # Megatron's iter_finalize_fn
+            handle.write(str(self.writing))  # Megatron's iter_finalize_fn
         self.writer = self.writing = None
 
     def save_model(self, rollout_id, force_sync=False):
-        self._finalize()   # slime: maybe_finalize_async_save(blocking=True) before the next save
+        self._finalize()  # slime: maybe_finalize_async_save(blocking=True) before the next save
         self.hold = threading.Event()
         if self.kill_at != rollout_id:
             self.hold.set()
         self.writing = rollout_id
         self.writer = threading.Thread(target=self._write, args=(rollout_id,), daemon=True)
         self.writer.start()
-        if force_sync or not self.args.async_save:   # without --async-save, save_model returns once written
+        if force_sync or not self.args.async_save:  # without --async-save, save_model returns once written
             self._finalize()
 
     def update_weights(self):
@@ -176,10 +180,24 @@ def _get(ref):
 
 
 def _args(save, **overrides):
-    values = dict(start_rollout_id=None, num_rollout=NUM_ROLLOUT, eval_interval=None, save_interval=SAVE_INTERVAL,
-                  rollout_global_dataset=True, skip_eval_before_train=True, max_staleness=2, async_save=True,
-                  offload_rollout=False, offload_train=False, release_train=False, check_weight_update_equal=False,
-                  colocate=False, save=str(save), load=None, ckpt_step=None)
+    values = dict(
+        start_rollout_id=None,
+        num_rollout=NUM_ROLLOUT,
+        eval_interval=None,
+        save_interval=SAVE_INTERVAL,
+        rollout_global_dataset=True,
+        skip_eval_before_train=True,
+        max_staleness=2,
+        async_save=True,
+        offload_rollout=False,
+        offload_train=False,
+        release_train=False,
+        check_weight_update_equal=False,
+        colocate=False,
+        save=str(save),
+        load=None,
+        ckpt_step=None,
+    )
     values.update(overrides)
     return types.SimpleNamespace(**values)
 
@@ -210,13 +228,15 @@ def test_a_kill_during_the_asynchronous_write_resumes_from_the_last_complete_sav
     assert (save / "rollout" / "global_dataset_state_dict_3.pt").exists()
     assert (save / "iter_0000003" / "shard_0").exists() and not (save / "iter_0000003" / "shard_1").exists()
     assert not (save / MODEL_DONE_FILE.format(rollout_id=3)).exists()
-    assert (save / MODEL_DONE_FILE.format(rollout_id=1)).exists()   # marked once save_model(3) had waited for it
+    assert (save / MODEL_DONE_FILE.format(rollout_id=1)).exists()  # marked once save_model(3) had waited for it
     assert not model_checkpoint_complete(str(save), 3) and model_checkpoint_complete(str(save), 1)
 
     resumed, source = _session(_args(save, load=str(save)))
-    assert sorted(resumed.trained) == [2, 3, 4, 5]   # from the previous consistent save (rollout 1)
-    lineage = [k for r in (0, 1) for k in first.trained[r]] + [k for r in range(2, NUM_ROLLOUT) for k in resumed.trained[r]]
-    assert sorted(lineage) == list(range(BATCH * NUM_ROLLOUT))   # every prompt trained once
+    assert sorted(resumed.trained) == [2, 3, 4, 5]  # from the previous consistent save (rollout 1)
+    lineage = [k for r in (0, 1) for k in first.trained[r]] + [
+        k for r in range(2, NUM_ROLLOUT) for k in resumed.trained[r]
+    ]
+    assert sorted(lineage) == list(range(BATCH * NUM_ROLLOUT))  # every prompt trained once
     # the run ended with a forced save: everything written is marked, the tracker on the last save
     assert all((save / MODEL_DONE_FILE.format(rollout_id=r)).exists() for r in (1, 3, 5))
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "5"
@@ -225,9 +245,12 @@ def test_a_kill_during_the_asynchronous_write_resumes_from_the_last_complete_sav
 def test_a_resume_from_the_torn_checkpoint_is_refused_naming_the_last_consistent_save(tmp_path):
     save = tmp_path / "ckpt"
     _session(_args(save), kill_during_write_of=KILL_AT)
-    args = _args(save, load=str(save), ckpt_step=3)   # --ckpt-step 3: Megatron would take the torn iter_3
-    with pytest.raises(RuntimeError, match=r"rollout-3 checkpoint: its model checkpoint is not marked complete.*"
-                                           r"last consistent save is rollout 1: resume from it with --ckpt-step 1"):
+    args = _args(save, load=str(save), ckpt_step=3)  # --ckpt-step 3: Megatron would take the torn iter_3
+    with pytest.raises(
+        RuntimeError,
+        match=r"rollout-3 checkpoint: its model checkpoint is not marked complete.*"
+        r"last consistent save is rollout 1: resume from it with --ckpt-step 1",
+    ):
         _session(args)
     resumed, _ = _session(_args(save, load=str(save), ckpt_step=1))
     assert sorted(resumed.trained) == [2, 3, 4, 5]
@@ -266,7 +289,7 @@ def test_a_second_lineage_saving_a_rollout_again_drops_its_old_marker(tmp_path):
     removing 3's marker, so a kill during that write cannot pass the first lineage's mark off as
     this write's."""
     save = tmp_path / "ckpt"
-    _session(_args(save, async_save=False))                      # lineage 1: 1, 3, 5 marked
+    _session(_args(save, async_save=False))  # lineage 1: 1, 3, 5 marked
     (save / "latest_checkpointed_iteration.txt").write_text("5")
     _session(_args(save, load=str(save), ckpt_step=1), kill_during_write_of=KILL_AT)
     assert not (save / MODEL_DONE_FILE.format(rollout_id=3)).exists()

@@ -35,9 +35,12 @@ class Engine:
         if self.raises(key, call):
             raise ConnectionError(f"engine lost while generating group {key}")
         for sample in group:
-            sample.append_response_tokens(argparse.Namespace(partial_rollout=False), tokens=[7], log_probs=[-0.1],
-                                          meta_info={"weight_version": self.version(key, call),
-                                                     "finish_reason": {"type": "stop"}})
+            sample.append_response_tokens(
+                argparse.Namespace(partial_rollout=False),
+                tokens=[7],
+                log_probs=[-0.1],
+                meta_info={"weight_version": self.version(key, call), "finish_reason": {"type": "stop"}},
+            )
         return group
 
 
@@ -55,7 +58,9 @@ async def _settle(stream, timeout=20.0):
         await asyncio.sleep(0.005)
 
 
-@pytest.mark.parametrize("served, regenerated", [("0", True), ("default", True), ("1", True), ("2", False), ("3", False)])
+@pytest.mark.parametrize(
+    "served, regenerated", [("0", True), ("default", True), ("1", True), ("2", False), ("3", False)]
+)
 def test_a_reply_behind_the_landed_version_is_regenerated_never_trained(served, regenerated, caplog):
     """Version 2 has landed (start_rollout(3)): a reply at version 1 or older ("default": a restarted
     engine with its initial weights) is regenerated from the prompt; 2 (the boundary) and newer train."""
@@ -63,7 +68,7 @@ def test_a_reply_behind_the_landed_version_is_regenerated_never_trained(served, 
     stream = _stream(engine)
 
     async def go():
-        stream.start_rollout(3)   # the engines hold version 2
+        stream.start_rollout(3)  # the engines hold version 2
         await _settle(stream)
         return stream.pop(2)
 
@@ -107,13 +112,21 @@ def test_an_engine_that_never_gets_the_push_ends_the_run_with_its_version(monkey
 
 
 def _ft_args(**kw):
-    return dict(use_fault_tolerance=True, rollout_health_check_first_wait=0.0, rollout_health_check_interval=0.2,
-                rollout_health_check_timeout=0.2) | kw
+    return (
+        dict(
+            use_fault_tolerance=True,
+            rollout_health_check_first_wait=0.0,
+            rollout_health_check_interval=0.2,
+            rollout_health_check_timeout=0.2,
+        )
+        | kw
+    )
 
 
 def test_the_deadline_is_slimes_detection_time_plus_the_margin():
-    args = argparse.Namespace(**_ft_args(rollout_health_check_first_wait=5, rollout_health_check_interval=30,
-                                         rollout_health_check_timeout=20))
+    args = argparse.Namespace(
+        **_ft_args(rollout_health_check_first_wait=5, rollout_health_check_interval=30, rollout_health_check_timeout=20)
+    )
     assert engine_faults.recovery_deadline_s(args) == 5 + 30 + 20 + engine_faults.FT_MARGIN_S
     assert engine_faults.recovery_deadline_s(argparse.Namespace(use_fault_tolerance=False)) is None
 
@@ -127,7 +140,7 @@ def test_with_fault_tolerance_a_failing_group_is_retried_past_three_tries_until_
     async def go():
         stream.start_rollout(1)
         await _settle(stream)
-        consumed = stream.data_source.next   # the regenerations took no new prompt
+        consumed = stream.data_source.next  # the regenerations took no new prompt
         return stream.pop(2), consumed
 
     batch, consumed = run(go())
@@ -189,7 +202,7 @@ def test_without_fault_tolerance_a_dead_engine_ends_the_run_naming_it_and_the_ch
     _write_save(save, 3, model_complete=False)
     engine = Engine(raises=lambda key, call: key == 0)
     stream, probed = _rollout_with_a_dead_engine(engine, save=save)
-    assert engine.calls.count(0) == 1 and len(probed) == 1      # no retry: nothing would replace the engine
+    assert engine.calls.count(0) == 1 and len(probed) == 1  # no retry: nothing would replace the engine
     with pytest.raises(engine_faults.EngineFailedError) as caught:
         stream.pop(2)
     message = str(caught.value)
@@ -204,7 +217,7 @@ def test_a_dead_engine_found_by_several_failed_groups_is_counted_once():
     engine-fault test met two groups failing at once on an idle CPU and counted it twice)."""
     engine = Engine(raises=lambda key, call: True)
     stream, probed = _rollout_with_a_dead_engine(engine)
-    assert len(probed) >= 2                                      # both groups failed and probed
+    assert len(probed) >= 2  # both groups failed and probed
     assert stream.faults.metrics()["rollout/faults/engines_found_dead"] == 1
     assert stream.faults.counts["failed_calls"] == len(probed)
 
@@ -235,7 +248,7 @@ def test_groups_a_failed_rollout_had_taken_stay_accounted_for():
 
     async def generate(args, group, sampling_params, evaluation=False):
         if group[0].group_index == 1:
-            await asyncio.sleep(0.3)   # group 0 is taken first
+            await asyncio.sleep(0.3)  # group 0 is taken first
         return await original(args, group, sampling_params, evaluation)
 
     stream = _stream(engine)

@@ -42,8 +42,10 @@ if _SLIME and _SLIME not in sys.path:
     sys.path.insert(0, _SLIME)
 _MISSING = [m for m in ("slime", "megatron.core", "httpx", "aiohttp") if importlib.util.find_spec(m) is None]
 if _MISSING:
-    pytest.skip(f"the engine-fault tests need slime's source and the slime-contract extra; missing: {_MISSING}",
-                allow_module_level=True)
+    pytest.skip(
+        f"the engine-fault tests need slime's source and the slime-contract extra; missing: {_MISSING}",
+        allow_module_level=True,
+    )
 
 from support.real_sglang import RealRouter, RealServer  # noqa: E402
 
@@ -52,10 +54,16 @@ from support.real_sglang import RealRouter, RealServer  # noqa: E402
 # slime's default cache_aware, at this scale every prompt goes to the engine whose prefix cache matches it,
 # so a new engine would take no work; what cache_aware does with a dead or hung worker:
 # bench/router_engine_faults.py, docs/cluster.md
-SLIME_ROUTER_FLAGS = ("--disable-circuit-breaker", "--disable-health-check", "--request-timeout-secs", "14400",
-                      "--policy", "round_robin")
-CHECK_INTERVAL_S, CHECK_TIMEOUT_S = 1.0, 3.0   # --rollout-health-check-interval / -timeout here (30 / 30 default)
-DETECTION_SLACK_S = 10.0                       # the monitor's own thread, shutdown and a loaded CI machine
+SLIME_ROUTER_FLAGS = (
+    "--disable-circuit-breaker",
+    "--disable-health-check",
+    "--request-timeout-secs",
+    "14400",
+    "--policy",
+    "round_robin",
+)
+CHECK_INTERVAL_S, CHECK_TIMEOUT_S = 1.0, 3.0  # --rollout-health-check-interval / -timeout here (30 / 30 default)
+DETECTION_SLACK_S = 10.0  # the monitor's own thread, shutdown and a loaded CI machine
 
 
 class Rig:
@@ -75,9 +83,16 @@ class Rig:
         self.router = RealRouter([self.server.url, victim.url], workdir, *SLIME_ROUTER_FLAGS).wait_ready()
         self.router.wait_workers([self.server.url, victim.url])
         argv = h.standard_argv(str(workdir), num_rollout=100, save_interval=None, max_staleness=2) + [
-            "--sglang-router-ip", "127.0.0.1", "--sglang-router-port", str(self.router.port),
-            "--use-fault-tolerance", "--rollout-health-check-interval", str(CHECK_INTERVAL_S),
-            "--rollout-health-check-timeout", str(CHECK_TIMEOUT_S)]
+            "--sglang-router-ip",
+            "127.0.0.1",
+            "--sglang-router-port",
+            str(self.router.port),
+            "--use-fault-tolerance",
+            "--rollout-health-check-interval",
+            str(CHECK_INTERVAL_S),
+            "--rollout-health-check-timeout",
+            str(CHECK_TIMEOUT_S),
+        ]
         self.args = build_args(argv)
         if http_utils._http_client is None:
             http_utils.init_http_client(self.args)
@@ -91,8 +106,10 @@ class Rig:
     def push(self, *servers) -> None:
         """The version step of a push: each server serves the next ``weight_version`` (idle or not)."""
         for server in servers:
-            reply = server.post("/update_weights_from_disk", {"model_path": self.engines.model_dir,
-                                                              "weight_version": str(self.version), "flush_cache": False})
+            reply = server.post(
+                "/update_weights_from_disk",
+                {"model_path": self.engines.model_dir, "weight_version": str(self.version), "flush_cache": False},
+            )
             assert reply.status_code == 200 and reply.json().get("success"), reply.text
 
     def rollout(self, timeout: float = 240) -> list[int]:
@@ -107,8 +124,11 @@ class Rig:
         from epic_slime.staleness import StalenessGate
 
         gate = StalenessGate(self.args.max_staleness, "drop")
-        groups, _, _ = run(asyncio.wait_for(project_rollout._collect(
-            self.args, self.stream, self.rollout_id + 1, gate, self.rollout_id), timeout))
+        groups, _, _ = run(
+            asyncio.wait_for(
+                project_rollout._collect(self.args, self.stream, self.rollout_id + 1, gate, self.rollout_id), timeout
+            )
+        )
         keys = [group_key(g) for g in groups]
         self.trained += keys
         self.last_versions = [v for g in groups for s in g for v in s.weight_versions]
@@ -163,7 +183,7 @@ def test_a_hung_engine_is_detected_by_slimes_monitor_and_the_run_goes_on(rig, mo
 
     from support.slime_health import EngineActor, RayShim, make_engine, server_group, slime_sglang_engine_class
 
-    assert len(rig.rollout()) == rig.args.rollout_batch_size   # both engines healthy
+    assert len(rig.rollout()) == rig.args.rollout_batch_size  # both engines healthy
     rig.push(rig.server, rig.victim)
     shim = RayShim()
     killed_at: list[float] = []
@@ -172,8 +192,9 @@ def test_a_hung_engine_is_detected_by_slimes_monitor_and_the_run_goes_on(rig, mo
     with slime_sglang_engine_class() as engine_class:
         # the victim only: a slow /health_generate of the shared server on this loaded CPU would make slime
         # kill the server every other test uses
-        group = server_group([EngineActor(make_engine(engine_class, rig.victim.url, rig.router.url,
-                                                      rig.victim.process.proc.pid))])
+        group = server_group(
+            [EngineActor(make_engine(engine_class, rig.victim.url, rig.router.url, rig.victim.process.proc.pid))]
+        )
         monitor = health_monitor.RolloutHealthMonitor(group, rig.args)
         monitor.start()
         monitor.resume()
@@ -181,7 +202,7 @@ def test_a_hung_engine_is_detected_by_slimes_monitor_and_the_run_goes_on(rig, mo
             before = _prefills(rig.victim)
             stopped_at: list[float] = []
 
-            def hang():   # once the victim has taken work of this rollout
+            def hang():  # once the victim has taken work of this rollout
                 deadline = time.monotonic() + 60
                 while _prefills(rig.victim) == before and time.monotonic() < deadline:
                     time.sleep(0.05)
@@ -202,11 +223,13 @@ def test_a_hung_engine_is_detected_by_slimes_monitor_and_the_run_goes_on(rig, mo
     assert stopped_at and killed_at, "the victim was never stopped, or slime's monitor never killed it"
     detection = killed_at[0] - stopped_at[0]
     bound = rig.args.rollout_health_check_first_wait + CHECK_INTERVAL_S + CHECK_TIMEOUT_S + DETECTION_SLACK_S
-    print(f"\nhung engine: slime's monitor killed it {detection:.1f} s after SIGSTOP (interval {CHECK_INTERVAL_S:.0f} s, "
-          f"timeout {CHECK_TIMEOUT_S:.0f} s; bound {bound:.0f} s); faults {rig.stream.faults.metrics()}")
+    print(
+        f"\nhung engine: slime's monitor killed it {detection:.1f} s after SIGSTOP (interval {CHECK_INTERVAL_S:.0f} s, "
+        f"timeout {CHECK_TIMEOUT_S:.0f} s; bound {bound:.0f} s); faults {rig.stream.faults.metrics()}"
+    )
     assert detection <= bound
     assert group.all_engines == [None]
-    assert rig.router.workers() == [rig.server.url]          # shutdown's DELETE /workers/{id}
+    assert rig.router.workers() == [rig.server.url]  # shutdown's DELETE /workers/{id}
     assert not rig.victim.alive()
     _check_trained_once(rig)
 
@@ -217,12 +240,12 @@ def test_a_restarted_engine_is_never_trained_on_before_its_push_then_takes_work(
     regenerated a group the new engine answered at its initial weights (or after 120 s: then the test fails)."""
     from support.slime_health import make_engine, slime_sglang_engine_class
 
-    fresh = RealServer(rig.engines.model_dir, rig.workdir)   # slime's recover: a new engine, initial weights
+    fresh = RealServer(rig.engines.model_dir, rig.workdir)  # slime's recover: a new engine, initial weights
     rig.restarted = [fresh]
     fresh.wait_healthy()
     counts = rig.stream.faults.counts
     behind_before, fresh_before = counts["behind_version_regenerations"], _prefills(fresh)
-    with slime_sglang_engine_class() as engine_class:   # slime's own registration, in the engine's init
+    with slime_sglang_engine_class() as engine_class:  # slime's own registration, in the engine's init
         make_engine(engine_class, fresh.url, rig.router.url, fresh.process.proc.pid)._register_to_router({})
     rig.router.wait_workers([rig.server.url, fresh.url])
     pushed_at: list[float] = []
@@ -231,7 +254,7 @@ def test_a_restarted_engine_is_never_trained_on_before_its_push_then_takes_work(
         deadline = time.monotonic() + 120
         while counts["behind_version_regenerations"] == behind_before and time.monotonic() < deadline:
             time.sleep(0.05)
-        rig.push(fresh)   # the same version as the other engine: every engine now holds it
+        rig.push(fresh)  # the same version as the other engine: every engine now holds it
         pushed_at.append(time.monotonic())
 
     pusher = threading.Thread(target=push_once_behind, daemon=True)
@@ -239,8 +262,10 @@ def test_a_restarted_engine_is_never_trained_on_before_its_push_then_takes_work(
     rig.rollout()
     pusher.join(130)
     regenerated = counts["behind_version_regenerations"] - behind_before
-    print(f"\nrestarted engine before its push: {regenerated} group replies at its initial weights regenerated, "
-          f"{_prefills(fresh) - fresh_before} prefill batches there")
+    print(
+        f"\nrestarted engine before its push: {regenerated} group replies at its initial weights regenerated, "
+        f"{_prefills(fresh) - fresh_before} prefill batches there"
+    )
     assert regenerated >= 1, "the restarted engine answered no group before its push"
     assert "default" not in rig.last_versions and min(int(v) for v in rig.last_versions) >= 1
     rig.push(rig.server, fresh)
@@ -248,7 +273,7 @@ def test_a_restarted_engine_is_never_trained_on_before_its_push_then_takes_work(
     for _ in range(2):
         rig.rollout()
         rig.push(rig.server, fresh)
-    assert counts["behind_version_regenerations"] == behind_after_push   # nothing behind any more
+    assert counts["behind_version_regenerations"] == behind_after_push  # nothing behind any more
     assert _prefills(fresh) > taken_before, "the restarted engine took no work after its push"
     _check_trained_once(rig)
 
@@ -261,7 +286,7 @@ def test_a_killed_engine_mid_rollout_costs_nothing_the_router_moves_its_requests
     before = _prefills(fresh)
     killed_at: list[float] = []
 
-    def kill():   # once it has taken work of this rollout
+    def kill():  # once it has taken work of this rollout
         deadline = time.monotonic() + 60
         while _prefills(fresh) == before and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -275,10 +300,12 @@ def test_a_killed_engine_mid_rollout_costs_nothing_the_router_moves_its_requests
         rig.rollout()
         rig.push(rig.server)
     killer.join(5)
-    print(f"\nkilled engine: 3 rollouts in {time.monotonic() - started:.0f} s, killed {killed_at[0] - started:.1f} s in; "
-          f"faults {rig.stream.faults.metrics()}")
+    print(
+        f"\nkilled engine: 3 rollouts in {time.monotonic() - started:.0f} s, killed {killed_at[0] - started:.1f} s in; "
+        f"faults {rig.stream.faults.metrics()}"
+    )
     assert killed_at and not fresh.alive() and _prefills(fresh) > before
-    assert fresh.url in rig.router.workers()       # nothing removed it: the router's retries moved its requests
+    assert fresh.url in rig.router.workers()  # nothing removed it: the router's retries moved its requests
     _check_trained_once(rig)
 
 
@@ -297,12 +324,14 @@ def test_without_fault_tolerance_a_dead_only_engine_ends_the_run_naming_it_and_t
     rig.stream.faults = EngineFaults(rig.args)
     started, rollouts = time.monotonic(), 0
     with pytest.raises(EngineFailedError) as caught:
-        for rollouts in range(1, 4):   # the groups that finished before are taken first
+        for rollouts in range(1, 4):  # the groups that finished before are taken first
             rig.rollout(timeout=400)
-    print(f"\ndead engine without fault tolerance: the run stopped after {time.monotonic() - started:.0f} s, in rollout "
-          f"{rollouts} after it: {caught.value}")
+    print(
+        f"\ndead engine without fault tolerance: the run stopped after {time.monotonic() - started:.0f} s, in rollout "
+        f"{rollouts} after it: {caught.value}"
+    )
     message = str(caught.value)
     assert f"SGLang engine {fresh.url} does not answer /health" in message and "\n" not in message
-    assert "No checkpoint in" in message   # this rig saves none; the named checkpoint: test_engine_faults.py
+    assert "No checkpoint in" in message  # this rig saves none; the named checkpoint: test_engine_faults.py
     assert rig.stream.faults.counts["engines_found_dead"] == 1 and rig.stream.faults.counts["failed_calls"] >= 1
     _check_trained_once(rig)

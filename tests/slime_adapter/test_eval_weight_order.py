@@ -36,7 +36,7 @@ class SerialRolloutManager:
 
     def __init__(self, args, log: list):
         self.args, self.log = args, log
-        self.version = 0            # SGLang's weight_version: the pushes so far ("default" before the first)
+        self.version = 0  # SGLang's weight_version: the pushes so far ("default" before the first)
         self._actor = ThreadPoolExecutor(max_workers=1)
         for name in ("generate", "eval", "save", "get_updatable_engines_and_lock"):
             setattr(self, name, types.SimpleNamespace(remote=self._method(getattr(self, "_" + name))))
@@ -45,15 +45,18 @@ class SerialRolloutManager:
         return lambda *a, **k: self._actor.submit(fn, *a, **k)
 
     def _generate(self, rollout_id):
-        if project_rollout._first_rollout_id is None:   # what the project's rollout function records
+        if project_rollout._first_rollout_id is None:  # what the project's rollout function records
             project_rollout._first_rollout_id = rollout_id
         self.log.append(("generate", rollout_id, self.version))
         return ("data", rollout_id)
 
     def _eval(self, rollout_id):
-        samples = [types.SimpleNamespace(index=i, weight_versions=[str(self.version)],
-                                         metadata={"benchmark": BENCH, "problem_id": f"p{i // K}"})
-                   for i in range(PROMPTS * K)]
+        samples = [
+            types.SimpleNamespace(
+                index=i, weight_versions=[str(self.version)], metadata={"benchmark": BENCH, "problem_id": f"p{i // K}"}
+            )
+            for i in range(PROMPTS * K)
+        ]
         data = {BENCH: {"rewards": [float(i % 2) for i in range(PROMPTS * K)], "samples": samples}}
         self.log.append(("eval", rollout_id, self.version))
         eval_hooks.log_eval_rollout(rollout_id, self.args, data, {})
@@ -97,11 +100,26 @@ def _get(ref):
 
 
 def _args(path, **overrides):
-    values = dict(start_rollout_id=0, num_rollout=4, eval_interval=1, save_interval=2, rollout_global_dataset=True,
-                  skip_eval_before_train=False, max_staleness=1, offload_rollout=False, offload_train=False,
-                  release_train=False, check_weight_update_equal=False, colocate=False,
-                  epic_eval_records_path=str(path), epic_run_name="r1", epic_method="epic", seed=1,
-                  n_samples_per_eval_prompt=K, rollout_function_path=ROLLOUT_FUNCTION_PATH)
+    values = dict(
+        start_rollout_id=0,
+        num_rollout=4,
+        eval_interval=1,
+        save_interval=2,
+        rollout_global_dataset=True,
+        skip_eval_before_train=False,
+        max_staleness=1,
+        offload_rollout=False,
+        offload_train=False,
+        release_train=False,
+        check_weight_update_equal=False,
+        colocate=False,
+        epic_eval_records_path=str(path),
+        epic_run_name="r1",
+        epic_method="epic",
+        seed=1,
+        n_samples_per_eval_prompt=K,
+        rollout_function_path=ROLLOUT_FUNCTION_PATH,
+    )
     values.update(overrides)
     return types.SimpleNamespace(**values)
 
@@ -148,12 +166,13 @@ def test_the_overlap_schedule_pushes_before_it_evaluates(tmp_path, process):
     """The async loop's order, pinned as the sync loop's is (test_slime_sync): per rollout r, train,
     save when due, push r's weights, then evaluate r; generate(r + 1) was asked for before training."""
     trace, _ = _run(_args(tmp_path / "e.jsonl"), train.async_training_loop)
-    assert trace[0] == ("eval", 0)   # the pre-training eval (slime keys it rollout 0 too)
+    assert trace[0] == ("eval", 0)  # the pre-training eval (slime keys it rollout 0 too)
     trace = trace[1:]
     for r in range(4):
         events = [e for e, rid in trace if rid == r and e != "generate"]
-        assert events == (["train", "save", "update_weights", "eval"] if r in (1, 3)
-                          else ["train", "update_weights", "eval"]), (r, events)
+        assert events == (
+            ["train", "save", "update_weights", "eval"] if r in (1, 3) else ["train", "update_weights", "eval"]
+        ), (r, events)
         if r + 1 < 4:
             assert trace.index(("generate", r + 1)) < trace.index(("train", r))
 
@@ -178,12 +197,17 @@ def _eval_before_push_loop(args, manager, actor, per_epoch, get):
 def test_an_eval_before_its_push_is_refused_by_the_report(tmp_path, process, capsys):
     path = tmp_path / "evals.jsonl"
     _run(_args(path, num_rollout=2), _eval_before_push_loop)
-    with pytest.raises(VersionMismatchError, match=r"evals\.jsonl:\d+: run 'r1' record at step 0 scored weight "
-                                                   r"version -1"):
+    with pytest.raises(
+        VersionMismatchError,
+        match=r"evals\.jsonl:\d+: run 'r1' record at step 0 scored weight "
+        r"version -1",
+    ):
         read_records(str(path))
     from epic_slime.evaluation import report
 
-    assert report.main(["--records", str(path), "--out", str(tmp_path / "rep"), "--no-plots"]) == 2   # bad input: exit 2, as every command
+    assert (
+        report.main(["--records", str(path), "--out", str(tmp_path / "rep"), "--no-plots"]) == 2
+    )  # bad input: exit 2, as every command
     err = capsys.readouterr().err
     assert str(path) in err and "step 0" in err and "weight version -1" in err
 
@@ -197,8 +221,8 @@ def test_an_eval_only_process_names_the_loaded_weights(tmp_path, process):
 
 def test_served_step_translates_sglang_versions():
     assert eval_hooks.served_step("1", PRE_TRAINING_STEP, None) == PRE_TRAINING_STEP
-    assert eval_hooks.served_step("default", 4, None) == 3       # before any push: not step 4's weights
-    assert eval_hooks.served_step("3", 1, 0) == 1                 # f = 0: version v holds step v - 2
+    assert eval_hooks.served_step("default", 4, None) == 3  # before any push: not step 4's weights
+    assert eval_hooks.served_step("3", 1, 0) == 1  # f = 0: version v holds step v - 2
     assert eval_hooks.served_step(2, 9, 6) == 6
 
 
@@ -209,4 +233,4 @@ def test_an_eval_sample_that_spans_a_push_names_its_oldest_weights():
     data = {"aime_2024": {"rewards": [1.0], "samples": [sample]}}
     args = types.SimpleNamespace(n_samples_per_eval_prompt=1)
     (record,) = eval_hooks.eval_records_from_rollout(3, args, data, first_training_rollout=1, versions_known=True)
-    assert record.weight_version == 2      # version 3 holds step f + 3 - 2 = 2, version 4 step 3
+    assert record.weight_version == 2  # version 3 holds step f + 3 - 2 = 2, version 4 step 3

@@ -30,8 +30,12 @@ class Engine:
         if self.raises(key):
             raise ConnectionError(f"engine lost while generating group {key}")
         for sample in group:
-            sample.append_response_tokens(argparse.Namespace(partial_rollout=False), tokens=[7], log_probs=[-0.1],
-                                          meta_info={"weight_version": "1", "finish_reason": {"type": "stop"}})
+            sample.append_response_tokens(
+                argparse.Namespace(partial_rollout=False),
+                tokens=[7],
+                log_probs=[-0.1],
+                meta_info={"weight_version": "1", "finish_reason": {"type": "stop"}},
+            )
         return group
 
 
@@ -71,29 +75,29 @@ def test_the_runs_decile_report_starts_at_trainer_version_k_plus_2(max_staleness
         stream.trainer_version = version
         stream.record(group, "trained", lag=0)
     assert len(stream.decile_records) == first_steady + 1
-    assert len(stream.run_decile_records) == 2     # versions first_steady and first_steady + 1 only
+    assert len(stream.run_decile_records) == 2  # versions first_steady and first_steady + 1 only
 
 
 def test_a_requeued_prompt_waiting_to_start_counts_against_the_cap():
     """--async-groups-in-flight caps the groups held, the requeued prompts waiting to start included
     (the class docstring): none starts while they fill the cap."""
     engine = Engine()
-    stream = _stream(engine, cap=4)   # the budget ((1 + 3) * 2 = 8) does not bind
+    stream = _stream(engine, cap=4)  # the budget ((1 + 3) * 2 = 8) does not bind
 
     async def go():
         stream.start_rollout(1)
         await _settle(stream)
         assert sorted(engine.calls) == [0, 1, 2, 3]
-        taken = stream.pop(2)                    # frees two places: 4 and 5 start
+        taken = stream.pop(2)  # frees two places: 4 and 5 start
         await _settle(stream)
-        assert stream.requeue(taken[0])          # a taken group too stale to train: regenerated
+        assert stream.requeue(taken[0])  # a taken group too stale to train: regenerated
         await _settle(stream)
         waiting_after_requeue = len(stream.to_start)
-        stream.pop(1)                            # group 2 taken: order 3 + 1 waiting = the cap
+        stream.pop(1)  # group 2 taken: order 3 + 1 waiting = the cap
         await _settle(stream)
         return waiting_after_requeue
 
     waiting = run(go())
     assert waiting == 1
-    assert len(stream.to_start) == 1 and stream.held() == 4   # the requeued prompt still waits
+    assert len(stream.to_start) == 1 and stream.held() == 4  # the requeued prompt still waits
     assert engine.calls.count(0) == 1 and len(engine.calls) == 6

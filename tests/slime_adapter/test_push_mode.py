@@ -18,11 +18,16 @@ from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH, ROLLOUT_FUNCTION_PATH, 
 from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK
 
 BASE = [
-    "--loss-type", "custom_loss",
-    "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
-    "--rollout-function-path", ROLLOUT_FUNCTION_PATH,
-    "--rollout-batch-size", "64",
-    "--n-samples-per-prompt", "8",
+    "--loss-type",
+    "custom_loss",
+    "--custom-loss-function-path",
+    "epic_slime.slime.loss.policy_loss",
+    "--rollout-function-path",
+    ROLLOUT_FUNCTION_PATH,
+    "--rollout-batch-size",
+    "64",
+    "--n-samples-per-prompt",
+    "8",
 ]
 _SLIME = importlib.util.find_spec("slime") is not None and importlib.util.find_spec("megatron") is not None
 needs_slime = pytest.mark.skipif(not _SLIME, reason="needs slime's source on the path (SLIME_PATH) and megatron-core")
@@ -45,19 +50,22 @@ def test_holding_modes_install_the_push_hook_which_also_carries_r3(mode):
     assert _init_path(BASE + ["--weight-push-mode", mode]) == PUSH_TRAIN_HOOK_PATH
     argv = BASE + ["--weight-push-mode", mode, "--use-rollout-routing-replay"]
     assert _init_path(argv) == PUSH_TRAIN_HOOK_PATH
-    check_argv(argv + ["--custom-megatron-init-path", PUSH_TRAIN_HOOK_PATH])   # R3's check accepts it
+    check_argv(argv + ["--custom-megatron-init-path", PUSH_TRAIN_HOOK_PATH])  # R3's check accepts it
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--colocate", "--max-staleness", "0"], "--colocate"),
-    (["--update-weight-transport", "disk"], "--update-weight-transport disk"),
-    (["--custom-megatron-init-path", "my.init"], "'my.init'"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--colocate", "--max-staleness", "0"], "--colocate"),
+        (["--update-weight-transport", "disk"], "--update-weight-transport disk"),
+        (["--custom-megatron-init-path", "my.init"], "'my.init'"),
+    ],
+)
 @pytest.mark.parametrize("mode", ["in_place", "retract"])
 def test_holding_modes_refuse_what_their_hook_cannot_reach(extra, message, mode):
     with pytest.raises(ProjectFlagError, match=f"--weight-push-mode {mode} .*{re.escape(message)}"):
         check_argv(BASE + ["--weight-push-mode", mode] + extra)
-    check_argv(BASE + extra)   # fine in abort mode
+    check_argv(BASE + extra)  # fine in abort mode
 
 
 def test_check_names_a_bad_mode_from_a_config_file():
@@ -73,13 +81,15 @@ def test_the_train_hook_chains_r3_in_either_mode(monkeypatch):
     monkeypatch.setattr(routing, "install_train_hook", lambda args: calls.append(args))
     # and the reset of a killed driver's leftover update group before slime's connect (push_recovery)
     monkeypatch.setattr(push_recovery, "install_stale_group_reset", lambda: calls.append("stale group reset"))
-    args = argparse.Namespace(use_rollout_routing_replay=True, rollout_function_path=ROLLOUT_FUNCTION_PATH,
-                              weight_push_mode="abort")
+    args = argparse.Namespace(
+        use_rollout_routing_replay=True, rollout_function_path=ROLLOUT_FUNCTION_PATH, weight_push_mode="abort"
+    )
     push_mode.install_train_hook(args)
     assert calls == [args, "stale group reset"]
 
 
 # ---- the train hook on slime's own update_weights, against the stand-in
+
 
 class _OneRank:
     """``torch.distributed`` as slime's updater uses it on rank 0 of a one-rank train group."""
@@ -106,17 +116,30 @@ def slime_updater(monkeypatch, tmp_path):
     monkeypatch.setattr(module, "ray", RayStandIn)
     monkeypatch.setattr(module, "dist", _OneRank)
     monkeypatch.setattr(module, "get_gloo_group", lambda: None)
-    monkeypatch.setattr(module.UpdateWeightFromDistributed, "update_weights", module.UpdateWeightFromDistributed.update_weights)
+    monkeypatch.setattr(
+        module.UpdateWeightFromDistributed, "update_weights", module.UpdateWeightFromDistributed.update_weights
+    )
     # the train hook also wraps slime's connect (push_recovery): restored afterwards as well
-    monkeypatch.setattr(module, "connect_rollout_engines_from_distributed", module.connect_rollout_engines_from_distributed)
+    monkeypatch.setattr(
+        module, "connect_rollout_engines_from_distributed", module.connect_rollout_engines_from_distributed
+    )
 
     with standin_factory(tmp_path) as start_server:
+
         def start(mode):
             from epic_slime.runtime.model import ModelConfig, build_policy
             from epic_slime.runtime.task import Tokenizer
 
-            server = start_server("--long-every", "1", "--long-min-new-tokens", "48", "--long-max-new-tokens", "48",
-                                  "--step-seconds", "0.03")
+            server = start_server(
+                "--long-every",
+                "1",
+                "--long-min-new-tokens",
+                "48",
+                "--long-max-new-tokens",
+                "48",
+                "--step-seconds",
+                "0.03",
+            )
             push_mode.install_train_hook(argparse.Namespace(weight_push_mode=mode, use_rollout_routing_replay=False))
             engine = EngineActorStandIn(server.url, flush_retry_s=0.05)
             tok = Tokenizer()
@@ -140,12 +163,16 @@ def test_in_place_hook_pauses_slimes_updater_in_place_without_a_flush(slime_upda
     assert push_mode.installed()["train"]
     got, stats = _push_meets_a_running_request(server, updater)
     assert got["meta_info"]["finish_reason"]["type"] == "length" and len(got["output_ids"]) == 48
-    assert got["meta_info"]["weight_version"] == "1"   # slime's version + 1, reported at answer time
+    assert got["meta_info"]["weight_version"] == "1"  # slime's version + 1, reported at answer time
     assert stats.get("aborted", 0) == 0 and stats["pauses_in_place"] == 1 and stats.get("flush_calls", 0) == 0
     assert stats["spanning_answers"] == 1 and stats["weight_buckets"] == 3
-    assert engine.calls == ["init_weights_update_group", "pause_generation {'mode': 'in_place'}",
-                            *["update_weights_from_distributed"] * 3, "continue_generation {}"]
-    assert updater.rollout_engines == [engine]   # the views last one push
+    assert engine.calls == [
+        "init_weights_update_group",
+        "pause_generation {'mode': 'in_place'}",
+        *["update_weights_from_distributed"] * 3,
+        "continue_generation {}",
+    ]
+    assert updater.rollout_engines == [engine]  # the views last one push
 
 
 def test_retract_hook_pauses_slimes_updater_with_retract_without_a_flush(slime_updater):
@@ -159,8 +186,12 @@ def test_retract_hook_pauses_slimes_updater_with_retract_without_a_flush(slime_u
     assert meta["weight_version"] == "1" and meta["num_retractions"] == 1
     assert stats.get("aborted", 0) == 0 and stats["pauses_retract"] == 1 and stats["retracted"] == 1
     assert stats.get("flush_calls", 0) == 0 and stats.get("pauses_in_place", 0) == 0
-    assert engine.calls == ["init_weights_update_group", "pause_generation {'mode': 'retract'}",
-                            *["update_weights_from_distributed"] * 3, "continue_generation {}"]
+    assert engine.calls == [
+        "init_weights_update_group",
+        "pause_generation {'mode': 'retract'}",
+        *["update_weights_from_distributed"] * 3,
+        "continue_generation {}",
+    ]
 
 
 def test_without_the_hook_slimes_updater_aborts_and_flushes(slime_updater):
@@ -174,6 +205,7 @@ def test_without_the_hook_slimes_updater_aborts_and_flushes(slime_updater):
 
 # ---- the rollout hook on slime's own rollout functions
 
+
 @needs_slime
 def test_rollout_hook_keys_each_group_submission_and_each_eval(monkeypatch):
     from slime.rollout import sglang_rollout
@@ -185,32 +217,38 @@ def test_rollout_hook_keys_each_group_submission_and_each_eval(monkeypatch):
         sent.append((url, payload))
         return {}
 
-    async def group_call(args, group, sampling_params, evaluation=False):   # the shape of generate_and_rm_group
-        await asyncio.gather(*[asyncio.create_task(sglang_rollout.post("http://r/generate", {"input_ids": [s]}))
-                               for s in group])
+    async def group_call(args, group, sampling_params, evaluation=False):  # the shape of generate_and_rm_group
+        await asyncio.gather(
+            *[asyncio.create_task(sglang_rollout.post("http://r/generate", {"input_ids": [s]})) for s in group]
+        )
 
     async def eval_call(args, rollout_id):
-        await asyncio.gather(*[asyncio.create_task(http_utils.post("http://r/generate", {"input_ids": [i]}))
-                               for i in range(3)])
+        await asyncio.gather(
+            *[asyncio.create_task(http_utils.post("http://r/generate", {"input_ids": [i]})) for i in range(3)]
+        )
 
-    for module, name, fn in ((sglang_rollout, "post", post), (http_utils, "post", post),
-                             (sglang_rollout, "generate_and_rm_group", group_call), (sglang_rollout, "eval_rollout", eval_call)):
+    for module, name, fn in (
+        (sglang_rollout, "post", post),
+        (http_utils, "post", post),
+        (sglang_rollout, "generate_and_rm_group", group_call),
+        (sglang_rollout, "eval_rollout", eval_call),
+    ):
         monkeypatch.setattr(module, name, fn)
     assert not push_mode.install_rollout_hook(argparse.Namespace(weight_push_mode="abort"))
     assert sglang_rollout.generate_and_rm_group is group_call
     assert push_mode.install_rollout_hook(argparse.Namespace(weight_push_mode="in_place"))
-    assert push_mode.install_rollout_hook(argparse.Namespace(weight_push_mode="in_place"))   # idempotent
-    assert push_mode.install_rollout_hook(argparse.Namespace(weight_push_mode="retract"))    # retract keys too
+    assert push_mode.install_rollout_hook(argparse.Namespace(weight_push_mode="in_place"))  # idempotent
+    assert push_mode.install_rollout_hook(argparse.Namespace(weight_push_mode="retract"))  # retract keys too
 
     async def run():
         await sglang_rollout.generate_and_rm_group(None, [1, 2, 3], {})
         await sglang_rollout.generate_and_rm_group(None, [4, 5], {})
         await sglang_rollout.eval_rollout(None, 0)
-        await sglang_rollout.post("http://r/generate", {"input_ids": [9]})   # outside any submission
+        await sglang_rollout.post("http://r/generate", {"input_ids": [9]})  # outside any submission
         await sglang_rollout.post("http://r/abort_request", {"abort_all": True})
 
     asyncio.run(run())
     keys = [p.get("extra_key") for _, p in sent]
     assert len(set(keys[:3])) == 1 and len(set(keys[3:5])) == 1 and len(set(keys[5:8])) == 1
     assert len({keys[0], keys[3], keys[5], keys[8]}) == 4 and all(k.startswith(push_mode.KEY_PREFIX) for k in keys[:9])
-    assert keys[9] is None   # not a /generate request
+    assert keys[9] is None  # not a /generate request

@@ -14,8 +14,15 @@ import pytest
 from epic_slime.slime import push_mode
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:30000/pause_generation", "http://h/continue_generation",
-                                 "http://h/abort_request", "http://h/generate_from_disk"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:30000/pause_generation",
+        "http://h/continue_generation",
+        "http://h/abort_request",
+        "http://h/generate_from_disk",
+    ],
+)
 def test_only_generate_requests_get_a_prefix_key(url):
     """SGLang's control requests (``PauseGenerationReqInput`` and the rest) have no ``extra_key``
     field: a key added to their body would be refused."""
@@ -61,28 +68,32 @@ def test_the_engines_are_handed_back_when_the_push_raises(monkeypatch):
         seen.extend(self.rollout_engines)
         for engine in self.rollout_engines:
             engine.pause_generation.remote()
-            assert engine.flush_cache.remote() == "done-ref"    # skipped: SGLang refuses it while requests run
+            assert engine.flush_cache.remote() == "done-ref"  # skipped: SGLang refuses it while requests run
         raise RuntimeError("bucket 2 failed")
 
     update_weights.__module__ = module.__name__
     wrapped = push_mode.holding_update_weights(update_weights)
-    assert push_mode.holding_update_weights(wrapped) is wrapped            # idempotent
+    assert push_mode.holding_update_weights(wrapped) is wrapped  # idempotent
     engines = [_Engine(calls), _Engine(calls)]
     updater = types.SimpleNamespace(rollout_engines=list(engines))
     with pytest.raises(RuntimeError, match="bucket 2 failed"):
         wrapped(updater)
     assert updater.rollout_engines == engines and all(e is o for e, o in zip(updater.rollout_engines, engines))
     assert all(isinstance(v, push_mode.HoldingEngine) for v in seen) and len(seen) == 2
-    assert calls == [("pause_generation", {"mode": "in_place"})] * 2         # no flush_cache reached the engines
+    assert calls == [("pause_generation", {"mode": "in_place"})] * 2  # no flush_cache reached the engines
 
 
 def test_in_place_from_args_without_a_transport_is_slimes_nccl_default():
     """Args built without slime's --update-weight-transport (a config file, another driver) mean
     slime's default, nccl: accepted."""
     assert push_mode.check_push_setup(argparse.Namespace(weight_push_mode="in_place")) is None
-    assert push_mode.check_push_setup(argparse.Namespace(weight_push_mode="in_place", update_weight_transport=None)) is None
-    assert "disk" in push_mode.check_push_setup(argparse.Namespace(weight_push_mode="in_place",
-                                                                   update_weight_transport="disk"))
+    assert (
+        push_mode.check_push_setup(argparse.Namespace(weight_push_mode="in_place", update_weight_transport=None))
+        is None
+    )
+    assert "disk" in push_mode.check_push_setup(
+        argparse.Namespace(weight_push_mode="in_place", update_weight_transport="disk")
+    )
 
 
 @pytest.mark.parametrize("extra", [["--weight-push-mode", "in_place"], ["--use-rollout-routing-replay"]])
@@ -92,8 +103,20 @@ def test_a_train_hook_named_on_the_command_line_is_not_added_again(extra):
     from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK
 
     hook = PUSH_TRAIN_HOOK_PATH if "in_place" in extra else R3_TRAIN_HOOK
-    argv = ["--loss-type", "custom_loss", "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
-            "--rollout-function-path", ROLLOUT_FUNCTION_PATH, "--rollout-batch-size", "64",
-            "--n-samples-per-prompt", "8", *extra, "--custom-megatron-init-path", hook]
+    argv = [
+        "--loss-type",
+        "custom_loss",
+        "--custom-loss-function-path",
+        "epic_slime.slime.loss.policy_loss",
+        "--rollout-function-path",
+        ROLLOUT_FUNCTION_PATH,
+        "--rollout-batch-size",
+        "64",
+        "--n-samples-per-prompt",
+        "8",
+        *extra,
+        "--custom-megatron-init-path",
+        hook,
+    ]
     out = driver_argv(argv)
     assert out.count("--custom-megatron-init-path") == 1 and out[out.index("--custom-megatron-init-path") + 1] == hook

@@ -57,14 +57,17 @@ def test_the_reset_runs_before_the_connect_with_its_group_name_and_wraps_once(mo
     assert log == [("destroy", "slime-pp_1"), ("connect", "slime-pp_1", [1])]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("slime") is None or importlib.util.find_spec("megatron") is None,
-                    reason="needs slime's source and megatron.core (the slime-contract extra)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("slime") is None or importlib.util.find_spec("megatron") is None,
+    reason="needs slime's source and megatron.core (the slime-contract extra)",
+)
 def test_install_wraps_slimes_own_connect_once(monkeypatch):
     from slime.backends.megatron_utils.update_weight import update_weight_from_distributed as module
 
     # slime's own function (another test's train hook may have wrapped it already in this process)
-    original = getattr(module.connect_rollout_engines_from_distributed, "__wrapped__",
-                       module.connect_rollout_engines_from_distributed)
+    original = getattr(
+        module.connect_rollout_engines_from_distributed, "__wrapped__", module.connect_rollout_engines_from_distributed
+    )
     monkeypatch.setattr(module, "connect_rollout_engines_from_distributed", original)
     push_recovery.install_stale_group_reset()
     push_recovery.install_stale_group_reset()

@@ -27,10 +27,16 @@ from support import slime_e2e_harness as h
 _SLIME = h.slime_path()
 if _SLIME and _SLIME not in sys.path:
     sys.path.insert(0, _SLIME)
-_MISSING = [m for m in ("slime", "megatron.core", "httpx", "aiohttp", "pylatexenc") if importlib.util.find_spec(m.split(".")[0]) is None]
+_MISSING = [
+    m
+    for m in ("slime", "megatron.core", "httpx", "aiohttp", "pylatexenc")
+    if importlib.util.find_spec(m.split(".")[0]) is None
+]
 if _MISSING:
-    pytest.skip(f"the real-engine fault tests need slime's source and the slime-contract extra; missing: {_MISSING}",
-                allow_module_level=True)
+    pytest.skip(
+        f"the real-engine fault tests need slime's source and the slime-contract extra; missing: {_MISSING}",
+        allow_module_level=True,
+    )
 
 from support import fault_probes, real_sglang  # noqa: E402
 from support import router_driver_e2e as rd  # noqa: E402
@@ -55,7 +61,10 @@ def own_engines(tmp_path_factory):
 @pytest.fixture(scope="module")
 def outage_run(real_engines, own_engines, tmp_path_factory):
     result = rd.router_outage_run(real_engines, str(tmp_path_factory.mktemp("router_outage")))
-    print("\nrouter outage run:", json.dumps({**result["summary"], **rd.outage_counts(result), "outage": result["outage"]}))
+    print(
+        "\nrouter outage run:",
+        json.dumps({**result["summary"], **rd.outage_counts(result), "outage": result["outage"]}),
+    )
     return result
 
 
@@ -66,9 +75,13 @@ def test_router_answers_an_empty_pool_at_once_and_lets_a_removed_workers_request
     server = real_engines.server
     ids = rd.real._probe_ids()[:8]
     probe = fault_probes.router_probe(server, tmp_path, ids)
-    print("\nrouter probe:", json.dumps({k: v for k, v in probe.items() if k != "empty"}),
-          "empty-pool answers:", [(e["status"], e["seconds"]) for e in probe["empty"]])
-    assert probe["remove_call"]["killed_pids"] == [-1]   # slime's shutdown ran to its (stood-in) process kill
+    print(
+        "\nrouter probe:",
+        json.dumps({k: v for k, v in probe.items() if k != "empty"}),
+        "empty-pool answers:",
+        [(e["status"], e["seconds"]) for e in probe["empty"]],
+    )
+    assert probe["remove_call"]["killed_pids"] == [-1]  # slime's shutdown ran to its (stood-in) process kill
     assert probe["held_done_while_removed"] is False and probe["held"]["status"] == 200, probe["held"]
     assert all(e["status"] == 503 and "no_available_workers" in e["body"] and e["seconds"] < 5 for e in probe["empty"])
     assert probe["after"]["status"] == 200, probe["after"]
@@ -117,8 +130,11 @@ def test_a_push_whose_trainer_dies_fails_at_once_and_its_group_blocks_a_new_one_
     assert "partially updated" in killed["update"]["body"] and killed["update_answered_after_s"] < 30, killed
     assert out["alive"] and out["health_after_kill"]["status"] == 200
     assert out["version_after_kill"] == out["version_before"]
-    assert out["probe_gap_to_launched"] < 0.01 < out["probe_gap_to_pushed"], out   # one bucket: nothing loaded
-    assert out["same_name_again"]["init"]["status"] == 400 and "already been created" in out["same_name_again"]["init"]["body"]
+    assert out["probe_gap_to_launched"] < 0.01 < out["probe_gap_to_pushed"], out  # one bucket: nothing loaded
+    assert (
+        out["same_name_again"]["init"]["status"] == 400
+        and "already been created" in out["same_name_again"]["init"]["body"]
+    )
     assert out["after_destroy"]["update"]["status"] == 200 and out["final_probe_gap_to_pushed"] < 0.01, out
     assert out["final_version"] == "recovered"
     # back to the launched weights for the next test
@@ -143,7 +159,7 @@ def test_driver_killed_mid_push_leaves_weights_no_checkpoint_has(killed_in_push)
     kill = _events(killed_in_push["first"], "kill_in_push")
     assert [k["rollout_id"] for k in kill] == [rd.KILL_IN_PUSH_AFTER] and kill[0]["bucket"] == KILL_BUCKET > 0, kill
     after = killed_in_push["after_kill"]
-    assert after["alive"] and after["paused"], after   # the push paused the engine; nobody continued it
+    assert after["alive"] and after["paused"], after  # the push paused the engine; nobody continued it
     # the buckets before the kill loaded, the last not: neither the last checkpoint's weights, nor the
     # killed push's, nor the initial ones; under the killed push's version
     assert min(after["gap_to_last_checkpoint"], after["gap_to_killed_push"], after["gap_to_initial"]) > 0.01, after
@@ -167,4 +183,4 @@ def test_resume_serves_the_checkpoint_before_any_generation_and_trains_every_pro
     assert not [p for p, n in Counter(trained).items() if n > 1], f"trained twice: {sorted(trained)}"
     assert len(trained) == 2 * rd.ROLLOUTS
     pending = _events(resumed, "done")[-1]["pending_pids"]
-    assert sorted(trained + pending) == list(range(len(trained) + len(pending)))   # nothing skipped
+    assert sorted(trained + pending) == list(range(len(trained) + len(pending)))  # nothing skipped

@@ -21,15 +21,16 @@ def _prompt(text: str) -> list[int]:
 @torch.no_grad()
 def _reference_logprobs(model, prompt, tokens, temperature):
     ids = torch.tensor([prompt + tokens])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].double() / temperature
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double() / temperature
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (1.3, 0.8)])
 def test_generate_logprobs_are_the_float32_forward_within_bf16_noise(real_engines, temperature, top_p):
     prompt = _prompt("3+5-2=")
-    answer = real_engines.server.submit(prompt, max_new_tokens=MAX_NEW - len(prompt), temperature=temperature,
-                                        top_p=top_p).result()
+    answer = real_engines.server.submit(
+        prompt, max_new_tokens=MAX_NEW - len(prompt), temperature=temperature, top_p=top_p
+    ).result()
     rows = answer["meta_info"]["output_token_logprobs"]
     assert rows and all(len(r) == 3 and r[2] is None for r in rows)
     tokens = [int(t) for _, t, _ in rows]
@@ -53,7 +54,10 @@ def test_model_info_reports_the_version_and_get_weight_version_is_gone(real_engi
 def test_the_router_lists_the_server_and_forwards_generate(real_engines):
     router = real_engines.router
     assert router.workers() == [real_engines.server.url]
-    body = {"input_ids": _prompt("1+1="), "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 4, "temperature": 1.0}}
+    body = {
+        "input_ids": _prompt("1+1="),
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
+    }
     answer = router.http.post(router.url + "/generate", json=body, timeout=120).json()
     assert len(answer["meta_info"]["output_token_logprobs"]) == len(answer["output_ids"]) >= 1

@@ -23,7 +23,7 @@ import torch
 from support.real_sglang import MAX_NEW
 from support.slime_args import slime_path
 
-if slime_path() and slime_path() not in sys.path:   # the pushes use slime's own group set-up
+if slime_path() and slime_path() not in sys.path:  # the pushes use slime's own group set-up
     sys.path.insert(0, slime_path())
 
 
@@ -60,25 +60,32 @@ def _other_model(seed: int = 1):
 
 # ---------------------------------------------------------------- the version
 
+
 def test_served_version_comes_from_model_info_where_get_weight_version_is_404(engines):
     from epic_slime.slime.served_weights import served_weight_version
 
     server = engines.server
     server.post("/update_weight_version", {"new_version": "epic-7"}).raise_for_status()
     assert served_weight_version(server.url) == "epic-7"
-    assert server.get("/get_weight_version").status_code == 404   # slime 624b824a's get_weight_version
+    assert server.get("/get_weight_version").status_code == 404  # slime 624b824a's get_weight_version
 
 
-@pytest.mark.parametrize("transport,ci_test,refused", [
-    ("disk", True, True), ("disk", False, False), ("nccl", True, False)])
+@pytest.mark.parametrize(
+    "transport,ci_test,refused", [("disk", True, True), ("disk", False, False), ("nccl", True, False)]
+)
 def test_ci_test_with_a_disk_push_is_refused_up_front(transport, ci_test, refused):
     """slime checks the version after a disk reload under --ci-test with the 404 endpoint: the driver
     refuses that pair with a one-line error naming both flags, and only that pair."""
     from epic_slime.slime.checks import check_unsupported_settings
     from epic_slime.slime.flags import ProjectFlagError
 
-    args = Namespace(ci_test=ci_test, update_weight_transport=transport, update_weight_mode="full",
-                     advantage_estimator="grpo", use_critic=False)
+    args = Namespace(
+        ci_test=ci_test,
+        update_weight_transport=transport,
+        update_weight_mode="full",
+        advantage_estimator="grpo",
+        use_critic=False,
+    )
     if refused:
         with pytest.raises(ProjectFlagError, match="--ci-test.*--update-weight-transport disk.*/model_info"):
             check_unsupported_settings(args)
@@ -87,6 +94,7 @@ def test_ci_test_with_a_disk_push_is_refused_up_front(transport, ci_test, refuse
 
 
 # ---------------------------------------------------------------- did the push take effect
+
 
 def test_a_push_under_in_memory_names_answers_success_loads_nothing_and_is_caught(engines):
     """transformers 5's in-memory names (fused experts, the tied head absent): SGLang answers success and
@@ -101,7 +109,7 @@ def test_a_push_under_in_memory_names_answers_success_loads_nothing_and_is_caugh
     assert push_distributed(engines.server, named, "fused")["success"] is True
     with pytest.raises(PushNotApplied, match="does not serve the pushed weights"):
         confirm_push(engines.server.url, other, PROBE)
-    confirm_push(engines.server.url, engines.model, PROBE)   # still the initial model
+    confirm_push(engines.server.url, engines.model, PROBE)  # still the initial model
 
 
 def test_a_push_without_the_untied_head_is_caught(engines):
@@ -155,6 +163,7 @@ def test_checkpoint_tensors_are_the_saved_checkpoints(tmp_path):
 
 # ---------------------------------------------------------------- no flushing update while requests are held
 
+
 def test_in_place_disk_update_is_sent_without_flush_and_the_server_survives(engines):
     """A request held by an in-place pause, then slime's ``update_weights_from_disk`` through the
     in-place view: sent with flush_cache false (SGLang's default flush would kill the server); the
@@ -180,8 +189,9 @@ def test_in_place_disk_update_is_sent_without_flush_and_the_server_survives(engi
     # an idle CPU decodes the whole request in a fraction of a second: pause as soon as it runs, and try
     # again (after a continue) when it still finished first
     for _ in range(10):
-        held = server.submit(prompt, sampling_params={"max_new_tokens": MAX_NEW - len(prompt), "temperature": 1.0,
-                                                      "ignore_eos": True})
+        held = server.submit(
+            prompt, sampling_params={"max_new_tokens": MAX_NEW - len(prompt), "temperature": 1.0, "ignore_eos": True}
+        )
         wait_running(server, 1)
         view.pause_generation.remote().result(60)
         if not held.done():
@@ -197,8 +207,11 @@ def test_in_place_disk_update_is_sent_without_flush_and_the_server_survives(engi
     assert answer["meta_info"]["weight_version"] == "in-place-disk"
     assert len(answer["output_ids"]) == MAX_NEW - len(prompt)
     assert server.alive()
-    assert [c.split(" ", 1)[0] for c in actor.calls] == ["pause_generation", "update_weights_from_disk",
-                                                        "continue_generation"]
+    assert [c.split(" ", 1)[0] for c in actor.calls] == [
+        "pause_generation",
+        "update_weights_from_disk",
+        "continue_generation",
+    ]
 
 
 # ---------------------------------------------------------------- the tensor path with CPU tensors
@@ -232,10 +245,16 @@ def test_cpu_tensor_update_loads_and_holds_no_pipe_of_the_sender(engines):
     from support.slime_args import REPO
 
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    child = subprocess.Popen([sys.executable, "-c", _TENSOR_PUSH_CHILD, engines.server.url], env=env, cwd=str(REPO),
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _TENSOR_PUSH_CHILD, engines.server.url],
+        env=env,
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
     try:
-        out, _ = child.communicate(timeout=300)   # returns only once every writer of the pipe is gone
+        out, _ = child.communicate(timeout=300)  # returns only once every writer of the pipe is gone
     except subprocess.TimeoutExpired:
         child.kill()
         child.communicate()

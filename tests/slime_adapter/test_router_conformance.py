@@ -29,9 +29,18 @@ class _RouterStandIn:
     def __init__(self, workdir):
         port_file = workdir / "router_port"
         self.log = open(workdir / "router_standin.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "router_standin.py"),
-                                      "--port-file", str(port_file), "--route-by", "text"],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "tests" / "support" / "router_standin.py"),
+                "--port-file",
+                str(port_file),
+                "--route-by",
+                "text",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 60
         while not port_file.exists():
             assert self.proc.poll() is None and time.monotonic() < deadline, "router stand-in did not start"
@@ -55,7 +64,9 @@ def routed(request, tmp_path_factory):
         pytest.skip(reason)
     with standin_factory(workdir) as start:
         engines = [start(), start()]
-        router = real_sglang.RealRouter([], workdir).wait_ready() if request.param == "real" else _RouterStandIn(workdir)
+        router = (
+            real_sglang.RealRouter([], workdir).wait_ready() if request.param == "real" else _RouterStandIn(workdir)
+        )
         try:
             yield router.url, engines
         finally:
@@ -92,8 +103,9 @@ def test_workers_register_route_by_prefix_and_leave(routed):
     body = lambda ids: {"input_ids": ids, "sampling_params": {"max_new_tokens": 3, "temperature": 1.0}}  # noqa: E731
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         for text in ("3+4=", "12+30=", "7*7="):
-            replies = list(pool.map(lambda _: http.post(f"{url}/generate", json=body(tokens_of(text)), timeout=120),
-                                    range(4)))
+            replies = list(
+                pool.map(lambda _: http.post(f"{url}/generate", json=body(tokens_of(text)), timeout=120), range(4))
+            )
             assert all(r.status_code == 200 for r in replies)
     # the cache-aware tree keys on the request's text: input_ids-only requests (slime's) all match nothing
     # and go to the smallest tree, one worker (the real router breaks the tie by its own order), while

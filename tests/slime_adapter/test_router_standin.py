@@ -26,11 +26,11 @@ from support.router_standin import Router  # noqa: E402
 def test_a_prompt_stays_on_the_worker_that_has_its_prefix_and_new_prompts_spread():
     router = Router()
     a, b = router.add("http://127.0.0.1:1"), router.add("http://127.0.0.1:2")
-    p, q = [1, 5, 6, 7, 8], [1, 9, 9, 3, 4]    # share only the first token: 0.2 <= the 0.3 threshold
+    p, q = [1, 5, 6, 7, 8], [1, 9, 9, 3, 4]  # share only the first token: 0.2 <= the 0.3 threshold
     first = router.choose(p)
-    assert [router.choose(p) for _ in range(3)] == [first] * 3          # the group's other samples
-    assert router.choose(q) == ({a, b} - {first}).pop()                 # the smaller tree
-    assert router.choose(p + [2, 2]) == first                           # a resubmission (prompt + partial)
+    assert [router.choose(p) for _ in range(3)] == [first] * 3  # the group's other samples
+    assert router.choose(q) == ({a, b} - {first}).pop()  # the smaller tree
+    assert router.choose(p + [2, 2]) == first  # a resubmission (prompt + partial)
     assert router.stats["prefix_match"] == 4 and router.stats["smallest_tree"] == 2
     assert router.stats["inputs_on_several_workers"] == 0
 
@@ -49,9 +49,9 @@ def test_an_imbalanced_load_goes_to_the_least_loaded_worker():
     a, b = router.add("http://127.0.0.1:1"), router.add("http://127.0.0.1:2")
     p = [1, 2, 3]
     assert router.choose(p) == a
-    router.load[a] = 3                     # 3 - 0 > 2 and 3 > 1.5 * 0
+    router.load[a] = 3  # 3 - 0 > 2 and 3 > 1.5 * 0
     assert router.choose(p) == b and router.stats["shortest_queue"] == 1
-    router.load[b] = 2                     # 3 - 2 <= 2: balanced again, the prefix wins
+    router.load[b] = 2  # 3 - 2 <= 2: balanced again, the prefix wins
     assert router.choose(p) in (a, b) and router.stats["prefix_match"] == 1
 
 
@@ -73,7 +73,9 @@ def test_round_robin_and_bad_registrations_name_the_field():
 
 # ---- over HTTP, in front of two SGLang stand-ins, with slime's client code
 
-_SLIME = os.environ.get("SLIME_PATH") or str(Path(__file__).resolve().parents[3] / "shared" / "vendor" / "slime-624b824a")
+_SLIME = os.environ.get("SLIME_PATH") or str(
+    Path(__file__).resolve().parents[3] / "shared" / "vendor" / "slime-624b824a"
+)
 
 
 @pytest.fixture
@@ -88,8 +90,14 @@ def two_engines(tmp_path):
     for i in range(2):
         (tmp_path / f"engine{i}").mkdir()
         # requests capped at the rollout's response length cannot stop early: they are still running for the abort
-        engines.append(Server(str(tmp_path / f"engine{i}"), long_every=1, long_min_new_tokens=ROLLOUT_MAX_RESPONSE_LEN,
-                              extra_args=["--step-seconds", "0.1"]))
+        engines.append(
+            Server(
+                str(tmp_path / f"engine{i}"),
+                long_every=1,
+                long_min_new_tokens=ROLLOUT_MAX_RESPONSE_LEN,
+                extra_args=["--step-seconds", "0.1"],
+            )
+        )
     router = RouterServer(str(tmp_path), engines)
     yield router, engines
     router.stop()
@@ -101,8 +109,14 @@ def _slime_client(engines: int):
     from slime.utils import http_utils
 
     http_utils._http_client = None
-    http_utils.init_http_client(argparse.Namespace(rollout_num_gpus=engines, rollout_num_gpus_per_engine=1,
-                                                   sglang_server_concurrency=8, use_distributed_post=False))
+    http_utils.init_http_client(
+        argparse.Namespace(
+            rollout_num_gpus=engines,
+            rollout_num_gpus_per_engine=1,
+            sglang_server_concurrency=8,
+            use_distributed_post=False,
+        )
+    )
     return http_utils
 
 
@@ -142,12 +156,16 @@ def test_groups_share_an_engine_and_slimes_abort_reaches_both(two_engines):
         from support.slime_e2e_harness import ROLLOUT_MAX_RESPONSE_LEN
 
         long = {"sampling_params": {"max_new_tokens": ROLLOUT_MAX_RESPONSE_LEN, "temperature": 1.0}}
-        running = [asyncio.ensure_future(http.post(f"{router.url}/generate", {"input_ids": p, **long})) for p in prompts]
+        running = [
+            asyncio.ensure_future(http.post(f"{router.url}/generate", {"input_ids": p, **long})) for p in prompts
+        ]
         deadline = asyncio.get_running_loop().time() + 30
-        while sum([(await http.get(f"{e.url}/v1/loads"))["loads"][0]["num_running_reqs"] for e in engines]) < len(prompts):
+        while sum([(await http.get(f"{e.url}/v1/loads"))["loads"][0]["num_running_reqs"] for e in engines]) < len(
+            prompts
+        ):
             assert asyncio.get_running_loop().time() < deadline, "the requests never ran on the engines"
             await asyncio.sleep(0.02)
-        urls = [w["url"] for w in (await http.get(f"{router.url}/workers"))["workers"]]   # slime's abort()
+        urls = [w["url"] for w in (await http.get(f"{router.url}/workers"))["workers"]]  # slime's abort()
         await abort_servers_until_idle(urls)
         return await asyncio.gather(*running)
 
@@ -170,6 +188,11 @@ def test_an_engine_leaving_is_removed_and_the_rest_keep_serving(two_engines):
     assert s.delete(f"{router.url}/workers/{gone['id']}", timeout=10).status_code == 202
     assert s.delete(f"{router.url}/workers/{gone['id']}", timeout=10).status_code == 404
     assert [w["url"] for w in s.get(f"{router.url}/workers", timeout=10).json()["workers"]] == [engines[1].url]
-    reply = s.post(f"{router.url}/generate", json={"input_ids": tokens_of("1+1="), "sampling_params": {"max_new_tokens": 4}},
-                   timeout=60)
-    assert reply.status_code == 200 and engines[1].stats()["requests"] == 1 and engines[0].stats().get("requests", 0) == 0
+    reply = s.post(
+        f"{router.url}/generate",
+        json={"input_ids": tokens_of("1+1="), "sampling_params": {"max_new_tokens": 4}},
+        timeout=60,
+    )
+    assert (
+        reply.status_code == 200 and engines[1].stats()["requests"] == 1 and engines[0].stats().get("requests", 0) == 0
+    )

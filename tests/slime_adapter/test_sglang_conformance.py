@@ -21,7 +21,14 @@ if importlib.util.find_spec("aiohttp") is None or importlib.util.find_spec("requ
 
 from support.conformance import (  # noqa: E402
     never_left_paused,
-    LONG_NEW, engine, forward_logprobs, loads, long_request, pause_while_running, reference_model, wait_running,
+    LONG_NEW,
+    engine,
+    forward_logprobs,
+    loads,
+    long_request,
+    pause_while_running,
+    reference_model,
+    wait_running,
 )
 from support.sglang_client import tokens_of  # noqa: E402
 
@@ -61,7 +68,7 @@ def test_an_evaluation_with_other_sampling_settings_joins_the_running_batch(engi
     """Continuous batching across sampling settings: a short request with its own temperature and
     top-p, sent while a long one decodes, answers before the long one."""
     server = engine.server
-    for _ in range(10):   # the long request can end first on an idle CPU (wait_running): try again then
+    for _ in range(10):  # the long request can end first on an idle CPU (wait_running): try again then
         training = long_request(server, tokens_of("12+7="))
         if not wait_running(server, answer=training):
             continue
@@ -147,7 +154,7 @@ def test_in_place_pause_keeps_the_request_and_refuses_to_flush(engine):
 
 def test_a_version_update_aborts_running_requests_by_default(engine):
     server = engine.server
-    for _ in range(10):   # the request can end before the update on an idle CPU: try again then
+    for _ in range(10):  # the request can end before the update on an idle CPU: try again then
         answer = long_request(server, tokens_of("8+8="))
         running = wait_running(server, answer=answer)
         reply = server.post("/update_weight_version", {"new_version": "u1"})

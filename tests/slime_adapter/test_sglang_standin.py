@@ -18,6 +18,7 @@ if importlib.util.find_spec("aiohttp") is None or importlib.util.find_spec("requ
 from support.conformance import loads, long_request, spliced_logprobs
 from support.sglang_client import MAX_NEW, logprobs_under, perturbed_models, standin_factory, tokens_of
 
+
 @pytest.fixture
 def standin(tmp_path):
     with standin_factory(tmp_path) as start:
@@ -46,18 +47,18 @@ def test_in_place_pause_keeps_the_request_decoding_on_the_new_weights(standin, t
     got = answer.result(60)
     meta = got["meta_info"]
     assert meta["finish_reason"]["type"] == "length" and len(got["output_ids"]) == MAX_NEW
-    assert meta["weight_version"] == "7"   # submitted under "default": the version at answer time
+    assert meta["weight_version"] == "7"  # submitted under "default": the version at answer time
     tokens, reported = got["output_ids"], [lp for lp, _, _ in meta["output_token_logprobs"]]
     under_old = logprobs_under(old, tok, prompt, tokens, mask_stop=False)
     under_new = logprobs_under(new, tok, prompt, tokens, mask_stop=False)
     matches_old = [abs(a - b) < 1e-4 for a, b in zip(reported, under_old)]
-    switch = matches_old.index(False)   # the first token after the update
+    switch = matches_old.index(False)  # the first token after the update
     assert 3 <= switch < MAX_NEW, matches_old
     assert all(matches_old[:switch])
     # the new weights decode over the KV the old ones computed (SGLang keeps it): not the new model's own
     spliced = spliced_logprobs(old, new, prompt + tokens, len(prompt) + switch - 1, len(prompt) + switch).tolist()
     assert all(abs(a - b) < 1e-4 for a, b in zip(reported[switch:], spliced))
-    assert any(abs(a - b) > 1e-3 for a, b in zip(reported[switch + 1:], under_new[switch + 1:]))
+    assert any(abs(a - b) > 1e-3 for a, b in zip(reported[switch + 1 :], under_new[switch + 1 :]))
     stats = server.stats()
     assert stats.get("aborted", 0) == 0 and stats["pauses_in_place"] == 1 and stats["spanning_answers"] == 1
     assert stats["flush_failed"] == 1 and stats.get("flushes", 0) == 0
@@ -83,7 +84,7 @@ def test_retract_requeues_the_running_request_and_prefills_it_again(standin, tmp
     server.wait_for(lambda s: s.get("decode_steps", 0) >= 3)
     server.post("/pause_generation", {"mode": "retract"})
     assert loads(server) == (0, 1)
-    assert server.get("/flush_cache").status_code == 400   # a waiting request: not idle either
+    assert server.get("/flush_cache").status_code == 400  # a waiting request: not idle either
     server.post("/update_weights_from_disk", {"model_path": path, "flush_cache": False, "weight_version": "2"})
     server.post("/continue_generation")
     got = answer.result(60)
@@ -97,10 +98,10 @@ def test_abort_is_the_default_mode_and_the_flush_then_succeeds(standin):
     server = standin(*LONG, "--step-seconds", "0.03")
     answer = server.submit(tokens_of("9+1="))
     server.wait_for(lambda s: s.get("decode_steps", 0) >= 3)
-    server.post("/pause_generation")   # slime's body: {}
+    server.post("/pause_generation")  # slime's body: {}
     got = answer.result(60)
     assert got["meta_info"]["finish_reason"]["type"] == "abort" and 3 <= len(got["output_ids"]) < MAX_NEW
-    late = server.submit(tokens_of("1+1="))   # arrives while paused: waits before the scheduler
+    late = server.submit(tokens_of("1+1="))  # arrives while paused: waits before the scheduler
     flush = server.get("/flush_cache")
     assert flush.status_code == 200 and flush.text.startswith("Cache flushed.")
     assert not late.done()
@@ -111,8 +112,16 @@ def test_abort_is_the_default_mode_and_the_flush_then_succeeds(standin):
 def test_an_evaluation_with_other_sampling_settings_joins_the_running_batch(standin):
     """SGLang batches across sampling settings: an eval request (its own temperature and top-p)
     finishes while a long training request still decodes."""
-    server = standin("--long-every", "1", "--long-min-new-tokens", str(MAX_NEW), "--long-max-new-tokens",
-                     str(MAX_NEW), "--step-seconds", "0.02")
+    server = standin(
+        "--long-every",
+        "1",
+        "--long-min-new-tokens",
+        str(MAX_NEW),
+        "--long-max-new-tokens",
+        str(MAX_NEW),
+        "--step-seconds",
+        "0.02",
+    )
     training = server.submit(tokens_of("12+7="))
     server.wait_for(lambda s: s.get("decode_steps", 0) >= 2)
     evaluation = server.submit(tokens_of("2+2="), max_new_tokens=4, temperature=0.6, top_p=0.7)
@@ -194,7 +203,9 @@ def test_routed_experts_are_the_models_own_top_k_of_every_computed_position(stan
         sequence = prompt + answer["output_ids"]
         assert got.shape == (len(sequence) - 1, layers, topk)
         with torch.no_grad():
-            logits = old(input_ids=torch.tensor([sequence[:-1]]), use_cache=False, output_router_logits=True).router_logits
+            logits = old(
+                input_ids=torch.tensor([sequence[:-1]]), use_cache=False, output_router_logits=True
+            ).router_logits
         want = np.stack([lg.topk(topk, dim=-1).indices.numpy() for lg in logits], axis=1)
         assert np.array_equal(np.sort(got, -1), np.sort(want, -1))
     assert _routing_of(plain.result(60), layers, topk) is None

@@ -13,10 +13,16 @@ from epic_slime.slime.train import log_driver_metrics
 from epic_slime.staleness import GroupLedger
 
 BASE = [
-    "--loss-type", "custom_loss",
-    "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
-    "--rollout-function-path", "epic_slime.slime.rollout.generate_rollout",
-    "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
+    "--loss-type",
+    "custom_loss",
+    "--custom-loss-function-path",
+    "epic_slime.slime.loss.policy_loss",
+    "--rollout-function-path",
+    "epic_slime.slime.rollout.generate_rollout",
+    "--rollout-batch-size",
+    "4",
+    "--n-samples-per-prompt",
+    "2",
 ]
 
 
@@ -28,7 +34,7 @@ def test_ledger_follows_every_group_to_trained_dropped_or_in_flight():
     ledger.deliver(1, rollout_id=0)
     ledger.drop(2)
     ledger.deliver(3, rollout_id=1)
-    ledger.check(worker_in_flight=2)            # 4 and 5 are still generating
+    ledger.check(worker_in_flight=2)  # 4 and 5 are still generating
     assert ledger.in_flight() == 5 and ledger.undelivered() == 2 and ledger.dropped == 1
     ledger.close_rollout(0)
     assert ledger.trained == 2
@@ -36,8 +42,12 @@ def test_ledger_follows_every_group_to_trained_dropped_or_in_flight():
     # a save now must regenerate rollout 1's group and the two generating ones
     assert ledger.pending_payloads() == [{"prompt": 3}, {"prompt": 4}, {"prompt": 5}]
     m = ledger.metrics()
-    assert (m["rollout/accounting/consumed_groups"], m["rollout/accounting/trained_groups"],
-            m["rollout/accounting/dropped_groups"], m["rollout/accounting/in_flight_groups"]) == (6, 2, 1, 3)
+    assert (
+        m["rollout/accounting/consumed_groups"],
+        m["rollout/accounting/trained_groups"],
+        m["rollout/accounting/dropped_groups"],
+        m["rollout/accounting/in_flight_groups"],
+    ) == (6, 2, 1, 3)
 
 
 def test_ledger_check_catches_a_lost_group_and_double_use():
@@ -45,7 +55,7 @@ def test_ledger_check_catches_a_lost_group_and_double_use():
     ledger.consume(0, None)
     ledger.consume(1, None)
     with pytest.raises(RuntimeError, match="holds 1 groups, the ledger 2"):
-        ledger.check(worker_in_flight=1)        # the worker lost one (e.g. a crashed task)
+        ledger.check(worker_in_flight=1)  # the worker lost one (e.g. a crashed task)
     with pytest.raises(ValueError, match="consumed twice"):
         ledger.consume(0, None)
     ledger.deliver(0, 0)
@@ -57,17 +67,24 @@ def test_ledger_check_catches_a_lost_group_and_double_use():
 
 @pytest.mark.parametrize(
     "extra, needed",
-    [([], False), (["--behavior-logprobs", "recompute"], True), (["--use-routing-replay"], True),
-     (["--use-routing-replay", "--use-rollout-routing-replay"], False), (["--use-tis"], True),
-     (["--use-tis", "--tis-clip", "2", "--behavior-logprobs", "recompute"], True)],
+    [
+        ([], False),
+        (["--behavior-logprobs", "recompute"], True),
+        (["--use-routing-replay"], True),
+        (["--use-routing-replay", "--use-rollout-routing-replay"], False),
+        (["--use-tis"], True),
+        (["--use-tis", "--tis-clip", "2", "--behavior-logprobs", "recompute"], True),
+    ],
 )
 def test_old_logprob_forward_only_where_needed(extra, needed):
     out = driver_argv(BASE + extra)
     assert ("--use-rollout-logprobs" in out) == (not needed)
     # --use-tis makes the recompute (pi_old) the loss's ratio base
     behavior = "recompute" if "recompute" in extra or "--use-tis" in extra else "rollout"
-    assert needs_old_logprob_forward(behavior, "--use-routing-replay" in extra,
-                                     "--use-rollout-routing-replay" in extra) == needed
+    assert (
+        needs_old_logprob_forward(behavior, "--use-routing-replay" in extra, "--use-rollout-routing-replay" in extra)
+        == needed
+    )
 
 
 def test_driver_sets_the_streaming_data_source_and_rejects_another():
@@ -86,12 +103,13 @@ def test_driver_rss_metric_grows_with_an_allocation():
 
     before = rss()
     block = bytearray(64 * 2**20)
-    block[:: 4096] = b"x" * len(block[:: 4096])   # touch every page
+    block[::4096] = b"x" * len(block[::4096])  # touch every page
     assert rss() - before > 48
     del block
 
 
 # ---- the streaming data source's save / load (resume), with slime's data-source state stood in
+
 
 class _InnerSource:
     """slime's RolloutDataSourceWithBuffer as StreamingDataSource uses it: numbered prompts, and
@@ -122,7 +140,9 @@ class _InnerSource:
 
         if self.args.load is None or rollout_id is None or rollout_id < 0:
             return
-        self.offset = torch.load(os.path.join(self.args.load, f"rollout/global_dataset_state_dict_{rollout_id}.pt"))["offset"]
+        self.offset = torch.load(os.path.join(self.args.load, f"rollout/global_dataset_state_dict_{rollout_id}.pt"))[
+            "offset"
+        ]
 
 
 def _source(tmp_path, load=None):
@@ -133,7 +153,7 @@ def _source(tmp_path, load=None):
     from epic_slime.slime.rollout import StreamingDataSource
 
     args = SimpleNamespace(save=str(tmp_path), load=load, rollout_global_dataset=True)
-    source = object.__new__(StreamingDataSource)   # __init__ builds slime's real data source
+    source = object.__new__(StreamingDataSource)  # __init__ builds slime's real data source
     source.args, source.inner, source.ledger = args, _InnerSource(args), GroupLedger()
     source._lock, source._restored, source._returned = threading.Lock(), deque(), deque()
     return source
@@ -149,7 +169,7 @@ def _model_saved(tmp_path, *rollout_ids):
 
 def test_resume_hands_out_the_saved_untrained_prompts_first_and_saves_them_again(tmp_path):
     first = _source(tmp_path)
-    for group in first.get_samples(3):                  # 0, 1, 2 consumed; 0 trained in rollout 0
+    for group in first.get_samples(3):  # 0, 1, 2 consumed; 0 trained in rollout 0
         first.ledger.deliver(group[0].group_index, 0 if group[0].group_index == 0 else 1)
     first.save(0)
     _model_saved(tmp_path, 0)
@@ -170,12 +190,14 @@ def test_resume_without_its_data_state_is_refused_naming_the_last_consistent_sav
     source.save(1)
     source.save(3)
     _model_saved(tmp_path, 1, 3)
-    os.remove(tmp_path / "rollout" / "global_dataset_state_dict_3.pt")   # killed between the two writes
-    with pytest.raises(RuntimeError, match=r"rollout-3 checkpoint: its data state .* missing.*last consistent save is rollout 1"):
+    os.remove(tmp_path / "rollout" / "global_dataset_state_dict_3.pt")  # killed between the two writes
+    with pytest.raises(
+        RuntimeError, match=r"rollout-3 checkpoint: its data state .* missing.*last consistent save is rollout 1"
+    ):
         _source(tmp_path, load=str(tmp_path)).load(3)
     with pytest.raises(RuntimeError, match="No earlier rollout .* has a complete data state"):
         _source(tmp_path, load=str(tmp_path / "elsewhere")).load(0)
-    _source(tmp_path, load=str(tmp_path)).load(-1)   # a fresh start loads nothing and needs nothing
+    _source(tmp_path, load=str(tmp_path)).load(-1)  # a fresh start loads nothing and needs nothing
 
 
 def test_the_pending_groups_are_written_before_slimes_data_state(tmp_path, monkeypatch):

@@ -65,16 +65,27 @@ def test_cp1_adapter_equals_core(mode):
         torch.testing.assert_close(leaf.grad, grad, rtol=1e-12, atol=1e-12)
     assert any(float(g.abs().sum()) > 0 for g in ref_grads)
     # metrics: slime's names, the core's diagnostics weighted by the micro-batch's share
-    assert set(metrics) >= {"loss", "pg_loss", "entropy_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff"}
+    assert set(metrics) >= {
+        "loss",
+        "pg_loss",
+        "entropy_loss",
+        "pg_clipfrac",
+        "ppo_kl",
+        "train_rollout_logprob_abs_diff",
+    }
     # pg_clipfrac: the core's per-token clip indicator, reduced by slime's reducer
     clipped = [ref_out.clipped[i, : d["resp"]] for i, d in enumerate(data)]
-    torch.testing.assert_close(metrics["pg_clipfrac"].double(), reducer(torch.cat(clipped).double()), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        metrics["pg_clipfrac"].double(), reducer(torch.cat(clipped).double()), rtol=1e-6, atol=1e-7
+    )
     assert float(metrics["pg_clipfrac"]) > 0, "the fixture must make some tokens clip"
     # the core's diagnostics, weighted by the micro-batch's share of the step's normaliser
     weight = float(sum(d["mask"].sum() for d in data)) if aggregation == "token-mean" else len(data)
     torch.testing.assert_close(
         metrics["policy/ratio_mean"].double(),
-        torch.as_tensor(float(ref_out.metrics["ratio_mean"]) * weight, dtype=torch.float64), rtol=1e-6, atol=1e-7,
+        torch.as_tensor(float(ref_out.metrics["ratio_mean"]) * weight, dtype=torch.float64),
+        rtol=1e-6,
+        atol=1e-7,
     )
     assert "policy/valid_tokens" not in metrics and "policy/empty_response_frac" in metrics
     expected_kl = reducer(torch.cat([d["log_mu"] - d["log_pi"] for d in data]))
@@ -83,8 +94,14 @@ def test_cp1_adapter_equals_core(mode):
 
 def test_seq_mean_token_sum_and_kl_entropy_terms():
     data = full_data(1)
-    args = loss_args("epic", "--policy-loss-aggregation", "seq-mean-token-sum",
-                 use_kl_loss=True, kl_loss_coef=1e-3, entropy_coef=0.01)
+    args = loss_args(
+        "epic",
+        "--policy-loss-aggregation",
+        "seq-mean-token-sum",
+        use_kl_loss=True,
+        kl_loss_coef=1e-3,
+        entropy_coef=0.01,
+    )
     leaves, log_probs, batch, reducer = slime_inputs(data, 0, 1, args)
     entropy = [torch.rand(len(lp), dtype=torch.float64) for lp in log_probs]
     loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, entropy, reducer)
@@ -123,7 +140,9 @@ def test_missing_or_bad_inputs_are_named():
     with pytest.raises(ValueError, match=r"batch\['advantages'\]\[0\]"):
         slime_policy_loss_from_log_probs(args, bad, log_probs, None, reducer)
     with pytest.raises(ValueError, match="calculate_per_token_loss"):
-        slime_policy_loss_from_log_probs(loss_args("dapo", calculate_per_token_loss=False), batch, log_probs, None, reducer)
+        slime_policy_loss_from_log_probs(
+            loss_args("dapo", calculate_per_token_loss=False), batch, log_probs, None, reducer
+        )
 
 
 def test_recompute_behaviour_uses_slime_log_probs():
@@ -131,7 +150,11 @@ def test_recompute_behaviour_uses_slime_log_probs():
     args = loss_args("grpo", behavior_logprobs="recompute")
     leaves, log_probs, batch, reducer = slime_inputs(data, 0, 1, args)
     # the recompute becomes mu; the rollout log-probs are then only a diagnostic
-    batch = {**batch, "log_probs": batch["rollout_log_probs"], "rollout_log_probs": [x - 5 for x in batch["rollout_log_probs"]]}
+    batch = {
+        **batch,
+        "log_probs": batch["rollout_log_probs"],
+        "rollout_log_probs": [x - 5 for x in batch["rollout_log_probs"]],
+    }
     loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
     ref_loss, _, _ = _core_reference("grpo", args, data, "seq-mean-token-mean")
     torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-12, atol=1e-12)
@@ -154,7 +177,11 @@ def _cp_worker(rank, world, init_file, result_file):
             leaves, log_probs, batch, reducer = slime_inputs(data, rank, world, args)
             loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer, rank, world, gather)
             loss.backward()
-            results[mode, kl] = (loss.detach(), [leaf.grad.clone() for leaf in leaves], {k: v for k, v in metrics.items()})
+            results[mode, kl] = (
+                loss.detach(),
+                [leaf.grad.clone() for leaf in leaves],
+                {k: v for k, v in metrics.items()},
+            )
         torch.save(results, f"{result_file}.{rank}")
     finally:
         dist.destroy_process_group()
@@ -182,25 +209,28 @@ def test_cp2_over_gloo_equals_cp1_for_every_mode():
         assert len(policy_names) > 10 and set(r0[2]) == set(r1[2]) == set(metrics)
         for name in ("pg_loss", "ppo_kl", "pg_clipfrac") + (("kl_loss",) if kl else ()) + tuple(policy_names):
             total = r0[2][name] + r1[2][name]
-            torch.testing.assert_close(total.double(), metrics[name].double(), rtol=1e-5, atol=1e-7, msg=f"{mode} {name}")
+            torch.testing.assert_close(
+                total.double(), metrics[name].double(), rtol=1e-5, atol=1e-7, msg=f"{mode} {name}"
+            )
 
 
 def test_unbiased_kl_weights_k3_by_the_ratio_to_the_recomputed_log_probs():
     data = full_data(3)
     args = loss_args("epic", use_kl_loss=True, kl_loss_coef=1e-3, kl_loss_type="k3", use_unbiased_kl=True)
     leaves, log_probs, batch, reducer = slime_inputs(data, 0, 1, args)
-    old = [d["log_pi"] - 0.3 * (i + 1) for i, d in enumerate(data)]     # recomputed log-probs that differ
+    old = [d["log_pi"] - 0.3 * (i + 1) for i, d in enumerate(data)]  # recomputed log-probs that differ
     batch = {**batch, "log_probs": old}
     _, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
     k3 = [torch.exp(d["ref"] - d["log_pi"]) - 1 - (d["ref"] - d["log_pi"]) for d in data]
     weighted = [torch.exp(d["log_pi"] - o) * k for d, o, k in zip(data, old, k3)]
     expected = sum((w * d["mask"]).sum() / d["mask"].sum() for w, d in zip(weighted, data))
     plain = sum((k * d["mask"]).sum() / d["mask"].sum() for k, d in zip(k3, data))
-    assert abs(float(expected) - float(plain)) > 1e-3          # the weighting matters in this fixture
+    assert abs(float(expected) - float(plain)) > 1e-3  # the weighting matters in this fixture
     torch.testing.assert_close(metrics["kl_loss"].double(), expected, rtol=1e-6, atol=1e-9)
     # with --use-rollout-logprobs the weight is against the rollout log-probs instead
-    args_r = loss_args("epic", use_kl_loss=True, kl_loss_coef=1e-3, kl_loss_type="k3", use_unbiased_kl=True,
-                   use_rollout_logprobs=True)
+    args_r = loss_args(
+        "epic", use_kl_loss=True, kl_loss_coef=1e-3, kl_loss_type="k3", use_unbiased_kl=True, use_rollout_logprobs=True
+    )
     _, metrics_r = slime_policy_loss_from_log_probs(args_r, batch, log_probs, None, reducer)
     weighted_r = [torch.exp(d["log_pi"] - d["log_mu"]) * k for d, k in zip(data, k3)]
     expected_r = sum((w * d["mask"]).sum() / d["mask"].sum() for w, d in zip(weighted_r, data))
@@ -211,13 +241,16 @@ def test_bad_tokens_are_skipped_on_the_cluster_path():
     from epic_slime.slime.flags import add_project_arguments
 
     registered = add_project_arguments(argparse.ArgumentParser()).parse_args([])
-    assert (registered.on_bad_tokens, registered.max_bad_token_frac) == ("skip", 0.01)   # the cluster default
+    assert (registered.on_bad_tokens, registered.max_bad_token_frac) == ("skip", 0.01)  # the cluster default
     data = full_data(4)
     args = loss_args("epic", use_kl_loss=True, kl_loss_coef=1e-3, on_bad_tokens="skip", max_bad_token_frac=0.05)
     leaves, log_probs, batch, reducer = slime_inputs(data, 0, 1, args)
     bad_sample, bad_pos = 3, 4
-    log_probs[bad_sample] = torch.where(torch.arange(len(log_probs[bad_sample])) == bad_pos,
-                                        torch.tensor(float("nan"), dtype=torch.float64), log_probs[bad_sample])
+    log_probs[bad_sample] = torch.where(
+        torch.arange(len(log_probs[bad_sample])) == bad_pos,
+        torch.tensor(float("nan"), dtype=torch.float64),
+        log_probs[bad_sample],
+    )
     loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(v).all() for v in metrics.values())
@@ -228,7 +261,9 @@ def test_bad_tokens_are_skipped_on_the_cluster_path():
     ref_leaves, ref_lp, ref_batch, _ = slime_inputs(data, 0, 1, args)
     ref_batch = {**ref_batch, "loss_masks": masks}
     # the bad token drops out of the core's mask; slime's reducer keeps the batch's denominators
-    ref_reducer = sample_mean_reducer([torch.arange(d["resp"]) for d in data], masks, [d["mask"].sum() for d in data], False)
+    ref_reducer = sample_mean_reducer(
+        [torch.arange(d["resp"]) for d in data], masks, [d["mask"].sum() for d in data], False
+    )
     ref_loss, ref_metrics = slime_policy_loss_from_log_probs(args, ref_batch, ref_lp, None, ref_reducer)
     torch.testing.assert_close(loss.detach(), ref_loss.detach(), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(metrics["kl_loss"], ref_metrics["kl_loss"], rtol=1e-6, atol=1e-9)
@@ -262,7 +297,11 @@ def test_loss_flags_are_resolved_once_per_run_not_per_micro_batch(monkeypatch):
     other = loss_args("grpo")
     _, log_probs, batch, reducer = slime_inputs(full_data(0), 0, 1, other)
     ref_loss, _, _ = _core_reference("grpo", other, full_data(0), "seq-mean-token-mean")
-    torch.testing.assert_close(slime_policy_loss_from_log_probs(other, batch, log_probs, None, reducer)[0].detach(),
-                               ref_loss, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        slime_policy_loss_from_log_probs(other, batch, log_probs, None, reducer)[0].detach(),
+        ref_loss,
+        rtol=1e-12,
+        atol=1e-12,
+    )
     assert [a is other for a in resolutions].count(True) == 2  # the reference resolves it too
     assert [a is args for a in resolutions].count(True) == 1

@@ -16,7 +16,7 @@ def test_limit_is_g_plus_k_batches():
     assert budget.limit(1) == 12
     assert budget.limit(0) == 8
     assert budget.limit(5) == 28
-    assert AdmissionBudget(batch_groups=3, max_staleness=0).limit(1) == 3   # synchronous: one batch
+    assert AdmissionBudget(batch_groups=3, max_staleness=0).limit(1) == 3  # synchronous: one batch
 
 
 def test_room_stops_exactly_at_the_limit():
@@ -25,8 +25,8 @@ def test_room_stops_exactly_at_the_limit():
     assert budget.room(1, 0) == 12
     assert budget.room(1, 11) == 1
     assert budget.room(1, 12) == 0
-    assert budget.room(1, 13) == 0            # over the limit (a push counted late): none, never negative
-    assert budget.room(2, 12) == 4            # a landed push opens one batch
+    assert budget.room(1, 13) == 0  # over the limit (a push counted late): none, never negative
+    assert budget.room(2, 12) == 4  # a landed push opens one batch
 
 
 def test_unbounded_budget_has_no_limit():
@@ -60,18 +60,24 @@ def test_bad_arguments_name_the_argument():
         budget.room("1", 0)
 
 
-def _simulate(rng: random.Random, batch_groups: int, max_staleness: int, rollouts: int,
-              discard_prob: float = 0.0, budget_type=AdmissionBudget):
+def _simulate(
+    rng: random.Random,
+    batch_groups: int,
+    max_staleness: int,
+    rollouts: int,
+    discard_prob: float = 0.0,
+    budget_type=AdmissionBudget,
+):
     """A stream under the budget with random completion order, random trainer speed, pushes that
     land late (the stream keeps the older version meanwhile) and random discards (a crashed group
     leaves the live count; its regeneration is a new start). Returns the trained lags and the most
     groups ever live and untrained at once."""
     budget = budget_type(batch_groups=batch_groups, max_staleness=max_staleness)
-    engine_version = 1                 # pushed once before the first rollout
-    live: deque[dict] = deque()        # started, not discarded, not yet trained: start order
+    engine_version = 1  # pushed once before the first rollout
+    live: deque[dict] = deque()  # started, not discarded, not yet trained: start order
     live_started = 0
     rollout = 0
-    push_lands_in = None               # steps until the push in flight lands
+    push_lands_in = None  # steps until the push in flight lands
     lags, most_untrained = [], 0
     for _step in range(100_000):
         if rollout == rollouts:
@@ -113,8 +119,9 @@ def test_fifo_and_budget_never_train_a_lag_over_k(batch_groups, max_staleness):
     seen_the_bound = 0
     for seed in range(40):
         rng = random.Random(seed * 1000 + batch_groups * 10 + max_staleness)
-        lags, most_untrained = _simulate(rng, batch_groups, max_staleness, rollouts=12,
-                                         discard_prob=0.1 if seed % 2 else 0.0)
+        lags, most_untrained = _simulate(
+            rng, batch_groups, max_staleness, rollouts=12, discard_prob=0.1 if seed % 2 else 0.0
+        )
         assert len(lags) == 12 * batch_groups
         assert max(lags) <= max_staleness, (seed, lags)
         assert min(lags) >= 0
@@ -139,8 +146,9 @@ def test_one_looser_rule_would_train_a_lag_of_k_plus_one():
         def room(self, engine_version, live_started):
             return max(0, self.limit(engine_version) - live_started + 1)
 
-    worst = max(max(_simulate(random.Random(seed), 3, 1, rollouts=8, budget_type=LooserBudget)[0])
-                for seed in range(10))
+    worst = max(
+        max(_simulate(random.Random(seed), 3, 1, rollouts=8, budget_type=LooserBudget)[0]) for seed in range(10)
+    )
     assert worst == 2
 
 
@@ -158,7 +166,14 @@ def test_the_gate_counts_from_the_recorded_oldest_version_not_the_reported_newes
     queue = [spanning, fresh]
     dropped = []
     gate = StalenessGate(2, "drop")
-    batch = asyncio.run(collect_admitted_groups(lambda n: [queue.pop(0) for _ in range(min(n, len(queue)))],
-                                                trainer_version=4, gate=gate, target=1, on_drop=dropped.append))
+    batch = asyncio.run(
+        collect_admitted_groups(
+            lambda n: [queue.pop(0) for _ in range(min(n, len(queue)))],
+            trainer_version=4,
+            gate=gate,
+            target=1,
+            on_drop=dropped.append,
+        )
+    )
     assert batch == [fresh] and dropped == [spanning] and gate.dropped_groups == 1
     assert fresh[0].metadata["epic_policy_version"] == 3

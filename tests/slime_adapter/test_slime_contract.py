@@ -45,16 +45,32 @@ from support.slime_loss import loss_args  # noqa: E402
 SHAPES = [(9, 5), (20, 17), (7, 1), (33, 30)]
 VOCAB = 11
 TEMPERATURE = 0.8
-CASES = [("epic", False), ("gspo", False), ("ctpo", False), ("dapo", False), ("epic", True),
-         ("dppo_topk_tv", False), ("dppo_topk_kl", False)]
+CASES = [
+    ("epic", False),
+    ("gspo", False),
+    ("ctpo", False),
+    ("dapo", False),
+    ("epic", True),
+    ("dppo_topk_tv", False),
+    ("dppo_topk_kl", False),
+]
 TOPK = 3
 
 
 def _args(mode: str, kl: bool) -> argparse.Namespace:
     """The adapter tests' loss args plus what slime's own loss_function reads."""
-    return loss_args(mode, loss_type="custom_loss", custom_loss_function_path="epic_slime.slime.loss.policy_loss",
-                     recompute_loss_function=False, allgather_cp=False, rollout_temperature=TEMPERATURE,
-                     rollout_top_p=1.0, log_probs_chunk_size=-1, use_kl_loss=kl, kl_loss_coef=1e-3)
+    return loss_args(
+        mode,
+        loss_type="custom_loss",
+        custom_loss_function_path="epic_slime.slime.loss.policy_loss",
+        recompute_loss_function=False,
+        allgather_cp=False,
+        rollout_temperature=TEMPERATURE,
+        rollout_top_p=1.0,
+        log_probs_chunk_size=-1,
+        use_kl_loss=kl,
+        kl_loss_coef=1e-3,
+    )
 
 
 def _data(seed: int = 0):
@@ -71,7 +87,9 @@ def _data(seed: int = 0):
         log_mu = (log_pi + 0.05 * torch.randn(resp, generator=g) + 0.5 * (torch.arange(resp) % 5 == 0)).clamp(max=-1e-3)
         ref = log_pi + 0.1 * torch.randn(resp, generator=g)
         adv = torch.full((resp,), [1.0, -0.6, 0.3, -1.1][k])
-        out.append(dict(total=total, resp=resp, logits=logits, tokens=tokens, mask=mask, log_mu=log_mu, ref=ref, adv=adv))
+        out.append(
+            dict(total=total, resp=resp, logits=logits, tokens=tokens, mask=mask, log_mu=log_mu, ref=ref, adv=adv)
+        )
     _add_rollout_topk(out, seed)
     return out
 
@@ -81,11 +99,13 @@ def _add_rollout_topk(data, seed):
     90% of the rest of mu's mass (own generator: the other fields stay as they were)."""
     g = torch.Generator().manual_seed(1000 + seed)
     for d in data:
-        sampled = d["tokens"][-d["resp"]:]
-        ids = torch.stack([
-            torch.tensor([v for v in torch.randperm(VOCAB, generator=g).tolist() if v != int(tok)][:TOPK])
-            for tok in sampled
-        ]).to(torch.int32)
+        sampled = d["tokens"][-d["resp"] :]
+        ids = torch.stack(
+            [
+                torch.tensor([v for v in torch.randperm(VOCAB, generator=g).tolist() if v != int(tok)][:TOPK])
+                for tok in sampled
+            ]
+        ).to(torch.int32)
         weights = torch.softmax(torch.randn(d["resp"], TOPK, generator=g), -1)
         rest = -torch.expm1(d["log_mu"].double())  # 1 - mu of the sampled token
         d["topk_ids"], d["topk_log_probs"] = ids, torch.log(0.9 * rest[:, None] * weights).float()
@@ -112,7 +132,10 @@ def _batch_and_logits(data, leaves, rank, cp):
             continue
         chunk = -(-d["total"] // (2 * cp))
         padded = torch.cat([leaf, leaf.new_zeros(2 * cp * chunk - d["total"], VOCAB)])
-        chunks += [padded[rank * chunk : (rank + 1) * chunk], padded[(2 * cp - 1 - rank) * chunk : (2 * cp - rank) * chunk]]
+        chunks += [
+            padded[rank * chunk : (rank + 1) * chunk],
+            padded[(2 * cp - 1 - rank) * chunk : (2 * cp - rank) * chunk],
+        ]
     logits = torch.cat(chunks)[None]
     positions = [_local_positions(d, rank, cp) for d in data]
     batch = {
@@ -184,7 +207,9 @@ def _worker(rank, world, init_file, result_file, slime_path):
 @pytest.fixture(scope="module")
 def ranks():
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(2, os.path.join(tmp, "init"), os.path.join(tmp, "out"), _SLIME_PATH), nprocs=2, join=True)
+        mp.spawn(
+            _worker, args=(2, os.path.join(tmp, "init"), os.path.join(tmp, "out"), _SLIME_PATH), nprocs=2, join=True
+        )
         return [torch.load(os.path.join(tmp, f"out.{r}")) for r in range(2)]
 
 
@@ -204,13 +229,19 @@ def _core(mode, kl, data):
         from epic_slime.losses import behavior_topk_set, gather_log_probs
 
         pad = lambda key: pad_sequence([d[key] for d in data], batch_first=True)  # noqa: E731
-        sampled = pad_sequence([d["tokens"][-d["resp"]:] for d in data], batch_first=True)
-        ids, behavior, topk_mask = behavior_topk_set(pad("topk_ids").long(), pad("topk_log_probs"), sampled, pad("log_mu"))
+        sampled = pad_sequence([d["tokens"][-d["resp"] :] for d in data], batch_first=True)
+        ids, behavior, topk_mask = behavior_topk_set(
+            pad("topk_ids").long(), pad("topk_log_probs"), sampled, pad("log_mu")
+        )
         response_logits = pad_sequence(
             [leaf[d["total"] - d["resp"] - 1 : d["total"] - 1] / TEMPERATURE for leaf, d in zip(leaves, data)],
-            batch_first=True)
-        topk = dict(behavior_topk_log_probs=behavior, current_topk_log_probs=gather_log_probs(response_logits, ids, topk_mask),
-                    topk_mask=topk_mask)
+            batch_first=True,
+        )
+        topk = dict(
+            behavior_topk_log_probs=behavior,
+            current_topk_log_probs=gather_log_probs(response_logits, ids, topk_mask),
+            topk_mask=topk_mask,
+        )
     out = compute_policy_loss(
         mode,
         pad_sequence(log_pi, batch_first=True),
@@ -294,7 +325,7 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
             self.completed = deque(groups)
             self.decile_records, self.run_decile_records = [], []
             self.can_requeue, self.requeued = can_requeue, []
-            self.faults = EngineFaults(argparse.Namespace())   # the real fault counts, none raised here
+            self.faults = EngineFaults(argparse.Namespace())  # the real fault counts, none raised here
             self.data_source = object.__new__(rollout.StreamingDataSource)
             self.data_source.ledger, self.data_source._returned = GroupLedger(), deque()
             for g in groups:
@@ -311,22 +342,22 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
         def held(self):
             return len(self.completed) + len(self.requeued)
 
-        def accounted(self):   # popped groups are all delivered or dropped before the check
+        def accounted(self):  # popped groups are all delivered or dropped before the check
             return self.held() + len(self.data_source._returned)
 
         def release(self, group):
             pass
 
-        def start_rollout(self, trainer_version):   # the groups are already here
+        def start_rollout(self, trainer_version):  # the groups are already here
             self.decile_records = []
 
-        def record(self, group, outcome, lag=None):   # GroupStream's length-decile records (trained ones here)
+        def record(self, group, outcome, lag=None):  # GroupStream's length-decile records (trained ones here)
             if lag is None:
                 return
             self.decile_records.append((float(max(s.response_length for s in group)), lag, outcome))
             self.run_decile_records.append(self.decile_records[-1])
 
-        def requeue(self, g):   # GroupStream regenerates the fresh prompt; here it waits in a list
+        def requeue(self, g):  # GroupStream regenerates the fresh prompt; here it waits in a list
             if self.can_requeue:
                 self.requeued.append(g)
             return self.can_requeue
@@ -342,10 +373,15 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
     assert [[s.index for s in g] for g in out.samples] == [[2, 3], [10, 11]]  # sorted like slime's
     assert out.metrics["rollout/staleness/mean"] == 0.0 and out.metrics["rollout/staleness/trainer_version"] == 1.0
     assert out.samples[0][0].metadata["epic_group_staleness"] == 0
-    assert out.metrics["rollout/accounting/consumed_groups"] == 4 and out.metrics["rollout/accounting/in_flight_groups"] == 4
+    assert (
+        out.metrics["rollout/accounting/consumed_groups"] == 4
+        and out.metrics["rollout/accounting/in_flight_groups"] == 4
+    )
     assert out.metrics["rollout/faults/failed_calls"] == 0.0 and out.metrics["rollout/faults/engines_found_dead"] == 0.0
-    deciles = {k: v for k, v in out.metrics.items() if k.startswith("rollout/staleness/deciles/") and k.endswith("/trained")}
-    assert sum(deciles.values()) == 2.0   # the batch's two groups, reported by response-length decile
+    deciles = {
+        k: v for k, v in out.metrics.items() if k.startswith("rollout/staleness/deciles/") and k.endswith("/trained")
+    }
+    assert sum(deciles.values()) == 2.0  # the batch's two groups, reported by response-length decile
     # next rollout: the policy is version 2, the group from version 0 is stale by 2 > K = 1
     stream.add([group(9, 2), group(8, 2)])
     out = rollout.generate_rollout(args, 4, data_source=stream.data_source)
@@ -353,7 +389,10 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
     assert out.metrics["rollout/staleness/total_dropped_samples"] == 2.0
     assert out.metrics["rollout/staleness/max"] == 1.0  # group(2, 1)
     assert [[s.index for s in g] for g in out.samples] == [[4, 5], [18, 19]]
-    assert out.metrics["rollout/accounting/dropped_groups"] == 1 and out.metrics["rollout/accounting/in_flight_groups"] == 5
+    assert (
+        out.metrics["rollout/accounting/dropped_groups"] == 1
+        and out.metrics["rollout/accounting/in_flight_groups"] == 5
+    )
     with pytest.raises(ValueError, match="--data-source-path"):
         rollout.generate_rollout(args, 5, data_source=object())
 
@@ -368,7 +407,10 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
     assert [g[0].group_index for g in stream.requeued] == [7]
     assert out.metrics["rollout/staleness/requeued"] == 1.0 and out.metrics["rollout/staleness/dropped_groups"] == 0.0
     assert out.metrics["rollout/staleness/total_requeued_groups"] == 1.0
-    assert out.metrics["rollout/accounting/dropped_groups"] == 0 and out.metrics["rollout/accounting/in_flight_groups"] == 6
+    assert (
+        out.metrics["rollout/accounting/dropped_groups"] == 0
+        and out.metrics["rollout/accounting/in_flight_groups"] == 6
+    )
 
 
 def test_generate_records_topk_on_slime_samples():
@@ -410,15 +452,20 @@ def test_a_call_aborted_before_its_first_token_adds_no_weight_version():
     args = argparse.Namespace(partial_rollout=False)
     waited, partial = Sample(index=0, tokens=[1, 2]), Sample(index=1, tokens=[1, 2])
     before = [(s.response_length, len(s.weight_versions)) for s in (waited, partial)]
-    waited.append_response_tokens(args, tokens=[], log_probs=[], meta_info={"weight_version": "3", "finish_reason": {"type": "abort"}})
-    partial.append_response_tokens(args, tokens=[7], log_probs=[-0.5],
-                                   meta_info={"weight_version": "3", "finish_reason": {"type": "abort"}})
+    waited.append_response_tokens(
+        args, tokens=[], log_probs=[], meta_info={"weight_version": "3", "finish_reason": {"type": "abort"}}
+    )
+    partial.append_response_tokens(
+        args, tokens=[7], log_probs=[-0.5], meta_info={"weight_version": "3", "finish_reason": {"type": "abort"}}
+    )
     assert waited.status == partial.status == Sample.Status.ABORTED and waited.weight_versions == ["3"]
     counters = SimpleNamespace(empty_call_versions=0)
     GroupStream._forget_empty_calls(counters, [waited, partial], before)
     assert waited.weight_versions == [] and partial.weight_versions == ["3"] and counters.empty_call_versions == 1
     # resubmitted after the push: the oldest version of its tokens is the new one
-    waited.append_response_tokens(args, tokens=[5], log_probs=[-0.1], meta_info={"weight_version": "4", "finish_reason": {"type": "stop"}})
+    waited.append_response_tokens(
+        args, tokens=[5], log_probs=[-0.1], meta_info={"weight_version": "4", "finish_reason": {"type": "stop"}}
+    )
     assert sample_version(waited.weight_versions) == 4
 
 
@@ -435,10 +482,12 @@ def test_a_stale_group_is_regenerated_from_its_prompt_at_most_max_requeues_times
     stream.order, stream.finished, stream.to_start, stream.live_started = deque(), {}, deque(), 5
     stream.taken = set()
     stream.top_up = lambda: None
-    stream.record = lambda group, outcome, lag=None: None   # the length-decile report (tests/slime_adapter/test_slime_stream.py)
+    stream.record = (
+        lambda group, outcome, lag=None: None
+    )  # the length-decile report (tests/slime_adapter/test_slime_stream.py)
     stream.data_source = SimpleNamespace(fresh_group=lambda key: [SimpleNamespace(group_index=key, fresh=True)])
     stale = [SimpleNamespace(group_index=7, fresh=False)]
     assert [stream.requeue(stale) for _ in range(3)] == [True, True, False]
     assert [(g[0].group_index, g[0].fresh) for g in stream.to_start] == [(7, True), (7, True)]
-    assert stream.stale_requeues == 2 and stream.live_started == 2   # each taken group left the count
-    assert stream.requeue([SimpleNamespace(group_index=8)]) is True   # counted per group
+    assert stream.stale_requeues == 2 and stream.live_started == 2  # each taken group left the count
+    assert stream.requeue([SimpleNamespace(group_index=8)]) is True  # counted per group

@@ -26,8 +26,10 @@ def _reference(records, deciles=10):
 @pytest.mark.parametrize("n", [1, 7, 10, 23, 100, 257])
 def test_deciles_match_the_reference(n):
     rng = random.Random(n)
-    records = [(rng.choice([5, 10, 10, 50, 200]) + rng.random() * (n % 3), rng.randint(0, 4), rng.choice(OUTCOMES))
-               for _ in range(n)]
+    records = [
+        (rng.choice([5, 10, 10, 50, 200]) + rng.random() * (n % 3), rng.randint(0, 4), rng.choice(OUTCOMES))
+        for _ in range(n)
+    ]
     rows = length_deciles(records)
     for row, (counts, mean) in zip(rows, _reference(records), strict=True):
         assert row.counts == counts
@@ -53,7 +55,9 @@ def test_length_ranges_are_ordered_and_long_groups_land_last():
 
 
 def test_dropped_and_requeued_do_not_enter_the_mean():
-    rows = length_deciles([(1.0, 5, "dropped"), (2.0, 4, "requeued"), (3.0, 1, "trained"), (4.0, 3, "over_k")], deciles=1)
+    rows = length_deciles(
+        [(1.0, 5, "dropped"), (2.0, 4, "requeued"), (3.0, 1, "trained"), (4.0, 3, "over_k")], deciles=1
+    )
     assert rows[0].mean_staleness == 2.0 and rows[0].counts == {"trained": 1, "over_k": 1, "dropped": 1, "requeued": 1}
 
 
@@ -62,10 +66,17 @@ def test_empty_input_gives_empty_rows_and_no_metrics():
     assert all(r.groups == 0 for r in rows) and decile_metrics(rows, "x/") == {}
 
 
-@pytest.mark.parametrize("record, field", [
-    ((1.0, 0, "lost"), "outcome"), ((-1.0, 0, "trained"), "response length"), ((float("nan"), 0, "trained"), "response length"),
-    ((1.0, -1, "trained"), "lag"), ((1.0, 1.5, "trained"), "lag"), ((1.0, 0), "record"),
-])
+@pytest.mark.parametrize(
+    "record, field",
+    [
+        ((1.0, 0, "lost"), "outcome"),
+        ((-1.0, 0, "trained"), "response length"),
+        ((float("nan"), 0, "trained"), "response length"),
+        ((1.0, -1, "trained"), "lag"),
+        ((1.0, 1.5, "trained"), "lag"),
+        ((1.0, 0), "record"),
+    ],
+)
 def test_bad_records_name_the_field(record, field):
     with pytest.raises(ValueError, match=field):
         length_deciles([record])

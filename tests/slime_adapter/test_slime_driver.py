@@ -13,12 +13,18 @@ from epic_slime.slime.flags import ProjectFlagError
 from epic_slime.slime.train import async_training_loop
 
 BASE = [
-    "--loss-type", "custom_loss",
-    "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
-    "--rollout-function-path", "epic_slime.slime.rollout.generate_rollout",
-    "--rollout-batch-size", "64",
-    "--n-samples-per-prompt", "8",
-    "--some-slime-flag", "x",  # slime flags the project does not read pass through
+    "--loss-type",
+    "custom_loss",
+    "--custom-loss-function-path",
+    "epic_slime.slime.loss.policy_loss",
+    "--rollout-function-path",
+    "epic_slime.slime.rollout.generate_rollout",
+    "--rollout-batch-size",
+    "64",
+    "--n-samples-per-prompt",
+    "8",
+    "--some-slime-flag",
+    "x",  # slime flags the project does not read pass through
 ]
 
 
@@ -39,7 +45,12 @@ def test_token_mean_modes_switch_slime_to_per_token_loss():
 
 def test_valid_command_reports_the_config():
     config, args, rest = check_argv(BASE + ["--policy-loss", "epic", "--update-depth", "8", "--max-staleness", "2"])
-    assert (config.policy_loss, config.update_depth, config.max_staleness, config.stale_policy) == ("epic", 8, 2, "drop")
+    assert (config.policy_loss, config.update_depth, config.max_staleness, config.stale_policy) == (
+        "epic",
+        8,
+        2,
+        "drop",
+    )
     assert config.aggregation == "seq-mean-token-mean" and config.behavior_logprobs == "rollout"
     assert config.policy_loss_params == {"delta_low": 5e-4, "delta_high": 2e-3}  # the core's defaults, resolved
     assert rest == ["--some-slime-flag", "x"]
@@ -53,8 +64,10 @@ def test_valid_command_reports_the_config():
         (["--max-staleness", "-1"], "max-staleness must be >= 0"),
         (["--update-depth", "8", "--global-batch-size", "32"], "global-batch-size 32 disagrees"),
         (["--behavior-logprobs", "recompute", "--use-rollout-logprobs"], "use-rollout-logprobs"),
-        (["--policy-loss", "dapo", "--policy-loss-aggregation", "seq-mean-token-mean", "--calculate-per-token-loss"],
-         "calculate-per-token-loss"),
+        (
+            ["--policy-loss", "dapo", "--policy-loss-aggregation", "seq-mean-token-mean", "--calculate-per-token-loss"],
+            "calculate-per-token-loss",
+        ),
         (["--update-weights-interval", "2"], "update-weights-interval"),
         (["--colocate"], "colocate"),
         (["--async-groups-in-flight", "0"], "async-groups-in-flight"),
@@ -118,8 +131,14 @@ class _FakeActor:
 
 def test_schedule_generates_ahead_and_updates_after_every_rollout():
     log = []
-    args = SimpleNamespace(start_rollout_id=0, num_rollout=6, eval_interval=5, save_interval=4,
-                           rollout_global_dataset=True, skip_eval_before_train=False)
+    args = SimpleNamespace(
+        start_rollout_id=0,
+        num_rollout=6,
+        eval_interval=5,
+        save_interval=4,
+        rollout_global_dataset=True,
+        skip_eval_before_train=False,
+    )
     trace = async_training_loop(args, _FakeRolloutManager(log), _FakeActor(log), None, get=lambda ref: ref)
     events = [e for e, _ in trace]
     # rollout r+1 is requested before rollout r trains, so generation overlaps training
@@ -136,8 +155,14 @@ def test_schedule_generates_ahead_and_updates_after_every_rollout():
 
 def test_overlap_schedule_without_global_dataset_saves_only_the_model():
     log = []
-    args = SimpleNamespace(start_rollout_id=0, num_rollout=2, eval_interval=None, save_interval=1,
-                           rollout_global_dataset=False, skip_eval_before_train=False)
+    args = SimpleNamespace(
+        start_rollout_id=0,
+        num_rollout=2,
+        eval_interval=None,
+        save_interval=1,
+        rollout_global_dataset=False,
+        skip_eval_before_train=False,
+    )
     async_training_loop(args, _FakeRolloutManager(log), _FakeActor(log), None, get=lambda ref: ref)
     assert [e for e, _ in log if e in ("save", "save_model")] == ["save_model", "save_model"]
 
@@ -153,7 +178,9 @@ def test_r3_with_the_project_rollout_gets_the_train_hook_and_refuses_another():
     args.custom_megatron_init_path = "my.own.init"
     from epic_slime.slime.checks import validate_project_args
 
-    with pytest.raises(ProjectFlagError, match="--custom-megatron-init-path epic_slime.slime.routing.install_train_hook"):
+    with pytest.raises(
+        ProjectFlagError, match="--custom-megatron-init-path epic_slime.slime.routing.install_train_hook"
+    ):
         validate_project_args(args)
 
 
@@ -188,12 +215,35 @@ def test_the_command_line_is_parsed_once_for_every_rewrite(monkeypatch):
         return parse_known_args(self, args, namespace)
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", counting)
-    argv = BASE[:-2] + ["--policy-loss", "dapo", "--update-depth", "4", "--oversample-ratio", "0.1", "--max-staleness", "2",
-                   "--lr-warmup-rollouts", "10", "--use-rollout-routing-replay"]
+    argv = BASE[:-2] + [
+        "--policy-loss",
+        "dapo",
+        "--update-depth",
+        "4",
+        "--oversample-ratio",
+        "0.1",
+        "--max-staleness",
+        "2",
+        "--lr-warmup-rollouts",
+        "10",
+        "--use-rollout-routing-replay",
+    ]
     line = read_command_line(argv)
     # update depth, aggregation, oversampling, warmup; rollout log-probs, data source, R3 hook
-    assert line.slime_flags == ["--num-steps-per-rollout", "4", "--calculate-per-token-loss",
-                                "--async-groups-in-flight", "72", "--lr-warmup-iters", "40"]
-    assert line.driver_flags == ["--use-rollout-logprobs", "--data-source-path", "epic_slime.slime.data_source.StreamingDataSource",
-                                 "--custom-megatron-init-path", "epic_slime.slime.routing.install_train_hook"]
+    assert line.slime_flags == [
+        "--num-steps-per-rollout",
+        "4",
+        "--calculate-per-token-loss",
+        "--async-groups-in-flight",
+        "72",
+        "--lr-warmup-iters",
+        "40",
+    ]
+    assert line.driver_flags == [
+        "--use-rollout-logprobs",
+        "--data-source-path",
+        "epic_slime.slime.data_source.StreamingDataSource",
+        "--custom-megatron-init-path",
+        "epic_slime.slime.routing.install_train_hook",
+    ]
     assert parsed == [argv]  # the checks included (spelling, then the values of slime flags)

@@ -37,7 +37,11 @@ from support import slime_e2e_harness as h
 _SLIME = h.slime_path()
 if _SLIME and _SLIME not in sys.path:
     sys.path.insert(0, _SLIME)
-_MISSING = [m for m in ("slime", "megatron.core", "httpx", "aiohttp", "pylatexenc") if importlib.util.find_spec(m.split(".")[0]) is None]
+_MISSING = [
+    m
+    for m in ("slime", "megatron.core", "httpx", "aiohttp", "pylatexenc")
+    if importlib.util.find_spec(m.split(".")[0]) is None
+]
 if _MISSING:
     pytest.skip(
         f"slime end-to-end test needs slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) and the "
@@ -47,9 +51,9 @@ if _MISSING:
 
 K = 2
 NUM_ROLLOUT = 6
-SAVE_INTERVAL = 2        # saves after rollouts 1, 3 and 5
-KILL_BETWEEN_SAVES = 3   # rollouts 2 and 3 trained, their checkpoint incomplete: trained again after the resume
-LAST_SAVE = 1            # the checkpoint the resumed session starts from
+SAVE_INTERVAL = 2  # saves after rollouts 1, 3 and 5
+KILL_BETWEEN_SAVES = 3  # rollouts 2 and 3 trained, their checkpoint incomplete: trained again after the resume
+LAST_SAVE = 1  # the checkpoint the resumed session starts from
 DEPTH = 2
 
 
@@ -61,20 +65,34 @@ def _kill_and_resume(workdir: str, hold_max_new_tokens: int | None = None, **arg
     argv = dict(num_rollout=NUM_ROLLOUT, save_interval=SAVE_INTERVAL, **argv)
     try:
         first = os.path.join(workdir, "first.jsonl")
-        rc_first = h.run_session({
-            "trace": first, "port": server.port, "dist_file": os.path.join(workdir, "dist1"),
-            "argv": h.standard_argv(workdir, **argv), "kill_between_saves": KILL_BETWEEN_SAVES,
-        })
+        rc_first = h.run_session(
+            {
+                "trace": first,
+                "port": server.port,
+                "dist_file": os.path.join(workdir, "dist1"),
+                "argv": h.standard_argv(workdir, **argv),
+                "kill_between_saves": KILL_BETWEEN_SAVES,
+            }
+        )
         resumed = os.path.join(workdir, "resumed.jsonl")
-        rc_resumed = h.run_session({
-            "trace": resumed, "port": server.port, "dist_file": os.path.join(workdir, "dist2"),
-            "argv": h.standard_argv(workdir, load=os.path.join(workdir, "ckpt"), **argv),
-        })
+        rc_resumed = h.run_session(
+            {
+                "trace": resumed,
+                "port": server.port,
+                "dist_file": os.path.join(workdir, "dist2"),
+                "argv": h.standard_argv(workdir, load=os.path.join(workdir, "ckpt"), **argv),
+            }
+        )
         stats = server.stats()
     finally:
         server.stop()
-    return {"rc": (rc_first, rc_resumed), "first": h.read_trace(first), "resumed": h.read_trace(resumed),
-            "server": stats, "workdir": workdir}
+    return {
+        "rc": (rc_first, rc_resumed),
+        "first": h.read_trace(first),
+        "resumed": h.read_trace(resumed),
+        "server": stats,
+        "workdir": workdir,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +111,7 @@ def _check_killed_between_saves(run):
     assert run["rc"] == (-9, 0), f"first run must die by SIGKILL, the resumed one finish; logs in {run['workdir']}"
     first, resumed = run["first"], run["resumed"]
     assert [e["rollout_id"] for e in _events(first, "train")] == [0, 1, 2, 3]
-    assert [e["rollout_id"] for e in _events(first, "save")] == [LAST_SAVE]            # model checkpoints
+    assert [e["rollout_id"] for e in _events(first, "save")] == [LAST_SAVE]  # model checkpoints
     assert [e["rollout_id"] for e in _events(first, "rollout_save")] == [LAST_SAVE, KILL_BETWEEN_SAVES]
     for r in (LAST_SAVE,):
         assert first.index(_events(first, "rollout_save")[0]) < first.index(_events(first, "save")[0]), r
@@ -110,15 +128,16 @@ def test_weight_pushes_wait_for_the_rollout_manager(e2e):
     generate(r + 1) returned (the manager writes its generate event before it serves the next
     call): never inside a generate call."""
     for trace in (e2e["first"], e2e["resumed"]):
-        position = {(e["event"], e["rollout_id"]): i for i, e in enumerate(trace)
-                    if e["event"] in ("generate", "train")}
-        pushes = [i for i, e in enumerate(trace) if e["event"] == "update_weights"][1:]   # after the initial one
+        position = {
+            (e["event"], e["rollout_id"]): i for i, e in enumerate(trace) if e["event"] in ("generate", "train")
+        }
+        pushes = [i for i, e in enumerate(trace) if e["event"] == "update_weights"][1:]  # after the initial one
         trained = [e["rollout_id"] for e in _events(trace, "train")]
         assert len(pushes) >= len(trained) - 1
         for r, push in zip(trained, pushes):
             assert position[("train", r)] < push
             if ("generate", r + 1) in position:
-                assert position[("generate", r + 1)] < push, (r, [e["event"] for e in trace[push - 3:push + 1]])
+                assert position[("generate", r + 1)] < push, (r, [e["event"] for e in trace[push - 3 : push + 1]])
 
 
 def test_eval_every_rollout_loses_no_group(e2e):
@@ -140,8 +159,11 @@ def test_accounting_exact_at_every_rollout_and_staleness_bounded(e2e):
         for e in _events(trace, "generate"):
             m = e["metrics"]
             consumed = m["rollout/accounting/consumed_groups"]
-            assert consumed == (m["rollout/accounting/trained_groups"] + m["rollout/accounting/dropped_groups"]
-                                + m["rollout/accounting/in_flight_groups"])
+            assert consumed == (
+                m["rollout/accounting/trained_groups"]
+                + m["rollout/accounting/dropped_groups"]
+                + m["rollout/accounting/in_flight_groups"]
+            )
             assert m["rollout/accounting/dropped_groups"] == m["rollout/staleness/total_dropped_groups"]
             assert m["rollout/staleness/admitted_groups"] == 2
             # groups stay in flight across the next call (eval, weight push): the stream never empties
@@ -190,7 +212,7 @@ def test_resume_trains_every_prompt_exactly_once(e2e):
     assert sorted(trained + pending) == list(range(len(trained) + len(pending)))
     assert len(trained) == 2 * NUM_ROLLOUT
     killed = [p for e in _events(e2e["first"], "train") if e["rollout_id"] > saved for p in e["pids"]]
-    assert set(killed) <= set(after)   # trained after the save, lost with the kill, trained again
+    assert set(killed) <= set(after)  # trained after the save, lost with the kill, trained again
 
 
 def test_one_forward_per_training_step_no_old_logprob_recompute(e2e):
@@ -221,10 +243,17 @@ def test_eval_records_over_kill_and_resume_pass_report(fixture, request, tmp_pat
     assert {(r.step, r.weight_version) for r in records} == {(step, step) for step in range(-1, NUM_ROLLOUT)}
 
 
-LAYERS, TOPK, EXPERTS = 2, 2, 4   # the tiny Qwen3-MoE's routing shape
-R3_FLAGS = ["--use-rollout-routing-replay", "--num-layers", str(LAYERS), "--moe-router-topk", str(TOPK),
-            "--num-experts", str(EXPERTS)]
-BATCH = 2 * 4   # samples per rollout
+LAYERS, TOPK, EXPERTS = 2, 2, 4  # the tiny Qwen3-MoE's routing shape
+R3_FLAGS = [
+    "--use-rollout-routing-replay",
+    "--num-layers",
+    str(LAYERS),
+    "--moe-router-topk",
+    str(TOPK),
+    "--num-experts",
+    str(EXPERTS),
+]
+BATCH = 2 * 4  # samples per rollout
 
 
 def _check_dp_split(trace, r3: bool = False) -> None:
@@ -263,7 +292,9 @@ def test_r3_routing_reaches_each_rank_through_slimes_split_and_the_store(tmp_pat
     trainer model's own routing."""
     missing = [m for m in ("pybase64", "ray") if importlib.util.find_spec(m) is None]
     if missing:
-        pytest.skip(f"the R3 run needs {missing} (slime decodes SGLang's routing with pybase64; the store is a Ray actor)")
+        pytest.skip(
+            f"the R3 run needs {missing} (slime decodes SGLang's routing with pybase64; the store is a Ray actor)"
+        )
     events = _single_session(str(tmp_path), "r3", num_rollout=3, extra=R3_FLAGS)
     _trained_once(events, 6)
     _check_dp_split(events, r3=True)
@@ -271,15 +302,19 @@ def test_r3_routing_reaches_each_rank_through_slimes_split_and_the_store(tmp_pat
         for d, served, rows in zip(e["dp"], e["r3"]["routing_bytes"], e["r3"]["replayed_rows"]):
             own = sum(t - 1 for t in d["total_lengths"])
             assert served == own * LAYERS * TOPK, (e["rollout_id"], d["rank"], served, own)
-            assert rows >= own   # slime pads each micro-batch's rows; the pad rows are made, not fetched
+            assert rows >= own  # slime pads each micro-batch's rows; the pad rows are made, not fetched
     agreement = _events(events, "train")[0]["r3"]["agreement"]
-    assert len(agreement) == BATCH // 2 and min(agreement) >= 0.98, agreement   # 2 steps, micro-batches of 1
+    assert len(agreement) == BATCH // 2 and min(agreement) >= 0.98, agreement  # 2 steps, micro-batches of 1
 
 
 def _e2e_argv(workdir: str) -> list[str]:
     """The driver command line of the e2e sessions, as the session completes it."""
     return h.standard_argv(workdir, num_rollout=2, save_interval=None) + [
-        "--sglang-router-ip", "127.0.0.1", "--sglang-router-port", "1"]
+        "--sglang-router-ip",
+        "127.0.0.1",
+        "--sglang-router-port",
+        "1",
+    ]
 
 
 def test_harness_parser_has_the_real_parsers_option_strings():
@@ -329,32 +364,55 @@ def test_harness_args_match_slime_full_parser(tmp_path):
     """The harness's args against slime's real parse_args, where SGLang and Megatron-LM's
     megatron.training are installed (the cluster image): the values, not only the spelling."""
     if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("megatron.training") is None:
-        pytest.skip("slime's full parser needs SGLang and Megatron-LM's megatron.training (the cluster image); "
-                    "test_harness_parser_has_the_real_parsers_option_strings checks the spelling without them")
+        pytest.skip(
+            "slime's full parser needs SGLang and Megatron-LM's megatron.training (the cluster image); "
+            "test_harness_parser_has_the_real_parsers_option_strings checks the spelling without them"
+        )
     from epic_slime.slime.train import parse
 
     h.prepare_workdir(str(tmp_path), train_prompts=4, eval_prompts=2)
     argv = h.standard_argv(str(tmp_path), num_rollout=2, save_interval=None) + [
-        "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--debug-rollout-only"]
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--debug-rollout-only",
+    ]
     ours = vars(h.build_args(argv))
     real = vars(parse(argv))
-    differ = {k: (v, real[k]) for k, v in ours.items()
-              if k in real and k not in ("eval_datasets", "rank", "world_size") and v != real[k]}
+    differ = {
+        k: (v, real[k])
+        for k, v in ours.items()
+        if k in real and k not in ("eval_datasets", "rank", "world_size") and v != real[k]
+    }
     assert not differ, differ
 
 
 # ---- single sessions: --max-staleness 1, and the unserialised-push stress case
 
-def _single_session(workdir: str, name: str, num_rollout: int, push: str | None = None,
-                    hold_max_new_tokens: int | None = None, stats: dict | None = None, **argv) -> list[dict]:
+
+def _single_session(
+    workdir: str,
+    name: str,
+    num_rollout: int,
+    push: str | None = None,
+    hold_max_new_tokens: int | None = None,
+    stats: dict | None = None,
+    **argv,
+) -> list[dict]:
     """One driver session (no kill) against a fresh stand-in, by default without the held request (at
     K = 1 the held group would belong to the very batch the next push waits for); its trace (and
     the stand-in's counters into ``stats``)."""
     h.prepare_workdir(workdir)
     server = h.Server(workdir, os.path.join(workdir, "init.pt"), hold_max_new_tokens=hold_max_new_tokens)
-    config = {"trace": os.path.join(workdir, f"{name}.jsonl"), "port": server.port,
-              "dist_file": os.path.join(workdir, "dist"),
-              "argv": h.standard_argv(workdir, num_rollout=num_rollout, save_interval=None, **argv)}
+    config = {
+        "trace": os.path.join(workdir, f"{name}.jsonl"),
+        "port": server.port,
+        "dist_file": os.path.join(workdir, "dist"),
+        "argv": h.standard_argv(workdir, num_rollout=num_rollout, save_interval=None, **argv),
+    }
     if push is not None:
         config["push"] = push
     try:
@@ -391,8 +449,11 @@ def test_unserialised_push_stress_loses_no_prompt(tmp_path):
     events = _single_session(str(tmp_path), "stress", num_rollout=5, push="disk-unserialised")
     for e in _events(events, "generate"):
         m = e["metrics"]
-        assert m["rollout/accounting/consumed_groups"] == (m["rollout/accounting/trained_groups"] + m["rollout/accounting/dropped_groups"]
-                                                           + m["rollout/accounting/in_flight_groups"])
+        assert m["rollout/accounting/consumed_groups"] == (
+            m["rollout/accounting/trained_groups"]
+            + m["rollout/accounting/dropped_groups"]
+            + m["rollout/accounting/in_flight_groups"]
+        )
     assert max(s for e in _events(events, "train") for s in e["staleness"]) <= K
     _trained_once(events, 10)
 
@@ -404,11 +465,17 @@ def test_in_place_push_keeps_every_request_and_trains_every_prompt_once(tmp_path
     called, a request submitted before a push answers with the version after it, no new group reuses
     prefix KV of older weights while the samples of a group share their prompt, every prompt trained once."""
     stats: dict = {}
-    events = _single_session(str(tmp_path), mode, num_rollout=5, hold_max_new_tokens=h.ROLLOUT_MAX_RESPONSE_LEN,
-                             stats=stats, extra=["--weight-push-mode", mode])
+    events = _single_session(
+        str(tmp_path),
+        mode,
+        num_rollout=5,
+        hold_max_new_tokens=h.ROLLOUT_MAX_RESPONSE_LEN,
+        stats=stats,
+        extra=["--weight-push-mode", mode],
+    )
     _trained_once(events, 10)
     pushes = len(_events(events, "update_weights"))
-    assert pushes == 1 + 5, pushes   # the first push, then one per rollout
+    assert pushes == 1 + 5, pushes  # the first push, then one per rollout
     assert stats.get(f"pauses_{mode}") == pushes and stats.get("pauses_abort", 0) == 0, stats
     assert stats.get("aborted", 0) == 0 and stats.get("flush_calls", 0) == 0, stats
     # the held request of each version is released by the next push and answers after it
@@ -421,6 +488,7 @@ def test_in_place_push_keeps_every_request_and_trains_every_prompt_once(tmp_path
 
 # ---- the synchronous schedule (--max-staleness 0, issue 14): the same stand-ins, the driver's own
 # choice of loop (sync_training_loop), slime's own synchronous generate_rollout for training batches
+
 
 @pytest.fixture(scope="module")
 def e2e_sync(tmp_path_factory):
@@ -439,8 +507,9 @@ def test_sync_schedule_generates_after_each_push_and_trains_on_policy(e2e_sync):
             m = e["metrics"]
             assert m["rollout/staleness/max"] == 0.0 and m["rollout/staleness/dropped_groups"] == 0.0
             assert m["rollout/accounting/consumed_groups"] == (
-                m["rollout/accounting/trained_groups"] + m["rollout/accounting/in_flight_groups"])
-            assert m["rollout/accounting/in_flight_groups"] == 2   # only this rollout's groups
+                m["rollout/accounting/trained_groups"] + m["rollout/accounting/in_flight_groups"]
+            )
+            assert m["rollout/accounting/in_flight_groups"] == 2  # only this rollout's groups
         for e in _events(trace, "train"):
             assert set(e["staleness"]) == {0} and len(e["pids"]) == 2
             assert e["forwards"] == {"train": DEPTH}, e["forwards"]
@@ -451,11 +520,12 @@ def test_sync_schedule_generates_after_each_push_and_trains_on_policy(e2e_sync):
 
 def test_sync_resume_trains_every_prompt_exactly_once(e2e_sync):
     trained, _, _ = _trained_over_kill_and_resume(e2e_sync)
-    assert sorted(trained) == list(range(2 * NUM_ROLLOUT))   # the file's order, nothing skipped
+    assert sorted(trained) == list(range(2 * NUM_ROLLOUT))  # the file's order, nothing skipped
     assert _events(e2e_sync["resumed"], "done")[-1]["pending_pids"] == []
 
 
 # ---- two engines behind the router stand-in (tests/support/router_standin.py)
+
 
 def _two_engine_session(workdir: str):
     """One driver session through the router stand-in in front of two SGLang stand-ins (the test below)."""
@@ -465,14 +535,23 @@ def _two_engine_session(workdir: str):
         os.makedirs(os.path.join(workdir, f"engine{i}"))
         # the held request on one engine only: a held group per engine would leave 1 of the 3 groups
         # in flight to finish the batch of 2 before the push that releases them (a deadlock no cluster has)
-        engines.append(h.Server(os.path.join(workdir, f"engine{i}"), os.path.join(workdir, "init.pt"),
-                                hold_max_new_tokens=h.ROLLOUT_MAX_RESPONSE_LEN if i == 0 else None))
+        engines.append(
+            h.Server(
+                os.path.join(workdir, f"engine{i}"),
+                os.path.join(workdir, "init.pt"),
+                hold_max_new_tokens=h.ROLLOUT_MAX_RESPONSE_LEN if i == 0 else None,
+            )
+        )
     router = None
     try:
         router = h.RouterServer(workdir, engines)
-        config = {"trace": os.path.join(workdir, "router.jsonl"), "port": router.port,
-                  "dist_file": os.path.join(workdir, "dist"), "engine_urls": [e.url for e in engines],
-                  "argv": h.standard_argv(workdir, num_rollout=4, save_interval=None, engines=2)}
+        config = {
+            "trace": os.path.join(workdir, "router.jsonl"),
+            "port": router.port,
+            "dist_file": os.path.join(workdir, "dist"),
+            "engine_urls": [e.url for e in engines],
+            "argv": h.standard_argv(workdir, num_rollout=4, save_interval=None, engines=2),
+        }
         rc = h.run_session(config, timeout=200)
         routed, served = router.stats(), [e.stats() for e in engines]
     finally:
@@ -508,7 +587,7 @@ def test_two_engines_behind_the_router_train_every_prompt_once(tmp_path):
     assert pushes == 1 + 4
     assert [s["weight_buckets"] for s in served] == [3 * pushes] * 2, served
     assert {s["version"] for s in served} == {str(pushes)}, served
-    assert all(s["requests"] > 40 for s in served), served   # training and eval requests on both
+    assert all(s["requests"] > 40 for s in served), served  # training and eval requests on both
     assert served[0].get("held_aborted", 0) >= 1, served
     assert routed.get("worker_errors", 0) == 0 and routed["prefix_match"] > routed["smallest_tree"], routed
     # a group's samples (identical input_ids) and an eval prompt's samples stay on one engine, but for

@@ -16,10 +16,15 @@ from support import slime_e2e_harness as h
 _SLIME = h.slime_path()
 if _SLIME and _SLIME not in sys.path:
     sys.path.insert(0, _SLIME)
-_MISSING = [m for m in ("slime", "megatron.core", "httpx", "aiohttp", "pylatexenc") if importlib.util.find_spec(m.split(".")[0]) is None]
+_MISSING = [
+    m
+    for m in ("slime", "megatron.core", "httpx", "aiohttp", "pylatexenc")
+    if importlib.util.find_spec(m.split(".")[0]) is None
+]
 if _MISSING:
-    pytest.skip(f"the slime e2e needs slime's source and the slime-contract extra; missing: {_MISSING}",
-                allow_module_level=True)
+    pytest.skip(
+        f"the slime e2e needs slime's source and the slime-contract extra; missing: {_MISSING}", allow_module_level=True
+    )
 
 NUM_ROLLOUT = 10
 K = 2
@@ -29,9 +34,12 @@ def test_k2_no_drops_no_requeues_and_no_length_bias(tmp_path):
     workdir = str(tmp_path)
     h.prepare_workdir(workdir)
     server = h.Server(workdir, os.path.join(workdir, "init.pt"))
-    config = {"trace": os.path.join(workdir, "deciles.jsonl"), "port": server.port,
-              "dist_file": os.path.join(workdir, "dist"),
-              "argv": h.standard_argv(workdir, num_rollout=NUM_ROLLOUT, save_interval=None, max_staleness=K)}
+    config = {
+        "trace": os.path.join(workdir, "deciles.jsonl"),
+        "port": server.port,
+        "dist_file": os.path.join(workdir, "dist"),
+        "argv": h.standard_argv(workdir, num_rollout=NUM_ROLLOUT, save_interval=None, max_staleness=K),
+    }
     try:
         rc = h.run_session(config, timeout=250)
     finally:
@@ -44,7 +52,7 @@ def test_k2_no_drops_no_requeues_and_no_length_bias(tmp_path):
     groups = sum(r["groups"] for r in rows)
     # the run's report is of the steady state: rollouts from trainer version K + 2 on (rollout id K + 1)
     trained = sum(len(e["pids"]) for e in events if e["event"] == "train" and e["rollout_id"] >= K + 1)
-    assert groups >= trained == 2 * (NUM_ROLLOUT - K - 1)   # every trained group is in the report
+    assert groups >= trained == 2 * (NUM_ROLLOUT - K - 1)  # every trained group is in the report
     assert sum(r["dropped"] for r in rows) == 0
     assert sum(r["requeued"] for r in rows) <= 0.01 * groups
     assert sum(r["over_k"] for r in rows) == 0

@@ -25,10 +25,16 @@ from support import slime_e2e_harness as h
 _SLIME = h.slime_path()
 if _SLIME and _SLIME not in sys.path:
     sys.path.insert(0, _SLIME)
-_MISSING = [m for m in ("slime", "megatron.core", "httpx", "aiohttp", "pylatexenc") if importlib.util.find_spec(m.split(".")[0]) is None]
+_MISSING = [
+    m
+    for m in ("slime", "megatron.core", "httpx", "aiohttp", "pylatexenc")
+    if importlib.util.find_spec(m.split(".")[0]) is None
+]
 if _MISSING:
-    pytest.skip(f"the real-engine e2e needs slime's source and the slime-contract extra; missing: {_MISSING}",
-                allow_module_level=True)
+    pytest.skip(
+        f"the real-engine e2e needs slime's source and the slime-contract extra; missing: {_MISSING}",
+        allow_module_level=True,
+    )
 
 from support import slime_e2e_real as real  # noqa: E402
 
@@ -67,6 +73,8 @@ def test_train_inference_mismatch_at_version_0_is_bf16_noise(ci_run):
     """mean |log pi_train - log mu_engine| per response token of the first rollout (engine bf16,
     trainer float32): printed for the report; bf16 noise, not a wrong head or temperature (tenths)."""
     mismatch = _events(ci_run, "version0_mismatch")[0]
-    print(f"\nversion-0 train-inference mismatch: mean {mismatch['mean']:.5f} max {mismatch['max']:.4f} "
-          f"over {mismatch['tokens']} tokens")
+    print(
+        f"\nversion-0 train-inference mismatch: mean {mismatch['mean']:.5f} max {mismatch['max']:.4f} "
+        f"over {mismatch['tokens']} tokens"
+    )
     assert mismatch["tokens"] >= 8 and 0 < mismatch["mean"] < 0.01 and mismatch["max"] < 0.1, mismatch

@@ -32,10 +32,14 @@ from epic_slime.slime.option_strings import (
 REPO = Path(__file__).resolve().parents[2]
 VENDORED_SLIME = REPO.parent / "shared" / "vendor" / "slime-624b824a"
 BASE = [
-    "--loss-type", "custom_loss",
-    "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
-    "--rollout-batch-size", "64",
-    "--n-samples-per-prompt", "8",
+    "--loss-type",
+    "custom_loss",
+    "--custom-loss-function-path",
+    "epic_slime.slime.loss.policy_loss",
+    "--rollout-batch-size",
+    "64",
+    "--n-samples-per-prompt",
+    "8",
 ]
 
 
@@ -73,15 +77,25 @@ def test_every_literal_flag_of_the_vendored_slime_source_is_stored():
 
 def test_every_flag_in_the_cluster_configs_is_a_real_flag():
     known = known_options(flags.project_option_kinds())
-    paths = [REPO / "configs/paper/table2.yaml", *sorted((REPO / "configs/models").glob("*.yaml")),
-             *sorted((REPO / "configs/methods").glob("*.yaml"))]
+    paths = [
+        REPO / "configs/paper/table2.yaml",
+        *sorted((REPO / "configs/models").glob("*.yaml")),
+        *sorted((REPO / "configs/methods").glob("*.yaml")),
+    ]
     for path in paths:
         for name in yaml.safe_load(path.read_text())["flags"]:
             assert f"--{name}" in known, f"{path.name}: --{name}"
 
 
-KNOWN = {"--sglang-mem-fraction-static": "value", "--sglang-mem-pool": "value", "--num-rollout": "value",
-         "--rollout-stop": "value", "--colocate": "flag", "--router-prefill": "append", "--lr": "value"}
+KNOWN = {
+    "--sglang-mem-fraction-static": "value",
+    "--sglang-mem-pool": "value",
+    "--num-rollout": "value",
+    "--rollout-stop": "value",
+    "--colocate": "flag",
+    "--router-prefill": "append",
+    "--lr": "value",
+}
 
 
 @pytest.mark.parametrize(
@@ -101,8 +115,25 @@ def test_unknown_and_abbreviated_flags_name_the_real_one(argv, message):
 
 
 def test_overrides_are_reported_with_every_value_and_accumulating_flags_are_not():
-    argv = ["--num-rollout", "300", "--rollout-stop", "a", "b", "--colocate", "--router-prefill", "x",
-            "--lr=1e-6", "--router-prefill", "y", "--num-rollout", "3", "--colocate", "--lr", "2e-6", "-1"]
+    argv = [
+        "--num-rollout",
+        "300",
+        "--rollout-stop",
+        "a",
+        "b",
+        "--colocate",
+        "--router-prefill",
+        "x",
+        "--lr=1e-6",
+        "--router-prefill",
+        "y",
+        "--num-rollout",
+        "3",
+        "--colocate",
+        "--lr",
+        "2e-6",
+        "-1",
+    ]
     overrides = check_flag_spelling(argv, KNOWN)
     assert overrides == [
         Override("--num-rollout", (("300",), ("3",))),
@@ -155,8 +186,13 @@ def test_driver_exits_2_with_the_message_before_slime_is_needed(extra, message, 
 
 
 def test_dry_run_exits_2_naming_the_flag_and_reports_overrides():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "epic_slime.slime.dry_run", *BASE, *a],  # noqa: E731
-                                    cwd=REPO, capture_output=True, text=True, timeout=60)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "epic_slime.slime.dry_run", *BASE, *a],  # noqa: E731
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     bad = run("--num-rollouts", "3")
     assert bad.returncode == 2 and "unknown flag --num-rollouts" in bad.stderr and "--num-rollout?" in bad.stderr
     good = run("--num-rollout", "300", "--num-rollout", "3")
@@ -181,6 +217,7 @@ def test_a_malformed_option_strings_file_is_named(tmp_path, content, message):
 
 # ---- --update-weight-mode delta (issue 17, section 6) ----
 
+
 @pytest.mark.parametrize("spelling", [["--update-weight-mode", "delta"], ["--update-weight-mode=delta"]])
 def test_delta_weight_sync_is_refused_naming_the_flag_and_value(spelling, capsys):
     message = "--update-weight-mode delta is not supported by the epic-slime driver"
@@ -204,7 +241,9 @@ def test_the_refused_value_is_one_of_slimes_choices():
     choices = [
         ast.literal_eval(keyword.value)
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "add_argument"
         and any(isinstance(a, ast.Constant) and a.value == "--update-weight-mode" for a in node.args)
         for keyword in node.keywords
         if keyword.arg == "choices"

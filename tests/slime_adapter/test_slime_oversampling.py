@@ -17,15 +17,21 @@ from epic_slime.slime.flags import ProjectFlagError
 from epic_slime.slime.oversampling import OversamplingError, groups_in_flight, oversampled_count
 
 # slime's source: SLIME_PATH, else the vendored snapshot next to the repository (CI has one of them)
-_SLIME = os.environ.get("SLIME_PATH") or str(Path(__file__).resolve().parents[3] / "shared" / "vendor" / "slime-624b824a")
+_SLIME = os.environ.get("SLIME_PATH") or str(
+    Path(__file__).resolve().parents[3] / "shared" / "vendor" / "slime-624b824a"
+)
 if os.path.isdir(_SLIME) and _SLIME not in sys.path:
     sys.path.append(_SLIME)
 
 BASE = [
-    "--loss-type", "custom_loss",
-    "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
-    "--rollout-batch-size", "64",
-    "--n-samples-per-prompt", "8",
+    "--loss-type",
+    "custom_loss",
+    "--custom-loss-function-path",
+    "epic_slime.slime.loss.policy_loss",
+    "--rollout-batch-size",
+    "64",
+    "--n-samples-per-prompt",
+    "8",
 ]
 
 
@@ -81,10 +87,19 @@ def test_a_cap_above_one_batch_is_accepted_at_max_staleness_1():
     base = BASE + ["--rollout-function-path", "epic_slime.slime.rollout.generate_rollout"]
     check_argv(base + ["--async-groups-in-flight", "65", "--max-staleness", "1"])
     # the paper's ratio (Table 2 rows set it) is not applied at K = 1, as at K = 0
-    assert "--async-groups-in-flight" not in translate_argv(base + ["--oversample-ratio", "0.1", "--max-staleness", "1"])
-    assert translate_argv(base + ["--oversample-ratio", "0.1", "--max-staleness", "2"])[-2:] == ["--async-groups-in-flight", "72"]
-    for ok in (["--max-staleness", "1"], ["--max-staleness", "1", "--async-groups-in-flight", "64"],
-               ["--oversample-ratio", "0.1", "--max-staleness", "1"], ["--oversample-ratio", "0.1", "--max-staleness", "2"]):
+    assert "--async-groups-in-flight" not in translate_argv(
+        base + ["--oversample-ratio", "0.1", "--max-staleness", "1"]
+    )
+    assert translate_argv(base + ["--oversample-ratio", "0.1", "--max-staleness", "2"])[-2:] == [
+        "--async-groups-in-flight",
+        "72",
+    ]
+    for ok in (
+        ["--max-staleness", "1"],
+        ["--max-staleness", "1", "--async-groups-in-flight", "64"],
+        ["--oversample-ratio", "0.1", "--max-staleness", "1"],
+        ["--oversample-ratio", "0.1", "--max-staleness", "2"],
+    ):
         check_argv(base + ok)
 
 
@@ -92,7 +107,9 @@ def test_warmup_in_rollouts_becomes_megatron_iterations():
     out = translate_argv(BASE + ["--update-depth", "8", "--lr-warmup-rollouts", "10"])
     assert out[-2:] == ["--lr-warmup-iters", "80"]  # 10 rollouts x 8 optimizer steps
     assert translate_argv(BASE + ["--num-steps-per-rollout", "4", "--lr-warmup-rollouts", "10"])[-2:] == [
-        "--lr-warmup-iters", "40"]
+        "--lr-warmup-iters",
+        "40",
+    ]
     assert "--lr-warmup-iters" not in translate_argv(BASE)
     with pytest.raises(ProjectFlagError, match="both set the warmup"):
         translate_argv(BASE + ["--lr-warmup-rollouts", "10", "--lr-warmup-iters", "5"])
@@ -116,18 +133,18 @@ def test_the_oversampling_ratio_caps_the_groups_the_stream_holds(monkeypatch):
     running = {"now": 0, "max": 0, "started": 0}
 
     async def fake_generate_and_rm_group(args, group, sampling_params, evaluation=False):
-        running["now"] += 1   # one event loop: no lock needed
+        running["now"] += 1  # one event loop: no lock needed
         running["started"] += 1
         running["max"] = max(running["max"], running["now"])
         await asyncio.sleep(0.001)
-        if group[0].group_index % 9 == 8:   # every ninth group is slow
+        if group[0].group_index % 9 == 8:  # every ninth group is slow
             await release.wait()
         for sample in group:
             sample.status, sample.weight_versions = Sample.Status.COMPLETED, ["1"]
         running["now"] -= 1
         return group
 
-    class DataSource:   # StreamingDataSource's interface for the stream: numbered prompts, a ledger
+    class DataSource:  # StreamingDataSource's interface for the stream: numbered prompts, a ledger
         def __init__(self):
             self.next, self.ledger, self._returned = 0, GroupLedger(), []
 
@@ -142,8 +159,12 @@ def test_the_oversampling_ratio_caps_the_groups_the_stream_holds(monkeypatch):
     monkeypatch.setattr(sglang_rollout, "GenerateState", lambda args: SimpleNamespace(sampling_params={}))
     monkeypatch.setattr(rollout, "_stream", None)
     config, parsed, _ = check_argv(BASE + ["--oversample-ratio", "0.1"])
-    args = SimpleNamespace(rollout_batch_size=64, n_samples_per_prompt=1, max_staleness=2,
-                           async_groups_in_flight=parsed.async_groups_in_flight)
+    args = SimpleNamespace(
+        rollout_batch_size=64,
+        n_samples_per_prompt=1,
+        max_staleness=2,
+        async_groups_in_flight=parsed.async_groups_in_flight,
+    )
     data_source = DataSource()
     stream = rollout._get_stream(args, data_source)
     try:
@@ -151,10 +172,14 @@ def test_the_oversampling_ratio_caps_the_groups_the_stream_holds(monkeypatch):
         assert stream.cap == 72
         # the slow ones finish later: the batch waits for them
         stream.loop.call_soon_threadsafe(lambda: stream.loop.call_later(0.3, release.set))
-        batch, _, held = run(asyncio.wait_for(rollout._collect(args, stream, trainer_version=1, gate=gate, rollout_id=0), 20))
+        batch, _, held = run(
+            asyncio.wait_for(rollout._collect(args, stream, trainer_version=1, gate=gate, rollout_id=0), 20)
+        )
         assert [g[0].group_index for g in batch] == list(range(64)) and running["max"] <= 72
-        assert held == 72 and running["started"] == 72 + 64   # 8 left + 64 started when the batch was taken
-        batch, _, held = run(asyncio.wait_for(rollout._collect(args, stream, trainer_version=2, gate=gate, rollout_id=1), 20))
+        assert held == 72 and running["started"] == 72 + 64  # 8 left + 64 started when the batch was taken
+        batch, _, held = run(
+            asyncio.wait_for(rollout._collect(args, stream, trainer_version=2, gate=gate, rollout_id=1), 20)
+        )
         # the engines still hold version 1: the budget ((1 + 2) * 64 = 192 started) binds before the cap
         assert [g[0].group_index for g in batch] == list(range(64, 128)) and held == 64
         assert running["started"] == 192 and stream.live_started == 192

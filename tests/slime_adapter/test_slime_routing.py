@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 import torch
 
-_SLIME = os.environ.get("SLIME_PATH") or str(Path(__file__).resolve().parents[3] / "shared" / "vendor" / "slime-624b824a")
+_SLIME = os.environ.get("SLIME_PATH") or str(
+    Path(__file__).resolve().parents[3] / "shared" / "vendor" / "slime-624b824a"
+)
 if os.path.isdir(_SLIME) and _SLIME not in sys.path:
     sys.path.append(_SLIME)
 try:
@@ -34,18 +36,22 @@ try:
     from slime.utils.dp_schedule import build_dp_schedule
     from slime.utils.types import Sample
 except Exception as exc:  # noqa: BLE001 - any import failure means the precondition is absent
-    pytest.skip(f"R3 routing tests need slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) "
-                f"and megatron-core: {exc!r}", allow_module_level=True)
+    pytest.skip(
+        f"R3 routing tests need slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) "
+        f"and megatron-core: {exc!r}",
+        allow_module_level=True,
+    )
 
 from epic_slime.slime import routing  # noqa: E402
 
-LAYERS, TOPK, EXPERTS = 48, 8, 128   # Qwen3-30B-A3B
+LAYERS, TOPK, EXPERTS = 48, 8, 128  # Qwen3-30B-A3B
 TP, DP = 4, 2
 
 
 def _args(**overrides):
-    args = argparse.Namespace(num_layers=LAYERS, moe_router_topk=TOPK, num_experts=EXPERTS,
-                              use_rollout_routing_replay=True, moe_layer_freq=1)
+    args = argparse.Namespace(
+        num_layers=LAYERS, moe_router_topk=TOPK, num_experts=EXPERTS, use_rollout_routing_replay=True, moe_layer_freq=1
+    )
     for key, value in overrides.items():
         setattr(args, key, value)
     return args
@@ -62,8 +68,9 @@ def _rollout(num_prompts=8, n=4, seed=0):
             response = int(torch.randint(30, 300, (1,), generator=g))
             tokens = prompt + torch.randint(0, 1000, (response,), generator=g).tolist()
             s = Sample(group_index=p, index=p * n + i, tokens=tokens, response_length=response)
-            s.rollout_routed_experts = torch.randint(0, EXPERTS, (len(tokens) - 1, LAYERS, TOPK), generator=g,
-                                                     dtype=torch.int32)
+            s.rollout_routed_experts = torch.randint(
+                0, EXPERTS, (len(tokens) - 1, LAYERS, TOPK), generator=g, dtype=torch.int32
+            )
             group.append(s)
         groups.append(group)
     return groups
@@ -83,11 +90,20 @@ def test_each_rank_fetches_only_its_slice_and_replays_what_slime_would(monkeypat
     samples = [s for group in groups for s in group]
     unsharded = [s.rollout_routed_experts.clone() for s in samples]
     tokens = [torch.tensor(s.tokens) for s in samples]
-    sched_args = argparse.Namespace(use_dynamic_batch_size=True, max_tokens_per_gpu=700, micro_batch_size=1,
-                                    balance_data=False, balance_by_flops=False)
+    sched_args = argparse.Namespace(
+        use_dynamic_batch_size=True,
+        max_tokens_per_gpu=700,
+        micro_batch_size=1,
+        balance_data=False,
+        balance_by_flops=False,
+    )
     partitions, mb_indices, _, _ = build_dp_schedule(
-        sched_args, {"dp_size": DP, "cp_size": cp_size, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1},
-        [len(t) for t in tokens], global_batch_size=len(groups), rollout_indices=[s.group_index for s in samples])
+        sched_args,
+        {"dp_size": DP, "cp_size": cp_size, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1},
+        [len(t) for t in tokens],
+        global_batch_size=len(groups),
+        rollout_indices=[s.group_index for s in samples],
+    )
 
     store = routing.RoutingStore()
     routing.stage_for_training(args, groups, rollout_id=3, store=store)
@@ -99,7 +115,9 @@ def test_each_rank_fetches_only_its_slice_and_replays_what_slime_would(monkeypat
     handles = pickle.loads(pickle.dumps(shipped["rollout_routed_experts"]))
     assert all(routing.is_handle(h) for h in handles)
 
-    prepare_kw = dict(num_experts=EXPERTS, data_pad_size_multiplier=4, sequence_parallel=True, allgather_cp=allgather_cp)
+    prepare_kw = dict(
+        num_experts=EXPERTS, data_pad_size_multiplier=4, sequence_parallel=True, allgather_cp=allgather_cp
+    )
     key_of = {int(h.reshape(-1)[0]): j for j, h in enumerate(handles)}
     reassembled = [torch.full_like(u, -1) for u in unsharded]
     times_fetched = [torch.zeros(u.shape[0], dtype=torch.int64) for u in unsharded]
@@ -126,10 +144,16 @@ def test_each_rank_fetches_only_its_slice_and_replays_what_slime_would(monkeypat
                 for mb in mb_indices[dp]:
                     js = [part[i] for i in mb]
                     want = cp_utils.prepare_routed_experts_for_routing_replay(
-                        [unsharded[j] for j in js], [tokens[j] for j in js], **prepare_kw)
-                    got = routing.local_routing(cp_utils.prepare_routed_experts_for_routing_replay,
-                                                cp_utils._pad_routed_experts, [handles[j] for j in js],
-                                                [tokens[j] for j in js], fetch, **prepare_kw)
+                        [unsharded[j] for j in js], [tokens[j] for j in js], **prepare_kw
+                    )
+                    got = routing.local_routing(
+                        cp_utils.prepare_routed_experts_for_routing_replay,
+                        cp_utils._pad_routed_experts,
+                        [handles[j] for j in js],
+                        [tokens[j] for j in js],
+                        fetch,
+                        **prepare_kw,
+                    )
                     assert got.dtype == torch.uint8
                     assert torch.equal(got.to(torch.int32), want), (rank, js)
 
@@ -137,13 +161,15 @@ def test_each_rank_fetches_only_its_slice_and_replays_what_slime_would(monkeypat
     assert all(bool((t == 1).all()) for t in times_fetched)
     assert all(torch.equal(r, u) for r, u in zip(reassembled, unsharded, strict=True))
     tokens_total = sum(u.shape[0] for u in unsharded)
-    assert sum(after.values()) == tokens_total * LAYERS * TOPK          # uint8, each row once
+    assert sum(after.values()) == tokens_total * LAYERS * TOPK  # uint8, each row once
     assert sum(before.values()) == TP * cp_size * tokens_total * LAYERS * TOPK * 4
     ratio = max(before.values()) / max(after.values())
-    print(f"\nR3 bytes per rank at the 30B-A3B shape ({tokens_total} routed tokens, DP {DP}, CP {cp_size}, TP {TP}"
-          f"{', allgather-cp' if allgather_cp else ''}): before max {max(before.values())}, after max "
-          f"{max(after.values())} (x{ratio:.1f} less); per DP group {sum(before.values()) // DP} -> "
-          f"{sum(after.values()) // DP}")
+    print(
+        f"\nR3 bytes per rank at the 30B-A3B shape ({tokens_total} routed tokens, DP {DP}, CP {cp_size}, TP {TP}"
+        f"{', allgather-cp' if allgather_cp else ''}): before max {max(before.values())}, after max "
+        f"{max(after.values())} (x{ratio:.1f} less); per DP group {sum(before.values()) // DP} -> "
+        f"{sum(after.values()) // DP}"
+    )
     # uint8 (x4) and own CP x TP slice: close to x(4 * CP * TP) for the largest rank
     assert ratio >= 0.8 * 4 * TP * cp_size
 
@@ -165,8 +191,9 @@ def test_the_payload_test_fails_when_a_rank_gets_another_ranks_slice(monkeypatch
 
     _use_ranks(monkeypatch, 0, 0, 1)
     want = cp_utils.prepare_routed_experts_for_routing_replay(unsharded, tokens, **kw)
-    got = routing.local_routing(neighbour, cp_utils._pad_routed_experts, [s.rollout_routed_experts for s in samples],
-                                tokens, store.rows, **kw)
+    got = routing.local_routing(
+        neighbour, cp_utils._pad_routed_experts, [s.rollout_routed_experts for s in samples], tokens, store.rows, **kw
+    )
     assert got.shape == want.shape and not torch.equal(got.to(torch.int32), want)
 
 
@@ -208,7 +235,7 @@ def test_a_resubmitted_partial_response_keeps_its_routing_from_before_the_push()
     got = sample.rollout_routed_experts
     assert got.dtype == torch.uint8 and got.shape == (len(sample.tokens) - 1, LAYERS, TOPK)
     assert torch.equal(got[: before.shape[0]].to(torch.int32), before)
-    assert torch.equal(got[before.shape[0]:].to(torch.int32), after[before.shape[0]:])
+    assert torch.equal(got[before.shape[0] :].to(torch.int32), after[before.shape[0] :])
     assert not hasattr(sample, routing._PREFIX_ATTR)
 
 
@@ -233,8 +260,9 @@ def test_continued_request_that_returns_only_new_rows_is_merged_by_slime_and_lef
     sample, before, after = _continued_sample(args)
     routing.remember_partial_routing([sample])
     start = before.shape[0]
-    sample.append_response_tokens(args, tokens=[12] * 3, log_probs=[-0.2] * 3,
-                                  meta_info=_meta(after[start:], start_len=start, finish="stop"))
+    sample.append_response_tokens(
+        args, tokens=[12] * 3, log_probs=[-0.2] * 3, meta_info=_meta(after[start:], start_len=start, finish="stop")
+    )
     routing.finish_group_routing(args, [sample])
     expected = torch.cat([before, after[start:]])
     assert torch.equal(sample.rollout_routed_experts.to(torch.int32), expected)
@@ -289,7 +317,7 @@ def test_train_hook_passes_unstaged_routing_to_slime_and_staged_to_the_fetch(mon
     hooked = actor.prepare_routed_experts_for_routing_replay
     assert hooked is not cp_utils.prepare_routed_experts_for_routing_replay
     routing.install_train_hook(_args())
-    assert actor.prepare_routed_experts_for_routing_replay is hooked          # installed once
+    assert actor.prepare_routed_experts_for_routing_replay is hooked  # installed once
     kw = dict(num_experts=EXPERTS, data_pad_size_multiplier=1, sequence_parallel=True, allgather_cp=False)
     groups = _rollout(num_prompts=1, n=2)
     samples = groups[0]
@@ -312,7 +340,7 @@ def test_setup_check_names_the_hook_when_another_init_is_set():
     assert routing.HOOK_PATH in routing.check_r3_setup(args) and "'my.init'" in routing.check_r3_setup(args)
     args.custom_megatron_init_path = routing.HOOK_PATH
     assert routing.check_r3_setup(args) is None
-    args.custom_megatron_init_path = None   # the driver adds the hook (train.driver_argv)
+    args.custom_megatron_init_path = None  # the driver adds the hook (train.driver_argv)
     assert routing.check_r3_setup(args) is None
     assert routing.check_r3_setup(_args(use_rollout_routing_replay=False)) is None
 
@@ -350,11 +378,24 @@ def test_bench_reproduces_the_issue_figures_at_paper_scale():
     3.5 GB the own int32 slices, 16x less after (uint8 x own TP slice), ~14 GB per eval -> 0."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("r3_payload", Path(__file__).resolve().parents[2] / "bench" / "r3_payload.py")
+    spec = importlib.util.spec_from_file_location(
+        "r3_payload", Path(__file__).resolve().parents[2] / "bench" / "r3_payload.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    a = argparse.Namespace(layers=48, topk=8, experts=128, samples=512, tokens=9000, train_gpus=16, gpus_per_node=8,
-                           tp=4, cp=1, pp=1, eval_samples=1040)
+    a = argparse.Namespace(
+        layers=48,
+        topk=8,
+        experts=128,
+        samples=512,
+        tokens=9000,
+        train_gpus=16,
+        gpus_per_node=8,
+        tp=4,
+        cp=1,
+        pp=1,
+        eval_samples=1040,
+    )
     r = bench.payload(a)
     assert r["bytes_per_token_before"] == 1536 and round(r["batch_gb_int32"], 1) == 7.1
     assert round(r["node_before_gb"]) == 14 and round(r["node_needed_int32_gb"], 1) == 3.5
@@ -368,6 +409,6 @@ def test_slime_actor_still_calls_the_wrapped_name():
     does not import on CPU): its source must still import that name and call it in fill_routing_replay."""
     source = (Path(cp_utils.__file__).parent / "actor.py").read_text()
     assert "from .cp_utils import prepare_routed_experts_for_routing_replay" in source
-    fill = source[source.index("def fill_routing_replay"):]
+    fill = source[source.index("def fill_routing_replay") :]
     fill = fill[: fill.index("\n    def ", 1)]
     assert "prepare_routed_experts_for_routing_replay(" in fill and ".record(layer_routed_experts)" in fill

@@ -14,18 +14,28 @@ from pathlib import Path
 
 import pytest
 
-_SLIME = os.environ.get("SLIME_PATH") or str(Path(__file__).resolve().parents[3] / "shared" / "vendor" / "slime-624b824a")
+_SLIME = os.environ.get("SLIME_PATH") or str(
+    Path(__file__).resolve().parents[3] / "shared" / "vendor" / "slime-624b824a"
+)
 if os.path.isdir(os.path.join(_SLIME, "slime")) and _SLIME not in sys.path:
     sys.path.insert(0, _SLIME)
 _MISSING = [m for m in ("slime", "megatron.core", "ray", "httpx") if importlib.util.find_spec(m.split(".")[0]) is None]
 if _MISSING:
-    pytest.skip(f"needs slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) and the slime-contract extra; "
-                f"missing: {_MISSING}", allow_module_level=True)
+    pytest.skip(
+        f"needs slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) and the slime-contract extra; "
+        f"missing: {_MISSING}",
+        allow_module_level=True,
+    )
 
 import torch  # noqa: E402
 
 from support.slime_store import (  # noqa: E402
-    ObjectRefStandIn, ObjectStoreStandIn, install, remove_placeholders, rollout_manager_class, tensor_bytes,
+    ObjectRefStandIn,
+    ObjectStoreStandIn,
+    install,
+    remove_placeholders,
+    rollout_manager_class,
+    tensor_bytes,
 )
 
 N, GROUPS, DP = 4, 2, 2
@@ -48,10 +58,22 @@ def _restore_slimes_ray():
 
 def _args():
     return argparse.Namespace(
-        advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True, reward_key=None,
-        n_samples_per_prompt=N, rollout_batch_size=GROUPS, global_batch_size=N * GROUPS // 2,
-        use_dynamic_batch_size=False, max_tokens_per_gpu=None, micro_batch_size=1, balance_by_flops=False,
-        balance_data=False, rollout_top_p=1.0, use_rollout_routing_replay=False, rollout_data_transport="object-store")
+        advantage_estimator="grpo",
+        rewards_normalization=True,
+        grpo_std_normalization=True,
+        reward_key=None,
+        n_samples_per_prompt=N,
+        rollout_batch_size=GROUPS,
+        global_batch_size=N * GROUPS // 2,
+        use_dynamic_batch_size=False,
+        max_tokens_per_gpu=None,
+        micro_batch_size=1,
+        balance_by_flops=False,
+        balance_data=False,
+        rollout_top_p=1.0,
+        use_rollout_routing_replay=False,
+        rollout_data_transport="object-store",
+    )
 
 
 def _samples():
@@ -61,9 +83,16 @@ def _samples():
     for g in range(GROUPS):
         for i in range(N):
             response = 3 + g + i
-            s = Sample(group_index=g, index=g * N + i, tokens=list(range(5 + response)), response_length=response,
-                       reward=float(i % 2), loss_mask=[1] * response, rollout_log_probs=[-0.5] * response,
-                       metadata={"pid": g})
+            s = Sample(
+                group_index=g,
+                index=g * N + i,
+                tokens=list(range(5 + response)),
+                response_length=response,
+                reward=float(i % 2),
+                loss_mask=[1] * response,
+                rollout_log_probs=[-0.5] * response,
+                metadata={"pid": g},
+            )
             out.append(s)
     return out
 
@@ -71,10 +100,12 @@ def _samples():
 def _manager(store):
     cls = rollout_manager_class()
     install(store)
-    m = types.SimpleNamespace(args=_args(), custom_reward_post_process_func=None,
-                              custom_convert_samples_to_train_data_func=None,
-                              train_parallel_config={"dp_size": DP, "cp_size": 1, "vpp_size": 1,
-                                                     "microbatch_group_size_per_vp_stage": 1})
+    m = types.SimpleNamespace(
+        args=_args(),
+        custom_reward_post_process_func=None,
+        custom_convert_samples_to_train_data_func=None,
+        train_parallel_config={"dp_size": DP, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1},
+    )
     m._post_process_rewards = types.MethodType(cls._post_process_rewards, m)
     return cls, m
 
@@ -96,8 +127,12 @@ def test_slimes_split_gives_each_rank_its_own_object_and_only_its_samples_bytes(
         mine = [samples[int(i)] for i in data["sample_indices"]]
         # tokens int64, loss mask int32, rollout log-probs float32 per token, one float32 mask sum per sample
         want = sum(8 * len(s.tokens) + 4 * s.response_length + 4 * s.response_length + 4 for s in mine)
-        assert store.fetches[-1] == {"fetcher": rank, "key": refs[rank].inner.key, "bytes": refs[rank].inner.nbytes,
-                                     "tensor_bytes": want}
+        assert store.fetches[-1] == {
+            "fetcher": rank,
+            "key": refs[rank].inner.key,
+            "bytes": refs[rank].inner.nbytes,
+            "tensor_bytes": want,
+        }
         assert [int(n) for n in data["total_lengths"]] == [len(s.tokens) for s in mine]
     assert sorted(seen) == list(range(N * GROUPS))
     assert store.bytes_by_fetcher() == {r: refs[r].inner.nbytes for r in range(DP)}
@@ -118,7 +153,7 @@ def test_the_store_refuses_what_ray_would_not_take_and_copies_on_get():
     ref = store.put({"t": torch.zeros(3, dtype=torch.int64), "xs": [torch.ones(2)]})
     first, second = store.get(ref), store.get([ref])[0]
     first["t"][0] = 7
-    assert int(second["t"][0]) == 0                      # every get deserialises its own copy
+    assert int(second["t"][0]) == 0  # every get deserialises its own copy
     assert tensor_bytes(second) == 3 * 8 + 2 * 4
     with pytest.raises(TypeError, match="ObjectRefStandIn"):
         store.get(123)

@@ -19,7 +19,7 @@ import epic_slime.slime.rollout as rollout  # noqa: E402
 from epic_slime.staleness import GroupLedger, StalenessGate, sample_oldest_version  # noqa: E402
 
 
-class DataSource:   # StreamingDataSource's interface for the stream: numbered prompts, a ledger
+class DataSource:  # StreamingDataSource's interface for the stream: numbered prompts, a ledger
     def __init__(self):
         self.next, self.ledger, self._returned = 0, GroupLedger(), []
 
@@ -50,8 +50,12 @@ class Engine:
             await self.release.wait()
         mode = "abort" if key in self.abort_next else "stop"
         for sample in group:
-            sample.append_response_tokens(argparse.Namespace(partial_rollout=False), tokens=[7, 8], log_probs=[-0.1, -0.2],
-                                          meta_info={"weight_version": str(self.version), "finish_reason": {"type": mode}})
+            sample.append_response_tokens(
+                argparse.Namespace(partial_rollout=False),
+                tokens=[7, 8],
+                log_probs=[-0.1, -0.2],
+                meta_info={"weight_version": str(self.version), "finish_reason": {"type": mode}},
+            )
         return group
 
 
@@ -75,7 +79,7 @@ def _collect(args, stream, trainer_version, rollout_id):
 
 
 def test_stream_starts_by_the_budget_and_takes_batches_in_start_order(engine):
-    engine.slow = lambda key: key == 0   # the oldest group is the slowest: the batch waits for it
+    engine.slow = lambda key: key == 0  # the oldest group is the slowest: the batch waits for it
     args, data = _args(), DataSource()
     stream = group_stream.GroupStream(args, data)
     stream.loop.call_soon_threadsafe(lambda: stream.loop.call_later(0.3, engine.release.set))
@@ -98,7 +102,7 @@ def test_k_one_holds_one_batch_ahead_and_trains_at_lag_at_most_one(engine):
     stream = group_stream.GroupStream(args, data)
     lags = []
     for rollout_id in range(4):
-        engine.version = max(1, rollout_id)   # the push of rollout r - 2 landed before generate(r)
+        engine.version = max(1, rollout_id)  # the push of rollout r - 2 landed before generate(r)
         batch, held, gate = _collect(args, stream, rollout_id + 1, rollout_id)
         assert batch == list(range(4 * rollout_id, 4 * rollout_id + 4))
         lags += list(gate.histogram.elements())
@@ -133,7 +137,7 @@ def test_abort_mode_records_each_calls_version_per_token(engine, monkeypatch):
     async def generate(args_, group, sampling_params, evaluation=False):
         out = await original(args_, group, sampling_params, evaluation)
         if group[0].group_index == 0 and engine.abort_next:
-            engine.abort_next, engine.version = set(), 2   # the push lands after the abort
+            engine.abort_next, engine.version = set(), 2  # the push lands after the abort
         return out
 
     monkeypatch.setattr(sglang_rollout, "generate_and_rm_group", generate)
@@ -144,7 +148,7 @@ def test_abort_mode_records_each_calls_version_per_token(engine, monkeypatch):
     first = batch[0][0]
     assert first.metadata["token_version_spans"] == [[1, 2], [2, 2]]
     assert first.metadata["oldest_weight_version"] == 1 and first.metadata["newest_weight_version"] == 2
-    assert first.metadata["epic_policy_version"] == 1   # the gate counted from the oldest
+    assert first.metadata["epic_policy_version"] == 1  # the gate counted from the oldest
     assert stream.abort_resubmits == 1
 
 
@@ -155,7 +159,7 @@ def test_held_requests_count_staleness_from_the_version_known_at_submission(engi
     is 3 > K = 2."""
     args, data = _args(weight_push_mode=mode), DataSource()
     stream = group_stream.GroupStream(args, data)
-    engine.version = 3   # the engines answered after pushes the stream had not been told of
+    engine.version = 3  # the engines answered after pushes the stream had not been told of
     group = data.get_samples(1)[0]
     stream.order.append(0)
     stream.live_started += 1
@@ -168,7 +172,7 @@ def test_held_requests_count_staleness_from_the_version_known_at_submission(engi
 
 
 async def _submit_and_wait(stream, group):
-    stream.cap = 1   # nothing else starts
+    stream.cap = 1  # nothing else starts
     stream._submit(group, attempt=1)
     while stream.active:
         await asyncio.sleep(0.001)
@@ -204,7 +208,7 @@ def test_an_abort_then_a_finish_resets_the_count(engine, monkeypatch):
 
     async def generate(args_, group, sampling_params, evaluation=False):
         calls["n"] += 1
-        engine.abort_next = {group[0].group_index} if calls["n"] % 10 else set()   # 9 aborts, then a finish
+        engine.abort_next = {group[0].group_index} if calls["n"] % 10 else set()  # 9 aborts, then a finish
         return await original(args_, group, sampling_params, evaluation)
 
     monkeypatch.setattr(sglang_rollout, "generate_and_rm_group", generate)
@@ -226,21 +230,30 @@ class RetractingEngine:
         await asyncio.sleep(0.001)
         for sample in group:
             tokens = [7] * (self.before + self.after)
-            sample.append_response_tokens(argparse.Namespace(partial_rollout=False), tokens=tokens,
-                                          log_probs=[-0.1] * len(tokens),
-                                          meta_info={"weight_version": str(self.new if self.before else self.old),
-                                                     "num_retractions": int(self.before > 0),
-                                                     "finish_reason": {"type": "stop"}})
+            sample.append_response_tokens(
+                argparse.Namespace(partial_rollout=False),
+                tokens=tokens,
+                log_probs=[-0.1] * len(tokens),
+                meta_info={
+                    "weight_version": str(self.new if self.before else self.old),
+                    "num_retractions": int(self.before > 0),
+                    "finish_reason": {"type": "stop"},
+                },
+            )
         return group
 
 
-@pytest.mark.parametrize("submitted, before, oldest, lag, outcome", [
-    (1, 3, 1, 3, "dropped"),   # tokens sampled on version 1, finished on 3: trained at 4 it is 3 old (> K = 2)
-    (2, 3, 2, 2, "kept"),      # submitted when version 2 had landed: at most K = 2 old, trained
-    (3, 0, 3, 1, "kept"),      # never retracted (no token before the push): reported version 3 itself
-])
-def test_retract_samples_carry_the_version_their_first_tokens_were_sampled_with(engine, monkeypatch, submitted,
-                                                                                before, oldest, lag, outcome):
+@pytest.mark.parametrize(
+    "submitted, before, oldest, lag, outcome",
+    [
+        (1, 3, 1, 3, "dropped"),  # tokens sampled on version 1, finished on 3: trained at 4 it is 3 old (> K = 2)
+        (2, 3, 2, 2, "kept"),  # submitted when version 2 had landed: at most K = 2 old, trained
+        (3, 0, 3, 1, "kept"),  # never retracted (no token before the push): reported version 3 itself
+    ],
+)
+def test_retract_samples_carry_the_version_their_first_tokens_were_sampled_with(
+    engine, monkeypatch, submitted, before, oldest, lag, outcome
+):
     """Under retract a sample is one answer (no resubmission, no spans) whose reported version is the
     newest; the gate counts its lag from the version known at submission."""
     fake = RetractingEngine(old=submitted, new=3, before=before, after=2)
@@ -255,6 +268,6 @@ def test_retract_samples_carry_the_version_their_first_tokens_were_sampled_with(
     assert sample.status == Sample.Status.COMPLETED and stream.abort_resubmits == 0
     assert sample.metadata["oldest_weight_version"] == oldest and sample.metadata["newest_weight_version"] == 3
     assert "token_version_spans" not in sample.metadata
-    assert 4 - sample_oldest_version(sample) == lag   # at trainer version 4
+    assert 4 - sample_oldest_version(sample) == lag  # at trainer version 4
     gate = StalenessGate(args.max_staleness, "drop")
     assert gate.admit(4 - sample_oldest_version(sample), 1) == (outcome == "kept")

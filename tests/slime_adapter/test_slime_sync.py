@@ -34,11 +34,16 @@ from epic_slime.slime.train import (
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = [
-    "--loss-type", "custom_loss",
-    "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
-    "--rollout-function-path", "epic_slime.slime.rollout.generate_rollout",
-    "--rollout-batch-size", "4",
-    "--n-samples-per-prompt", "2",
+    "--loss-type",
+    "custom_loss",
+    "--custom-loss-function-path",
+    "epic_slime.slime.loss.policy_loss",
+    "--rollout-function-path",
+    "epic_slime.slime.rollout.generate_rollout",
+    "--rollout-batch-size",
+    "4",
+    "--n-samples-per-prompt",
+    "2",
 ]
 
 
@@ -76,8 +81,12 @@ class _Engines:
         groups = []
         for _ in range(args.rollout_batch_size):
             weight = "default" if self.version == 0 else str(self.version)
-            group = [SimpleNamespace(index=self.next_index, group_index=self.next_index, weight_versions=[weight],
-                                     metadata={}) for _ in range(args.n_samples_per_prompt)]
+            group = [
+                SimpleNamespace(
+                    index=self.next_index, group_index=self.next_index, weight_versions=[weight], metadata={}
+                )
+                for _ in range(args.n_samples_per_prompt)
+            ]
             data_source.ledger.consume(self.next_index, copy.deepcopy(group))  # slime: data_source.get_samples
             groups.append(group)
             self.next_index += 1
@@ -165,10 +174,23 @@ class _FakeActorGroup:
 
 
 def _args(**overrides: Any) -> SimpleNamespace:
-    values = dict(start_rollout_id=0, num_rollout=5, eval_interval=2, save_interval=3, rollout_global_dataset=True,
-                  skip_eval_before_train=False, rollout_batch_size=4, n_samples_per_prompt=2, max_staleness=0,
-                  stale_policy="drop", colocate=False, offload_train=False, offload_rollout=False,
-                  release_train=False, check_weight_update_equal=False)
+    values = dict(
+        start_rollout_id=0,
+        num_rollout=5,
+        eval_interval=2,
+        save_interval=3,
+        rollout_global_dataset=True,
+        skip_eval_before_train=False,
+        rollout_batch_size=4,
+        n_samples_per_prompt=2,
+        max_staleness=0,
+        stale_policy="drop",
+        colocate=False,
+        offload_train=False,
+        offload_rollout=False,
+        release_train=False,
+        check_weight_update_equal=False,
+    )
     values.update(overrides)
     return SimpleNamespace(**values)
 
@@ -243,14 +265,36 @@ def _events(trace, rollout_id):
 
 def test_colocated_schedule_offloads_and_onloads_in_slime_train_order(fake_slime):
     # --colocate: slime sets --offload-train and --offload-rollout
-    args = _args(num_rollout=2, colocate=True, offload_train=True, offload_rollout=True, eval_interval=1,
-                 save_interval=None, check_weight_update_equal=True)
+    args = _args(
+        num_rollout=2,
+        colocate=True,
+        offload_train=True,
+        offload_rollout=True,
+        eval_interval=1,
+        save_interval=None,
+        check_weight_update_equal=True,
+    )
     trace, log, manager, _ = _run(args, fake_slime)
     assert _events(trace, -1) == ["onload_weights", "update_weights", "check_weights", "onload_kv"]
-    assert _events(trace, 0) == ["eval", "generate", "offload_rollout", "train", "onload_weights",
-                                 "update_weights", "onload_kv", "eval"]
-    assert _events(trace, 1) == ["generate", "offload_rollout", "train", "onload_weights",
-                                 "update_weights", "onload_kv", "eval"]  # no --save-interval: no save
+    assert _events(trace, 0) == [
+        "eval",
+        "generate",
+        "offload_rollout",
+        "train",
+        "onload_weights",
+        "update_weights",
+        "onload_kv",
+        "eval",
+    ]
+    assert _events(trace, 1) == [
+        "generate",
+        "offload_rollout",
+        "train",
+        "onload_weights",
+        "update_weights",
+        "onload_kv",
+        "eval",
+    ]  # no --save-interval: no save
     assert ("clear_memory", None) not in log  # offload-train actors sleep by themselves
     assert all(manager.metrics[r]["rollout/staleness/max"] == 0.0 for r in (0, 1))
 
@@ -258,8 +302,16 @@ def test_colocated_schedule_offloads_and_onloads_in_slime_train_order(fake_slime
 def test_colocated_without_offload_train_frees_train_memory(fake_slime):
     args = _args(num_rollout=1, colocate=True, offload_train=False, offload_rollout=True, eval_interval=None)
     trace, _, _, _ = _run(args, fake_slime)
-    assert _events(trace, 0) == ["generate", "offload_rollout", "train", "save", "clear_memory",
-                                 "onload_weights", "update_weights", "onload_kv"]
+    assert _events(trace, 0) == [
+        "generate",
+        "offload_rollout",
+        "train",
+        "save",
+        "clear_memory",
+        "onload_weights",
+        "update_weights",
+        "onload_kv",
+    ]
 
 
 def test_split_gpus_free_train_memory_every_rollout_too(fake_slime):
@@ -292,13 +344,28 @@ def test_the_data_state_is_saved_before_the_model_checkpoint(fake_slime):
 
 def test_release_train_recreates_actors_saves_every_rollout_and_lets_the_disk_push_onload(fake_slime):
     # colocated --release-train: slime turns --offload-train off and --offload-rollout on
-    args = _args(num_rollout=3, colocate=True, release_train=True, offload_train=False, offload_rollout=True,
-                 eval_interval=None, save_interval=None)
+    args = _args(
+        num_rollout=3,
+        colocate=True,
+        release_train=True,
+        offload_train=False,
+        offload_rollout=True,
+        eval_interval=None,
+        save_interval=None,
+    )
     trace, log, _, _ = _run(args, fake_slime)
     assert _events(trace, -1) == ["update_weights", "onload_kv"]
     for r in range(3):
-        assert _events(trace, r) == ["generate", "offload_rollout", "create_train", "train", "save",
-                                     "clear_memory", "update_weights", "onload_kv"]
+        assert _events(trace, r) == [
+            "generate",
+            "offload_rollout",
+            "create_train",
+            "train",
+            "save",
+            "clear_memory",
+            "update_weights",
+            "onload_kv",
+        ]
     assert [v for e, v in log if e == "save_model"] == [(0, True), (1, True), (2, True)]
 
 
@@ -332,7 +399,9 @@ def test_synchronous_rollout_is_slimes_own_batch_generation_on_slimes_types(monk
 
     def slime_generate_rollout(args, rollout_id, data_source, evaluation=False):
         calls.append((rollout_id, data_source, evaluation))
-        groups = [[sample_type(index=2 * g + i, group_index=g, weight_versions=["1"]) for i in range(2)] for g in (1, 0)]
+        groups = [
+            [sample_type(index=2 * g + i, group_index=g, weight_versions=["1"]) for i in range(2)] for g in (1, 0)
+        ]
         for g in groups:
             data_source.ledger.consume(g[0].group_index, g)
         return output_type(samples=groups, metrics={"rollout/slime_metric": 2.0})
@@ -347,7 +416,7 @@ def test_synchronous_rollout_is_slimes_own_batch_generation_on_slimes_types(monk
     out = rollout.generate_rollout(_args(rollout_batch_size=2), 7, source)
     assert calls == [(7, source, False)]
     assert out.metrics["rollout/accounting/in_flight_groups"] == 2.0
-    with pytest.raises(ValueError, match="--data-source-path"):   # no ledger, no accounting: refused
+    with pytest.raises(ValueError, match="--data-source-path"):  # no ledger, no accounting: refused
         rollout.generate_rollout(_args(rollout_batch_size=2), 8, "not the project's data source")
     assert isinstance(out, output_type) and isinstance(out.samples[0][0], sample_type)
     assert [[s.index for s in g] for g in out.samples] == [[2, 3], [0, 1]]  # slime's order is kept
@@ -389,8 +458,9 @@ def test_the_driver_calls_only_methods_that_slimes_rollout_manager_and_train_gro
     from slime.ray.actor_group import RayTrainGroup
 
     source = Path(importlib.util.find_spec("slime.ray.rollout").origin).read_text()
-    manager_class = next(node for node in ast.walk(ast.parse(source))
-                         if isinstance(node, ast.ClassDef) and node.name == "RolloutManager")
+    manager_class = next(
+        node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef) and node.name == "RolloutManager"
+    )
     manager_methods = {node.name for node in manager_class.body if isinstance(node, ast.FunctionDef)}
     manager_used, actor_used = _methods_used_by_the_driver()
     assert {"generate", "eval", "save", "offload", "onload_weights", "onload_kv", "check_weights"} <= manager_used
@@ -426,14 +496,18 @@ def test_other_bounds_are_the_asynchronous_schedule(extra):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--colocate"],
-         r"--colocate needs the synchronous schedule \(--max-staleness 0\); with --max-staleness unset"),
+        (
+            ["--colocate"],
+            r"--colocate needs the synchronous schedule \(--max-staleness 0\); with --max-staleness unset",
+        ),
         (["--max-staleness", "2", "--colocate"], "with --max-staleness 2 the driver generates rollout r . 1 while"),
         (["--max-staleness", "1", "--offload"], "--offload only work with the synchronous schedule"),
         (["--max-staleness", "1", "--offload-train"], "--offload-train only work with the synchronous"),
         (["--max-staleness", "1", "--offload-rollout"], "--offload-rollout only work with the synchronous"),
-        (["--release-train"], "--release-train only work with the synchronous schedule .--max-staleness 0.; with "
-                              "--max-staleness unset"),
+        (
+            ["--release-train"],
+            "--release-train only work with the synchronous schedule .--max-staleness 0.; with --max-staleness unset",
+        ),
         (["--max-staleness", "0", "--async-groups-in-flight", "4"], "no background generator"),
         (["--max-staleness", "0", "--partial-rollout"], "--partial-rollout continues aborted responses"),
     ],
@@ -481,7 +555,7 @@ def test_table1_rows_default_to_the_papers_synchronous_protocol(row):
     driver = _driver(result)
     assert _last(driver, "--max-staleness") == "0" and _last(driver, "--update-depth") == "8"
     assert (_last(driver, "--rollout-batch-size"), _last(driver, "--n-samples-per-prompt")) == ("64", "8")
-    assert "--colocate" in driver   # the paper's synchronous protocol shares the GPUs (--layout split: not)
+    assert "--colocate" in driver  # the paper's synchronous protocol shares the GPUs (--layout split: not)
     assert "schedule=synchronous" in result.stdout and "global batch 64 of 512 samples" in result.stdout
     assert f"qwen3-30b-a3b-{row}-d8-k0-s1234" in result.stdout  # the run name says K = 0
 
@@ -514,8 +588,15 @@ def test_one_gpu_smoke_launcher_prints_a_colocated_synchronous_command():
     driver = _driver(result)
     assert driver[:3] == ["python3", "-m", "epic_slime.slime.train"]
     assert "--colocate" in driver and _last(driver, "--max-staleness") == "0"
-    one_gpu = ("--actor-num-nodes", "--actor-num-gpus-per-node", "--rollout-num-gpus", "--num-gpus-per-node",
-               "--rollout-num-gpus-per-engine", "--tensor-model-parallel-size", "--expert-model-parallel-size")
+    one_gpu = (
+        "--actor-num-nodes",
+        "--actor-num-gpus-per-node",
+        "--rollout-num-gpus",
+        "--num-gpus-per-node",
+        "--rollout-num-gpus-per-engine",
+        "--tensor-model-parallel-size",
+        "--expert-model-parallel-size",
+    )
     assert [_last(driver, f) for f in one_gpu] == ["1"] * len(one_gpu)
     assert _last(driver, "--policy-loss") == "epic" and _last(driver, "--hidden-size") == "896"
     assert _last(driver, "--hf-checkpoint") == "/root/models/Qwen2.5-0.5B-Instruct"

@@ -28,8 +28,11 @@ MODES = ["epic", "grpo", "dapo", "gspo", "ctpo", "cispo"]
 
 
 def tis_args(mode: str, *extra: str, clip: float = 2.0, clip_low: float = 0.0, **attrs):
-    return loss_args(mode, *extra, **{"use_tis": True, "tis_clip": clip, "tis_clip_low": clip_low,
-                                      "behavior_logprobs": None, **attrs})
+    return loss_args(
+        mode,
+        *extra,
+        **{"use_tis": True, "tis_clip": clip, "tis_clip_low": clip_low, "behavior_logprobs": None, **attrs},
+    )
 
 
 def with_pi_old(data, seed: int = 0):
@@ -47,7 +50,7 @@ def with_pi_old(data, seed: int = 0):
 
 def tis_batch(data, args):
     leaves, log_probs, batch, reducer = slime_inputs(data, 0, 1, args)
-    batch = {**batch, "log_probs": [d["log_old"].clone() for d in data]}   # CP = 1: local = full response
+    batch = {**batch, "log_probs": [d["log_old"].clone() for d in data]}  # CP = 1: local = full response
     return leaves, log_probs, batch, reducer
 
 
@@ -55,8 +58,14 @@ def float64_reference(mode, args, data, clip, clip_low):
     """(loss as slime's reducer sums it, d loss / d log pi per sample), token by token in plain Python."""
     _, params, aggregation = policy_loss_config_from_args(args)
     params = {**LOSS_MODES[mode].defaults, **params}
-    rows = token_terms(mode, [d["log_pi"].tolist() for d in data], [d["log_old"].tolist() for d in data],
-                       [d["adv"].tolist() for d in data], [d["mask"].tolist() for d in data], params)
+    rows = token_terms(
+        mode,
+        [d["log_pi"].tolist() for d in data],
+        [d["log_old"].tolist() for d in data],
+        [d["adv"].tolist() for d in data],
+        [d["mask"].tolist() for d in data],
+        params,
+    )
     total_tokens = sum(len(valid) for valid, _ in rows)
     loss, grads = 0.0, []
     for d, (valid, terms) in zip(data, rows):
@@ -88,11 +97,13 @@ def test_slime_loss_with_tis_matches_the_float64_formula(mode):
     w = [torch.exp(d["log_old"] - d["log_mu"]).clamp(clip_low, clip) for d in data]
     assert any(bool((x == clip).any()) for x in w) and any(bool((x < 0.6).any()) for x in w)
     masks = [d["mask"] for d in data]
-    reduce = sample_mean_reducer([torch.arange(d["resp"]) for d in data], masks, [m.sum() for m in masks],
-                                 args.calculate_per_token_loss)
+    reduce = sample_mean_reducer(
+        [torch.arange(d["resp"]) for d in data], masks, [m.sum() for m in masks], args.calculate_per_token_loss
+    )
     want_mean = reduce(torch.cat(w))
-    torch.testing.assert_close(metrics["tis_truncated_frac"].double(), reduce(torch.cat(w).ge(clip).double()),
-                               rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        metrics["tis_truncated_frac"].double(), reduce(torch.cat(w).ge(clip).double()), rtol=1e-6, atol=1e-7
+    )
     assert 0 < float(metrics["tis_truncated_frac"]) < float(reduce(torch.ones(sum(d["resp"] for d in data)).double()))
     torch.testing.assert_close(metrics["tis_weight_mean"].double(), want_mean, rtol=1e-6, atol=1e-7)
 
@@ -100,7 +111,7 @@ def test_slime_loss_with_tis_matches_the_float64_formula(mode):
 def test_the_ratio_base_is_pi_old_and_without_mismatch_tis_is_the_plain_recompute_loss():
     data = full_data(6)
     for d in data:
-        d["log_old"] = d["log_mu"].clone()   # mu == pi_old: every weight is 1
+        d["log_old"] = d["log_mu"].clone()  # mu == pi_old: every weight is 1
     args = tis_args("epic")
     _, log_probs, batch, reducer = tis_batch(data, args)
     loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
@@ -129,20 +140,24 @@ def test_runtime_composition_and_slime_path_agree_on_the_same_inputs(mode):
     pad = lambda xs: pad_sequence(xs, batch_first=True)  # noqa: E731
     mask = pad([d["mask"].bool() for d in data])
     old = pad([d["log_old"] for d in data])
-    out = compute_policy_loss(mode, pad(runtime_leaves), old, pad([d["adv"] for d in data]), mask,
-                              aggregation=aggregation, **params)
-    runtime_loss = tis_weighted_loss(out.per_token_loss, tis_weights(old, pad([d["log_mu"] for d in data]), mask, 2.0),
-                                     mask, out.aggregation)
+    out = compute_policy_loss(
+        mode, pad(runtime_leaves), old, pad([d["adv"] for d in data]), mask, aggregation=aggregation, **params
+    )
+    runtime_loss = tis_weighted_loss(
+        out.per_token_loss, tis_weights(old, pad([d["log_mu"] for d in data]), mask, 2.0), mask, out.aggregation
+    )
     runtime_loss.backward()
-    scale = float(mask.sum()) if aggregation == "token-mean" else float(len(data))   # slime's step normaliser
+    scale = float(mask.sum()) if aggregation == "token-mean" else float(len(data))  # slime's step normaliser
     assert float(loss.detach()) == pytest.approx(scale * float(runtime_loss.detach()), rel=1e-12)
     for leaf, runtime_leaf in zip(leaves, runtime_leaves):
         torch.testing.assert_close(leaf.grad, scale * runtime_leaf.grad, rtol=1e-12, atol=1e-14)
 
 
 def test_tis_weights_at_the_clips_float64():
-    old = torch.tensor([math.log(2.0) - 1e-9, math.log(2.0) + 1e-9, math.log(0.5) + 1e-9, math.log(0.5) - 1e-9, -3.0],
-                       dtype=torch.float64)
+    old = torch.tensor(
+        [math.log(2.0) - 1e-9, math.log(2.0) + 1e-9, math.log(0.5) + 1e-9, math.log(0.5) - 1e-9, -3.0],
+        dtype=torch.float64,
+    )
     mu = torch.zeros_like(old)
     mask = torch.tensor([True, True, True, True, False])
     w = tis_weights(old, mu, mask, clip=2.0, clip_low=0.5)
@@ -165,7 +180,9 @@ def test_bad_rollout_log_probs_are_named_or_skipped_and_counted():
     # reference: the token off the loss mask (slime's reducer keeps the batch's denominators)
     masks = [d["mask"].clone() for d in data]
     masks[1][2] = 0
-    ref_reducer = sample_mean_reducer([torch.arange(d["resp"]) for d in data], masks, [d["mask"].sum() for d in data], False)
+    ref_reducer = sample_mean_reducer(
+        [torch.arange(d["resp"]) for d in data], masks, [d["mask"].sum() for d in data], False
+    )
     ref_loss, _ = slime_policy_loss_from_log_probs(skip, {**batch, "loss_masks": masks}, log_probs, None, ref_reducer)
     assert float(loss.detach()) == pytest.approx(float(ref_loss.detach()), rel=1e-12)
 
@@ -184,9 +201,18 @@ def test_the_loss_names_what_does_not_compose():
         slime_policy_loss_from_log_probs(tis_args("epic", clip_low=2.0), batch, log_probs, None, reducer)
 
 
-BASE = ["--loss-type", "custom_loss", "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
-        "--rollout-function-path", "epic_slime.slime.rollout.generate_rollout",
-        "--rollout-batch-size", "64", "--n-samples-per-prompt", "8"]
+BASE = [
+    "--loss-type",
+    "custom_loss",
+    "--custom-loss-function-path",
+    "epic_slime.slime.loss.policy_loss",
+    "--rollout-function-path",
+    "epic_slime.slime.rollout.generate_rollout",
+    "--rollout-batch-size",
+    "64",
+    "--n-samples-per-prompt",
+    "8",
+]
 
 
 def test_driver_accepts_use_tis_and_refuses_what_does_not_compose_in_one_line():

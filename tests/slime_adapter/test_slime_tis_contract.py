@@ -46,9 +46,14 @@ CLIP, CLIP_LOW = 2.0, 0.5
 def single_rank_mpu(monkeypatch):
     """Megatron's rank queries at CP = TP = DP = 1 (slime's vocab-parallel log-prob runs unreduced
     without a process group)."""
-    for name, value in (("get_context_parallel_world_size", 1), ("get_context_parallel_rank", 0),
-                        ("get_tensor_model_parallel_world_size", 1), ("get_tensor_model_parallel_rank", 0),
-                        ("get_tensor_model_parallel_group", None), ("get_context_parallel_group", None)):
+    for name, value in (
+        ("get_context_parallel_world_size", 1),
+        ("get_context_parallel_rank", 0),
+        ("get_tensor_model_parallel_world_size", 1),
+        ("get_tensor_model_parallel_rank", 0),
+        ("get_tensor_model_parallel_group", None),
+        ("get_context_parallel_group", None),
+    ):
         monkeypatch.setattr(mpu, name, lambda *a, _v=value, **k: _v)
     monkeypatch.setattr(mpu, "get_data_parallel_world_size", lambda *a, **k: 1)
 
@@ -71,12 +76,21 @@ def _data(seed: int = 0):
         if resp > 3:
             mask[1] = 0
         log_pi = _response_log_probs(logits, tokens, resp).float()
-        log_old = (log_pi + 0.05 * torch.randn(resp, generator=g) + 0.4 * (torch.arange(resp) % 5 == 0)).clamp(max=-1e-3)
-        gap = 0.05 * torch.randn(resp, generator=g) + 1.1 * (torch.arange(resp) % 3 == 1) - 1.1 * (torch.arange(resp) % 4 == 2)
+        log_old = (log_pi + 0.05 * torch.randn(resp, generator=g) + 0.4 * (torch.arange(resp) % 5 == 0)).clamp(
+            max=-1e-3
+        )
+        gap = (
+            0.05 * torch.randn(resp, generator=g)
+            + 1.1 * (torch.arange(resp) % 3 == 1)
+            - 1.1 * (torch.arange(resp) % 4 == 2)
+        )
         log_mu = (log_old - gap).clamp(max=-1e-3)
         adv = torch.full((resp,), [1.0, -0.6, 0.3, -1.1][k])
-        out.append(dict(total=total, resp=resp, logits=logits, tokens=tokens, mask=mask, log_old=log_old,
-                        log_mu=log_mu, adv=adv))
+        out.append(
+            dict(
+                total=total, resp=resp, logits=logits, tokens=tokens, mask=mask, log_old=log_old, log_mu=log_mu, adv=adv
+            )
+        )
     return out
 
 
@@ -87,8 +101,8 @@ def _batch(data):
         "response_lengths": [d["resp"] for d in data],
         "loss_masks": [d["mask"] for d in data],
         "advantages": [d["adv"] for d in data],
-        "log_probs": [d["log_old"] for d in data],           # slime's recompute: pi_old
-        "rollout_log_probs": [d["log_mu"] for d in data],    # SGLang's: mu
+        "log_probs": [d["log_old"] for d in data],  # slime's recompute: pi_old
+        "rollout_log_probs": [d["log_mu"] for d in data],  # SGLang's: mu
         "rollout_mask_sums": torch.tensor([float(d["mask"].sum()) for d in data]),
     }
 
@@ -105,13 +119,28 @@ def _slime_loss(args, data):
 
 
 def _common(**attrs):
-    return dict(recompute_loss_function=False, allgather_cp=False, rollout_temperature=TEMPERATURE, rollout_top_p=1.0,
-                log_probs_chunk_size=-1, use_tis=True, tis_clip=CLIP, tis_clip_low=CLIP_LOW, **attrs)
+    return dict(
+        recompute_loss_function=False,
+        allgather_cp=False,
+        rollout_temperature=TEMPERATURE,
+        rollout_top_p=1.0,
+        log_probs_chunk_size=-1,
+        use_tis=True,
+        tis_clip=CLIP,
+        tis_clip_low=CLIP_LOW,
+        **attrs,
+    )
 
 
 def _project_args(mode):
-    return loss_args(mode, **_common(loss_type="custom_loss", custom_loss_function_path="epic_slime.slime.loss.policy_loss",
-                                     behavior_logprobs=None))
+    return loss_args(
+        mode,
+        **_common(
+            loss_type="custom_loss",
+            custom_loss_function_path="epic_slime.slime.loss.policy_loss",
+            behavior_logprobs=None,
+        ),
+    )
 
 
 def _weight(d, t):
@@ -127,18 +156,23 @@ def test_custom_loss_with_tis_through_slime_matches_the_float64_formula(single_r
     _, params, aggregation = policy_loss_config_from_args(args)
     leaves = [d["logits"].double().requires_grad_(True) for d in data]
     log_pi = [_response_log_probs(leaf, d["tokens"], d["resp"]) for leaf, d in zip(leaves, data)]
-    rows = token_terms(mode, [lp.tolist() for lp in log_pi], [d["log_old"].double().tolist() for d in data],
-                       [d["adv"].double().tolist() for d in data], [d["mask"].tolist() for d in data],
-                       {**LOSS_MODES[mode].defaults, **params})
+    rows = token_terms(
+        mode,
+        [lp.tolist() for lp in log_pi],
+        [d["log_old"].double().tolist() for d in data],
+        [d["adv"].double().tolist() for d in data],
+        [d["mask"].tolist() for d in data],
+        {**LOSS_MODES[mode].defaults, **params},
+    )
     ref_loss, dloss = 0.0, []
     for d, (valid, terms) in zip(data, rows):
-        scale = 1.0 if aggregation == "token-mean" else 1.0 / len(valid)   # token sum or sum of sample means
+        scale = 1.0 if aggregation == "token-mean" else 1.0 / len(valid)  # token sum or sum of sample means
         g = [0.0] * d["resp"]
         for t, (value, coef) in zip(valid, terms):
             ref_loss -= scale * _weight(d, t) * value
             g[t] = -scale * _weight(d, t) * coef
         dloss.append(torch.tensor(g, dtype=torch.float64))
-    sum((lp * g).sum() for lp, g in zip(log_pi, dloss)).backward()   # chain rule d log pi / d logits only
+    sum((lp * g).sum() for lp, g in zip(log_pi, dloss)).backward()  # chain rule d log pi / d logits only
     assert loss == pytest.approx(ref_loss, rel=2e-5, abs=1e-6)
     for got, leaf in zip(grads, leaves):
         torch.testing.assert_close(got.double(), leaf.grad, rtol=2e-4, atol=2e-6)
@@ -151,17 +185,38 @@ def test_slime_builtin_tis_and_the_project_grpo_with_tis_agree(single_rank_mpu):
     data = _data(2)
     ours = _slime_loss(_project_args("grpo"), data)
     # slime's own PPO loss (eps 0.2 / 0.2, no dual clip: the project's grpo defaults) with vanilla TIS
-    builtin_args = loss_args("grpo", **_common(
-        loss_type="policy_loss", advantage_estimator="grpo", use_opsm=False, eps_clip=0.2, eps_clip_high=0.2,
-        eps_clip_c=None, get_mismatch_metrics=False, custom_tis_function_path=None,
-        custom_pg_loss_reducer_function_path=None))
+    builtin_args = loss_args(
+        "grpo",
+        **_common(
+            loss_type="policy_loss",
+            advantage_estimator="grpo",
+            use_opsm=False,
+            eps_clip=0.2,
+            eps_clip_high=0.2,
+            eps_clip_c=None,
+            get_mismatch_metrics=False,
+            custom_tis_function_path=None,
+            custom_pg_loss_reducer_function_path=None,
+        ),
+    )
     theirs = _slime_loss(builtin_args, data)
     assert ours[0] == pytest.approx(theirs[0], rel=1e-6, abs=1e-8)
     for a, b in zip(ours[1], theirs[1]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     # one correction, not two: without TIS on our side the loss moves away from slime's
-    plain = _slime_loss(loss_args("grpo", **{**_common(loss_type="custom_loss", behavior_logprobs="recompute",
-                                                       custom_loss_function_path="epic_slime.slime.loss.policy_loss"),
-                                             "use_tis": False}), data)
+    plain = _slime_loss(
+        loss_args(
+            "grpo",
+            **{
+                **_common(
+                    loss_type="custom_loss",
+                    behavior_logprobs="recompute",
+                    custom_loss_function_path="epic_slime.slime.loss.policy_loss",
+                ),
+                "use_tis": False,
+            },
+        ),
+        data,
+    )
     assert abs(plain[0] - theirs[0]) > 1e-3 * abs(theirs[0])
     assert ours[2]["pg_clipfrac"] == pytest.approx(theirs[2]["pg_clipfrac"], rel=1e-5)

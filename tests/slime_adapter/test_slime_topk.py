@@ -43,6 +43,7 @@ def test_registry_marks_exactly_the_topk_modes():
 # Fixture: full logits of mu and pi per response, sampled tokens, SGLang-style top-k
 # ------------------------------------------------------------------------------------------
 
+
 def _topk_data(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     data = []
@@ -59,14 +60,22 @@ def _topk_data(seed: int = 0):
         mask = torch.ones(resp, dtype=torch.int32)
         if resp > 3:
             mask[resp // 2] = 0
-        data.append(dict(
-            total=total, resp=resp, behavior_logits=behavior_logits, current_logits=current_logits,
-            tokens=torch.cat([prompt, sampled]), sampled=sampled,
-            log_mu=log_mu_all.gather(1, sampled[:, None]).squeeze(1),
-            log_pi=torch.log_softmax(current_logits, -1).gather(1, sampled[:, None]).squeeze(1),
-            topk_ids=topk_ids, topk_log_probs=topk_log_probs.float(), mask=mask,
-            adv=torch.full((resp,), [1.0, -0.7, 0.4, -1.3, 0.9][i], dtype=torch.float64),
-        ))
+        data.append(
+            dict(
+                total=total,
+                resp=resp,
+                behavior_logits=behavior_logits,
+                current_logits=current_logits,
+                tokens=torch.cat([prompt, sampled]),
+                sampled=sampled,
+                log_mu=log_mu_all.gather(1, sampled[:, None]).squeeze(1),
+                log_pi=torch.log_softmax(current_logits, -1).gather(1, sampled[:, None]).squeeze(1),
+                topk_ids=topk_ids,
+                topk_log_probs=topk_log_probs.float(),
+                mask=mask,
+                adv=torch.full((resp,), [1.0, -0.7, 0.4, -1.3, 0.9][i], dtype=torch.float64),
+            )
+        )
     return data
 
 
@@ -101,12 +110,20 @@ def _core_topk_reference(mode, data):
     """The core on padded tensors with the Top-K inputs built by the core's own helpers."""
     leaves = [d["log_pi"].clone().requires_grad_(True) for d in data]
     pad = lambda key: pad_sequence([d[key] for d in data], batch_first=True)  # noqa: E731
-    ids, behavior, topk_mask = behavior_topk_set(pad("topk_ids").long(), pad("topk_log_probs").double(),
-                                                 pad("sampled"), pad("log_mu"))
+    ids, behavior, topk_mask = behavior_topk_set(
+        pad("topk_ids").long(), pad("topk_log_probs").double(), pad("sampled"), pad("log_mu")
+    )
     current = gather_log_probs(pad("current_logits"), ids, topk_mask)
-    out = compute_policy_loss(mode, pad_sequence(leaves, batch_first=True), pad("log_mu"), pad("adv"),
-                              pad("mask").bool(), behavior_topk_log_probs=behavior, current_topk_log_probs=current,
-                              topk_mask=topk_mask)
+    out = compute_policy_loss(
+        mode,
+        pad_sequence(leaves, batch_first=True),
+        pad("log_mu"),
+        pad("adv"),
+        pad("mask").bool(),
+        behavior_topk_log_probs=behavior,
+        current_topk_log_probs=current,
+        topk_mask=topk_mask,
+    )
     loss = out.loss * len(data)  # slime's step normaliser for seq-mean-token-mean: the sample count
     loss.backward()
     return loss.detach(), [leaf.grad for leaf in leaves], out
@@ -117,8 +134,9 @@ def test_cp1_adapter_equals_core(mode):
     data = _topk_data()
     args = loss_args(mode)
     leaves, log_probs, batch, reducer, current, sets = _slime_topk_inputs(data, 0, 1, args)
-    loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer,
-                                                     current_topk_log_probs=current, topk_sets=sets)
+    loss, metrics = slime_policy_loss_from_log_probs(
+        args, batch, log_probs, None, reducer, current_topk_log_probs=current, topk_sets=sets
+    )
     loss.backward()
     ref_loss, ref_grads, ref_out = _core_topk_reference(mode, data)
     torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-6, atol=1e-9)
@@ -129,9 +147,12 @@ def test_cp1_adapter_equals_core(mode):
     # weighted by the micro-batch's sample count, like every core diagnostic
     name = "topk_tv_mean" if mode.endswith("tv") else "topk_kl_mean"
     assert float(ref_out.metrics[name]) > 0
-    torch.testing.assert_close(metrics[f"policy/{name}"].double(),
-                               torch.tensor(float(ref_out.metrics[name]) * len(data), dtype=torch.float64),
-                               rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(
+        metrics[f"policy/{name}"].double(),
+        torch.tensor(float(ref_out.metrics[name]) * len(data), dtype=torch.float64),
+        rtol=1e-6,
+        atol=1e-9,
+    )
     # the sets are computed by the adapter when the caller does not pass them
     again, _ = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer, current_topk_log_probs=current)
     torch.testing.assert_close(again.detach(), loss.detach())
@@ -142,16 +163,25 @@ def test_missing_topk_inputs_are_named():
     args = loss_args("dppo_topk_tv")
     _, log_probs, batch, reducer, current, _ = _slime_topk_inputs(data, 0, 1, args)
     with pytest.raises(PolicyLossInputError, match=r"\['rollout_topk_ids', 'rollout_topk_log_probs'\]"):
-        slime_policy_loss_from_log_probs(args, {**batch, "rollout_topk_ids": None, "rollout_topk_log_probs": None},
-                                         log_probs, None, reducer, current_topk_log_probs=current)
+        slime_policy_loss_from_log_probs(
+            args,
+            {**batch, "rollout_topk_ids": None, "rollout_topk_log_probs": None},
+            log_probs,
+            None,
+            reducer,
+            current_topk_log_probs=current,
+        )
     with pytest.raises(ValueError, match="current_topk_log_probs"):
         slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer)
     bad = {**batch, "rollout_topk_ids": [x[:-1] for x in batch["rollout_topk_ids"]]}
-    with pytest.raises(PolicyLossInputError, match=r"batch\['rollout_topk_ids'\]\[0\] has shape \(4, 4\), expected \(5, 4\)"):
+    with pytest.raises(
+        PolicyLossInputError, match=r"batch\['rollout_topk_ids'\]\[0\] has shape \(4, 4\), expected \(5, 4\)"
+    ):
         slime_policy_loss_from_log_probs(args, bad, log_probs, None, reducer, current_topk_log_probs=current)
     with pytest.raises(ValueError, match=r"current_topk_log_probs\[0\] has shape"):
-        slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer,
-                                         current_topk_log_probs=[c[:, :-1] for c in current])
+        slime_policy_loss_from_log_probs(
+            args, batch, log_probs, None, reducer, current_topk_log_probs=[c[:, :-1] for c in current]
+        )
 
 
 def test_vocab_gather_without_tp_is_log_softmax_at_ids_with_temperature():
@@ -191,18 +221,34 @@ def _worker(rank, world, init_file, result_file):
             def fn(t):
                 dist.all_reduce(t, op=op)
                 return t
+
             return fn
 
         results["tp"] = vocab_parallel_log_probs_at(
-            [x[:, rank * width:(rank + 1) * width] for x in logits], ids, rank * width,
-            reduce(dist.ReduceOp.MAX), reduce(dist.ReduceOp.SUM), temperature=TP_TEMPERATURE)
+            [x[:, rank * width : (rank + 1) * width] for x in logits],
+            ids,
+            rank * width,
+            reduce(dist.ReduceOp.MAX),
+            reduce(dist.ReduceOp.SUM),
+            temperature=TP_TEMPERATURE,
+        )
         gather = make_all_reduce_gather()
         for mode in TOPK_MODES:
             data = _topk_data()
             args = loss_args(mode)
             leaves, log_probs, batch, reducer, current, sets = _slime_topk_inputs(data, rank, world, args)
-            loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer, rank, world, gather,
-                                                             current_topk_log_probs=current, topk_sets=sets)
+            loss, metrics = slime_policy_loss_from_log_probs(
+                args,
+                batch,
+                log_probs,
+                None,
+                reducer,
+                rank,
+                world,
+                gather,
+                current_topk_log_probs=current,
+                topk_sets=sets,
+            )
             loss.backward()
             results[mode] = (loss.detach(), [leaf.grad.clone() for leaf in leaves], metrics)
         torch.save(results, f"{result_file}.{rank}")
@@ -230,8 +276,9 @@ def test_cp2_over_gloo_equals_cp1(two_ranks, mode):
     data = _topk_data()
     args = loss_args(mode)
     leaves, log_probs, batch, reducer, current, sets = _slime_topk_inputs(data, 0, 1, args)
-    loss, metrics = slime_policy_loss_from_log_probs(args, batch, log_probs, None, reducer,
-                                                     current_topk_log_probs=current, topk_sets=sets)
+    loss, metrics = slime_policy_loss_from_log_probs(
+        args, batch, log_probs, None, reducer, current_topk_log_probs=current, topk_sets=sets
+    )
     loss.backward()
     r0, r1 = two_ranks[0][mode], two_ranks[1][mode]
     torch.testing.assert_close(r0[0] + r1[0], loss.detach(), rtol=1e-12, atol=1e-14)
@@ -239,7 +286,12 @@ def test_cp2_over_gloo_equals_cp1(two_ranks, mode):
     for i, leaf in enumerate(leaves):
         torch.testing.assert_close(r0[1][i] + r1[1][i], leaf.grad, rtol=1e-12, atol=1e-14)
         assert bool(((r0[1][i] == 0) | (r1[1][i] == 0)).all())
-    for name in ("pg_loss", "pg_clipfrac", "ppo_kl", "policy/topk_tv_mean" if mode.endswith("tv") else "policy/topk_kl_mean"):
+    for name in (
+        "pg_loss",
+        "pg_clipfrac",
+        "ppo_kl",
+        "policy/topk_tv_mean" if mode.endswith("tv") else "policy/topk_kl_mean",
+    ):
         torch.testing.assert_close((r0[2][name] + r1[2][name]).double(), metrics[name].double(), rtol=1e-5, atol=1e-7)
 
 
@@ -247,10 +299,21 @@ def test_cp2_over_gloo_equals_cp1(two_ranks, mode):
 # Flags
 # ------------------------------------------------------------------------------------------
 
-BASE = ["--loss-type", "custom_loss", "--custom-loss-function-path", "epic_slime.slime.loss.policy_loss",
-        "--rollout-batch-size", "4"]
-TOPK_OK = ["--policy-loss", "dppo_topk_kl", "--custom-generate-function-path", GENERATE_FUNCTION_PATH,
-           "--slime-forwards-topk"]
+BASE = [
+    "--loss-type",
+    "custom_loss",
+    "--custom-loss-function-path",
+    "epic_slime.slime.loss.policy_loss",
+    "--rollout-batch-size",
+    "4",
+]
+TOPK_OK = [
+    "--policy-loss",
+    "dppo_topk_kl",
+    "--custom-generate-function-path",
+    GENERATE_FUNCTION_PATH,
+    "--slime-forwards-topk",
+]
 
 
 def test_topk_flag_default_and_value():
@@ -262,14 +325,20 @@ def test_topk_flag_default_and_value():
     assert config.policy_loss_topk is None
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--policy-loss-topk", "0"], "--policy-loss-topk must be an int >= 1, got 0"),
-    (["--policy-loss-topk", "-3"], "got -3"),
-    (["--custom-generate-function-path", "x.y"], "--custom-generate-function-path epic_slime.slime.generate.generate"),
-    (["--rollout-top-p", "0.9"], "--rollout-top-p 1.0"),
-    (["--behavior-logprobs", "recompute"], "--behavior-logprobs rollout"),
-    (["--allgather-cp"], "--allgather-cp"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--policy-loss-topk", "0"], "--policy-loss-topk must be an int >= 1, got 0"),
+        (["--policy-loss-topk", "-3"], "got -3"),
+        (
+            ["--custom-generate-function-path", "x.y"],
+            "--custom-generate-function-path epic_slime.slime.generate.generate",
+        ),
+        (["--rollout-top-p", "0.9"], "--rollout-top-p 1.0"),
+        (["--behavior-logprobs", "recompute"], "--behavior-logprobs rollout"),
+        (["--allgather-cp"], "--allgather-cp"),
+    ],
+)
 def test_bad_topk_flags_are_named(extra, message):
     with pytest.raises(ProjectFlagError, match=message.replace(".", r"\.").replace("-", r"\-")):
         check_argv(BASE + TOPK_OK + extra)
@@ -286,6 +355,7 @@ def test_topk_mode_is_refused_unless_slime_forwards_the_data():
 # ------------------------------------------------------------------------------------------
 # The generate function: request payload and answer parsing (fake SGLang answer, no network)
 # ------------------------------------------------------------------------------------------
+
 
 def _sglang_answer(tokens, log_probs, top):
     return {
@@ -367,9 +437,14 @@ def _install_fake_slime(monkeypatch, answer, calls):
 
 
 def _gen_args(mode="dppo_topk_tv", k=3):
-    return argparse.Namespace(policy_loss=mode, policy_loss_topk=k, sglang_router_ip="127.0.0.1",
-                              sglang_router_port=3000, use_rollout_routing_replay=False,
-                              router_policy="consistent_hashing")
+    return argparse.Namespace(
+        policy_loss=mode,
+        policy_loss_topk=k,
+        sglang_router_ip="127.0.0.1",
+        sglang_router_port=3000,
+        use_rollout_routing_replay=False,
+        router_policy="consistent_hashing",
+    )
 
 
 def test_generate_requests_top_logprobs_and_stores_them(monkeypatch):
@@ -380,8 +455,12 @@ def test_generate_requests_top_logprobs_and_stores_them(monkeypatch):
     out = asyncio.run(gen.generate(_gen_args(), sample, params))
     url, payload, headers = calls[0]
     assert url == "http://127.0.0.1:3000/generate"
-    assert payload == {"input_ids": [11, 12, 4, 6], "sampling_params": {"max_new_tokens": 8, "temperature": 1.0},
-                       "return_logprob": True, "top_logprobs_num": 3}
+    assert payload == {
+        "input_ids": [11, 12, 4, 6],
+        "sampling_params": {"max_new_tokens": 8, "temperature": 1.0},
+        "return_logprob": True,
+        "top_logprobs_num": 3,
+    }
     assert headers == {"X-SMG-Routing-Key": "s1"} and params["max_new_tokens"] == 10
     assert out.response_length == 5 and out.tokens[-3:] == [7, 3, 9]
     assert out.rollout_topk_ids.shape == (5, 3) and out.rollout_topk_log_probs.shape == (5, 3)
@@ -398,8 +477,11 @@ def test_generated_topk_rows_feed_the_adapter(monkeypatch):
     calls = []
     _install_fake_slime(monkeypatch, ANSWER, calls)
     sample = asyncio.run(gen.generate(_gen_args(), _FakeSample([11, 12]), {"max_new_tokens": 10}))
-    batch = {"rollout_topk_ids": [sample.rollout_topk_ids], "rollout_topk_log_probs": [sample.rollout_topk_log_probs],
-             "unconcat_tokens": [torch.tensor(sample.tokens)]}
+    batch = {
+        "rollout_topk_ids": [sample.rollout_topk_ids],
+        "rollout_topk_log_probs": [sample.rollout_topk_log_probs],
+        "unconcat_tokens": [torch.tensor(sample.tokens)],
+    }
     (ids,), (mask,) = topk_token_sets(batch, [sample.response_length])
     assert ids.tolist() == [[7, 2, 5, 7], [1, 4, 3, 3], [9, 8, -1, 9]]
     assert mask.tolist() == [[True, True, True, False], [True, True, True, False], [True, True, False, False]]

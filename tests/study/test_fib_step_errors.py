@@ -6,8 +6,9 @@ from pathlib import Path
 
 from epic_slime.runtime.task_fib import make_fib_problem
 
-_spec = importlib.util.spec_from_file_location("fib_step_errors", Path(__file__).resolve().parents[2] / "bench" /
-                                               "fib_step_errors.py")
+_spec = importlib.util.spec_from_file_location(
+    "fib_step_errors", Path(__file__).resolve().parents[2] / "bench" / "fib_step_errors.py"
+)
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
@@ -20,13 +21,13 @@ def test_a_right_chain_has_no_error_and_every_step_checked():
 
 def test_one_slip_carried_on_is_one_arithmetic_error_at_its_step():
     slips = iter([False, False, True] + [False] * 10)
-    p = make_fib_problem(4, "-", 9, 8, slip=lambda c: c + 1 if next(slips) else c)   # step 2's result off by 1
+    p = make_fib_problem(4, "-", 9, 8, slip=lambda c: c + 1 if next(slips) else c)  # step 2's result off by 1
     v = bench.check_chain("4-9=", p.solution, 8)
     assert v["arith"] == 1 and v["arith_at"] == [2] and v["copy"] == 0 and v["steps"] == 8
 
 
 def test_a_wrong_operand_is_a_copy_error_and_a_broken_step_ends_the_check():
     v = bench.check_chain("3+7=", "3+7=0;7+1=8;1+8=9;", 3)
-    assert v["copy"] == 1 and v["arith"] == 0 and v["steps"] == 3          # 7+1 should have been 7+0
+    assert v["copy"] == 1 and v["arith"] == 0 and v["steps"] == 3  # 7+1 should have been 7+0
     v = bench.check_chain("3+7=", "3+7=0;7+0=7;Answer:7", 8)
     assert v["steps"] == 2 and v["format"] == 1

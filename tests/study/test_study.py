@@ -45,7 +45,7 @@ def test_chain_problems_are_exact_and_long():
         assert answer_reward(ids, p.answer, tok) == 1.0
         assert answer_reward(ids[:-3] + [tok.eos_id], p.answer, tok) == 0.0
         lengths.append(len(ids))
-    assert statistics.fmean(lengths) >= 64          # the "at least 64 generated tokens"
+    assert statistics.fmean(lengths) >= 64  # the "at least 64 generated tokens"
     with pytest.raises(ValueError, match="operands must be digits"):
         make_chain_problem([3, 12], ["+"])
 
@@ -61,21 +61,45 @@ def test_chain_splits_are_disjoint_fixed_and_the_runtime_uses_them():
     # the runtime's held-out split is the validation split, its train stream the chain stream
     assert eval_problems(CHAIN) == val
     assert runtime_train_problem(7, 3, CHAIN) == train_problem(7, 3, CHAIN)
-    assert split_problems("test", CHAIN) == test                # seed-independent, fixed
+    assert split_problems("test", CHAIN) == test  # seed-independent, fixed
     with pytest.raises(ValueError, match="split must be"):
         split_problems("train", CHAIN)
 
 
 def test_chain_task_config_fields_and_errors():
-    cfg = parse_config(["--task-name", "chain", "--task-min-operands", "12", "--task-max-operands", "13",
-                        "--model-max-positions", "144", "--rollout-max-response-len", "96", "--warm-start-seed", "0"])
+    cfg = parse_config(
+        [
+            "--task-name",
+            "chain",
+            "--task-min-operands",
+            "12",
+            "--task-max-operands",
+            "13",
+            "--model-max-positions",
+            "144",
+            "--rollout-max-response-len",
+            "96",
+            "--warm-start-seed",
+            "0",
+        ]
+    )
     assert cfg.task.name == "chain" and cfg.model.max_positions == 144 and cfg.warm_start_seed_or_seed == 0
     assert parse_config(["--seed", "4"]).warm_start_seed_or_seed == 4
     with pytest.raises(ConfigError, match="model_max_positions"):
-        parse_config(["--task-name", "chain", "--task-min-operands", "12", "--task-max-operands", "13",
-                      "--rollout-max-response-len", "96"])
+        parse_config(
+            [
+                "--task-name",
+                "chain",
+                "--task-min-operands",
+                "12",
+                "--task-max-operands",
+                "13",
+                "--rollout-max-response-len",
+                "96",
+            ]
+        )
     with pytest.raises(ConfigError, match="<= 6"):
-        parse_config(["--task-max-operands", "8"])                # the default task keeps its limit
+        parse_config(["--task-max-operands", "8"])  # the default task keeps its limit
     with pytest.raises(SystemExit):
         parse_config(["--task-name", "poetry"])
 
@@ -83,7 +107,7 @@ def test_chain_task_config_fields_and_errors():
 def test_mean_token_entropy_matches_float64_reference():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 5, 19, generator=g) * 3
-    logits[0, 0, 4] = -float("inf")                            # a zero-probability token contributes 0
+    logits[0, 0, 4] = -float("inf")  # a zero-probability token contributes 0
     lp = torch.log_softmax(logits, -1)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
     ref, n = 0.0, 0
@@ -99,10 +123,12 @@ def test_mean_token_entropy_matches_float64_reference():
 def test_position_entropy_bins_like_the_loss_core():
     entropy = torch.arange(1.0, 21.0).reshape(2, 10)
     mask = torch.ones(2, 10, dtype=torch.bool)
-    mask[1, 5:] = False                       # a 5-token response: tokens at bins 0, 2, 4, 6, 8
+    mask[1, 5:] = False  # a 5-token response: tokens at bins 0, 2, 4, 6, 8
     bins = position_entropy(entropy, mask)
-    expect = [statistics.fmean([entropy[0, b].item()] + ([entropy[1, b // 2].item()] if b % 2 == 0 else []))
-              for b in range(10)]
+    expect = [
+        statistics.fmean([entropy[0, b].item()] + ([entropy[1, b // 2].item()] if b % 2 == 0 else []))
+        for b in range(10)
+    ]
     assert bins == pytest.approx(expect)
 
 
@@ -117,7 +143,7 @@ def test_t_quantiles_against_mpmath(df):
 
 def test_paired_difference_against_a_direct_computation():
     method = {1: 0.30, 2: 0.42, 3: 0.35, 4: 0.50}
-    base = {1: 0.25, 2: 0.40, 3: 0.37, 4: 0.41, 9: 0.9}     # seed 9 has no partner: ignored
+    base = {1: 0.25, 2: 0.40, 3: 0.37, 4: 0.41, 9: 0.9}  # seed 9 has no partner: ignored
     d = [0.05, 0.02, -0.02, 0.09]
     mean = sum(d) / 4
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 3)
@@ -139,10 +165,16 @@ def test_position_profile_uses_the_late_quarter_and_population_cv():
     rows = []
     for step in range(1, 9):
         bins = [rng.random() for _ in range(10)]
-        rows.append({"step": step, "train/policy/clipfrac": step / 100, "train/policy/finite_lower_frac": 0.5,
-                     **{f"train/policy/clipfrac_position_bin_{i}": b for i, b in enumerate(bins)}})
+        rows.append(
+            {
+                "step": step,
+                "train/policy/clipfrac": step / 100,
+                "train/policy/finite_lower_frac": 0.5,
+                **{f"train/policy/clipfrac_position_bin_{i}": b for i, b in enumerate(bins)},
+            }
+        )
     prof = analysis.position_profile(rows)
-    tail = rows[6:]                                                   # last 25% of 8 steps
+    tail = rows[6:]  # last 25% of 8 steps
     means = [statistics.fmean(r[f"train/policy/clipfrac_position_bin_{i}"] for r in tail) for i in range(10)]
     assert prof["bins"] == pytest.approx(means) and prof["steps"] == 2
     assert prof["cv"] == pytest.approx(statistics.pstdev(means) / statistics.fmean(means))
@@ -169,13 +201,32 @@ def test_trainer_logs_the_policy_entropy_of_its_batch():
     model = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=0)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     groups = PolicyEngine(ModelConfig(), state, 0).generate(
-        [(i, runtime_train_problem(i, 0, TaskConfig())) for i in range(2)], n_samples=4, temperature=1.0,
-        top_p=1.0, max_new_tokens=10, seed=0)
-    samples = [{**s, "advantage": a} for g in groups
-               for s, a in zip(g.samples, group_advantages([float(j % 2) for j in range(len(g))]))]
-    trainer = PolicyTrainer(model_cfg=ModelConfig(), init_state=state, policy_loss="epic", policy_loss_params={},
-                            policy_loss_aggregation=None, update_depth=1, lr=1e-3, weight_decay=0.0, clip_grad=1.0,
-                            kl_loss_coef=0.0, temperature=1.0, seed=0)
+        [(i, runtime_train_problem(i, 0, TaskConfig())) for i in range(2)],
+        n_samples=4,
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=10,
+        seed=0,
+    )
+    samples = [
+        {**s, "advantage": a}
+        for g in groups
+        for s, a in zip(g.samples, group_advantages([float(j % 2) for j in range(len(g))]))
+    ]
+    trainer = PolicyTrainer(
+        model_cfg=ModelConfig(),
+        init_state=state,
+        policy_loss="epic",
+        policy_loss_params={},
+        policy_loss_aggregation=None,
+        update_depth=1,
+        lr=1e-3,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        kl_loss_coef=0.0,
+        temperature=1.0,
+        seed=0,
+    )
     m = trainer.train_step(samples)
     ref, n = 0.0, 0
     model.eval()
@@ -194,8 +245,16 @@ def test_report_pairs_the_last_checkpoint_too_so_selection_cannot_hide_a_collaps
     from epic_slime.study import report
 
     def result(method, seed, selected, final):
-        return {"setting": "d8", "method": method, "seed": seed, "k": 8, "selected_version": 0,
-                "validation_at_selected": selected + 0.01, "test_at_selected": selected, "test_at_final": final}
+        return {
+            "setting": "d8",
+            "method": method,
+            "seed": seed,
+            "k": 8,
+            "selected_version": 0,
+            "validation_at_selected": selected + 0.01,
+            "test_at_selected": selected,
+            "test_at_final": final,
+        }
 
     # grpo collapses by the end (finals near 0) but selection picks the warm start, as EPIC's does
     results = [result("epic", s, 0.09, f) for s, f in ((1, 0.10), (2, 0.08), (3, 0.12))]
@@ -204,12 +263,13 @@ def test_report_pairs_the_last_checkpoint_too_so_selection_cannot_hide_a_collaps
     grpo = rows[1]
     diffs = [0.00 - 0.10, 0.03 - 0.08, 0.03 - 0.12]
     assert grpo["diff_test_final"]["mean"] == pytest.approx(sum(diffs) / 3)
-    assert grpo["diff_test_final"]["high"] < 0                              # apart at the end ...
-    assert not analysis.interval_excludes_zero(grpo["diff_test"])           # ... not at the selected checkpoint
+    assert grpo["diff_test_final"]["high"] < 0  # apart at the end ...
+    assert not analysis.interval_excludes_zero(grpo["diff_test"])  # ... not at the selected checkpoint
     table = report.table1_markdown(rows)
-    assert table[0].count("|") == table[1].count("|") == table[2].count("|") == 9   # 8 columns
-    assert table[3].endswith(f"{sum(diffs) / 3:+.3f} [{grpo['diff_test_final']['low']:.3f}, "
-                             f"{grpo['diff_test_final']['high']:.3f}] |")
+    assert table[0].count("|") == table[1].count("|") == table[2].count("|") == 9  # 8 columns
+    assert table[3].endswith(
+        f"{sum(diffs) / 3:+.3f} [{grpo['diff_test_final']['low']:.3f}, {grpo['diff_test_final']['high']:.3f}] |"
+    )
     text = " ".join(report.findings(rows, {}, results))
     assert "At the last checkpoint (no selection), apart from EPIC" in text and "grpo -0.080" in text
     # no collapse: the finding says every interval overlaps zero
@@ -238,12 +298,21 @@ def test_one_warm_start_recipe_trains_the_same_weights_twice():
     from epic_slime.runtime.threads import torch_threads
     from epic_slime.runtime.warmstart import supervised_warm_start
 
-    model = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, num_experts=4, top_k=2,
-                        moe_intermediate_size=32, max_positions=96)
+    model = ModelConfig(
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        num_experts=4,
+        top_k=2,
+        moe_intermediate_size=32,
+        max_positions=96,
+    )
     task = TaskConfig(min_operands=9, max_operands=9, name="chain")
     with torch_threads(1):
-        a, b = (supervised_warm_start(model, task, steps=4, lr=3e-3, batch_size=8, seed=0, step_noise=0.1)
-                for _ in range(2))
+        a, b = (
+            supervised_warm_start(model, task, steps=4, lr=3e-3, batch_size=8, seed=0, step_noise=0.1) for _ in range(2)
+        )
         c = supervised_warm_start(model, task, steps=4, lr=3e-3, batch_size=8, seed=1, step_noise=0.1)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert not all(torch.equal(a[k], c[k]) for k in a)      # the seed does reach the weights
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # the seed does reach the weights

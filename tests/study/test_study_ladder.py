@@ -24,17 +24,18 @@ def test_slipped_solution_slips_results_only_and_carries_them_on():
     for _ in range(400):
         text = slipped_solution(p, rng, 0.1, 10)
         parsed = re.findall(r"(\d)([+-])(\d)=(\d);", text)
-        assert [(op, int(b)) for _, op, b, _ in parsed] == [(op, int(b)) for _, op, b, _ in
-                                                            re.findall(r"(\d)([+-])(\d)=(\d);", p.solution)]
+        assert [(op, int(b)) for _, op, b, _ in parsed] == [
+            (op, int(b)) for _, op, b, _ in re.findall(r"(\d)([+-])(\d)=(\d);", p.solution)
+        ]
         acc = 3
         for a, op, b, c in parsed:
-            assert int(a) == acc                                  # the previous (maybe wrong) result, carried
+            assert int(a) == acc  # the previous (maybe wrong) result, carried
             right = (acc + int(b) if op == "+" else acc - int(b)) % 10
             slips += int(c) != right
             steps += 1
             acc = int(c)
         assert text.endswith(f"Answer:{acc}")
-    assert abs(slips / steps - 0.1) < 0.02                        # 3200 steps: sd of the rate 0.005
+    assert abs(slips / steps - 0.1) < 0.02  # 3200 steps: sd of the rate 0.005
 
 
 def test_step_noise_changes_the_cache_key_only_when_used():
@@ -50,11 +51,26 @@ def test_step_token_kinds_name_prompt_copies_carries_and_results():
     tok = Tokenizer()
     r = tok.encode("3+5=8;8-2=6;Answer:6") + [tok.eos_id]
     kinds = step_token_kinds([r], tok)[0]
-    assert kinds == ["copy:a0", "copy:op0", "copy:b0", "format", "result:0", "format",
-                     "carry:a1", "copy:op1", "copy:b1", "format", "result:1", "format", "format", "format", "format"]
+    assert kinds == [
+        "copy:a0",
+        "copy:op0",
+        "copy:b0",
+        "format",
+        "result:0",
+        "format",
+        "carry:a1",
+        "copy:op1",
+        "copy:b1",
+        "format",
+        "result:1",
+        "format",
+        "format",
+        "format",
+        "format",
+    ]
     broken = step_token_kinds([tok.encode("3+5=8;8=2")], tok)[0]
     assert broken[:7] == ["copy:a0", "copy:op0", "copy:b0", "format", "result:0", "format", "carry:a1"]
-    assert broken[7:] == ["format", "format"]                     # out of format from the misplaced '='
+    assert broken[7:] == ["format", "format"]  # out of format from the misplaced '='
 
 
 def test_chance_level_is_the_training_distributions_best_constant_answer():
@@ -63,7 +79,7 @@ def test_chance_level_is_the_training_distributions_best_constant_answer():
             self.answer = answer
 
     train = [P(a) for a in [3, 3, 3, 1, 2, 7, 7, 0]]
-    test = [P(a) for a in [7, 7, 7, 3]]          # the test split's own mode (7) is not what is guessed
+    test = [P(a) for a in [7, 7, 7, 3]]  # the test split's own mode (7) is not what is guessed
     got = chance_level(train, test)
     assert got["chance"] == 3 / 8 and got["best_constant_answer"] == 3 and got["best_constant_on_test"] == 1 / 4
     assert got["distinct_answers"] == 5 and got["uniform_guess"] == pytest.approx(0.2)
@@ -79,12 +95,15 @@ def test_the_chain_tasks_chance_is_one_in_ten():
     assert got["distinct_answers"] == 10 and 0.1 <= got["chance"] < 0.11
 
 
-@pytest.mark.parametrize("curve, expect", [
-    ([(0, 0.40), (5, 0.30), (10, 0.20), (15, 0.10)], True),        # falls and stays below
-    ([(0, 0.40), (5, 0.20), (10, 0.10), (15, 0.39)], False),       # recovers by the end
-    ([(0, 0.40), (5, 0.36), (10, 0.37)], False),                   # below, but within the margin
-    ([(0, 0.40), (5, 0.10)], False),                               # one evaluation cannot "stay"
-])
+@pytest.mark.parametrize(
+    "curve, expect",
+    [
+        ([(0, 0.40), (5, 0.30), (10, 0.20), (15, 0.10)], True),  # falls and stays below
+        ([(0, 0.40), (5, 0.20), (10, 0.10), (15, 0.39)], False),  # recovers by the end
+        ([(0, 0.40), (5, 0.36), (10, 0.37)], False),  # below, but within the margin
+        ([(0, 0.40), (5, 0.10)], False),  # one evaluation cannot "stay"
+    ],
+)
 def test_collapse_definition(curve, expect):
     assert ladder.collapsed(curve, curve[0][1]) is expect
 
@@ -105,13 +124,30 @@ def test_power_matches_a_simulated_paired_t_test():
 
 
 def _result(setting, method, seed, last, sel, curve):
-    return {"setting": setting, "method": method, "seed": seed, "k": 8, "test_at_final": last,
-            "test_at_selected": sel, "validation_curve": curve, "selected_version": 0}
+    return {
+        "setting": setting,
+        "method": method,
+        "seed": seed,
+        "k": 8,
+        "test_at_final": last,
+        "test_at_selected": sel,
+        "validation_curve": curve,
+        "selected_version": 0,
+    }
 
 
 def _rows(staleness=0):
-    return [{"step": i, "train/policy/clipfrac": 0.1, "train/policy/abs_L_mean": 0.5, "train/entropy": 0.4,
-             "rollout/staleness/max": staleness, "rollout/staleness/mean": staleness / 2} for i in range(1, 9)]
+    return [
+        {
+            "step": i,
+            "train/policy/clipfrac": 0.1,
+            "train/policy/abs_L_mean": 0.5,
+            "train/entropy": 0.4,
+            "rollout/staleness/max": staleness,
+            "rollout/staleness/mean": staleness / 2,
+        }
+        for i in range(1, 9)
+    ]
 
 
 def test_ladder_cells_pair_seeds_with_epic_and_the_warm_start(tmp_path):
@@ -156,7 +192,7 @@ train: {lr: 1.0e-4}
     p = summary["power"]
     assert p["n_seeds"] == 3 and p["minimum_detectable_difference"] > 0
     table = ladder.ladder_markdown(summary, cfg.methods, 8)
-    cells = [len(re.findall(r"(?<!\\)\|", row)) for row in table]     # column separators, not escaped pipes
+    cells = [len(re.findall(r"(?<!\\)\|", row)) for row in table]  # column separators, not escaped pipes
     assert len(table) == 2 + 6 and len(set(cells)) == 1
     pivot = ladder.ladder_pivot_markdown(summary, cfg.methods, 8)
     assert pivot[0] == "| method | D = 8, K = 0 | D = 32, K = 0 | D = 8, K = 4 |"

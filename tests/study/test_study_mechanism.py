@@ -25,18 +25,27 @@ def test_every_planned_run_parses_with_the_papers_optimizer(path, tmp_path):
             continue
         seen.add(spec.setting)
         run = parse_config(run_argv(cfg, spec, tmp_path / spec.name, tmp_path / "ws"))
-        assert (run.lr_warmup_steps, run.kl_loss_type, run.adam_beta2, run.weight_decay) == (10, "low_var_kl", 0.98, 0.1)
-        assert run.task_name == "fib" and run.samples_per_step // run.update_depth == 16   # 16 per Adam step
+        assert (run.lr_warmup_steps, run.kl_loss_type, run.adam_beta2, run.weight_decay) == (
+            10,
+            "low_var_kl",
+            0.98,
+            0.1,
+        )
+        assert run.task_name == "fib" and run.samples_per_step // run.update_depth == 16  # 16 per Adam step
     assert len(seen) == len(cfg.settings)
 
 
 def test_the_factorial_core_and_its_contrast():
     cfg = load_study_config(MECHANISM)
     assert cfg.seeds == [1, 2, 3] and cfg.methods == ["epic", "grpo", "gspo", "ctpo"]
-    assert cfg.contrast == {"method": "epic", "baselines": ["grpo", "gspo", "ctpo"], "target": "long_mis",
-                            "reference": "short_none"}
+    assert cfg.contrast == {
+        "method": "epic",
+        "baselines": ["grpo", "gspo", "ctpo"],
+        "target": "long_mis",
+        "reference": "short_none",
+    }
     steps = {s["name"]: s.get("task_max_operands", cfg.train["task_max_operands"]) for s in cfg.settings}
-    assert steps["short_none"] == 8 and steps["long_mis"] == 100          # 51 and 603 tokens
+    assert steps["short_none"] == 8 and steps["long_mis"] == 100  # 51 and 603 tokens
     noise = {s["name"]: s.get("rollout_router_noise", 0.0) for s in cfg.settings}
     assert noise["short_none"] == noise["long_none"] == 0 < noise["short_mis"] and noise["long_mis"] > 0
 
@@ -58,23 +67,29 @@ def test_stages_are_exact_cuts_of_the_config_and_cover_it():
             load_study_config(stage)
             continue
         assert cut["train"] == full["train"] and cut["seeds"] == full["seeds"], stage
-        assert set(cut["methods"]) <= set(full["methods"]), stage      # 2a: the primary contrast's two methods first
+        assert set(cut["methods"]) <= set(full["methods"]), stage  # 2a: the primary contrast's two methods first
         assert all(by_name[s["name"]] == s for s in cut["settings"]), stage
         covered += [s["name"] for s in cut["settings"]]
         load_study_config(stage)
     assert set(covered) == set(by_name)
-    core = [s["name"] for f in ("1_core_short.yaml", "2_core_long.yaml")
-            for s in yaml.safe_load((STAGES / f).read_text())["settings"]]
+    core = [
+        s["name"]
+        for f in ("1_core_short.yaml", "2_core_long.yaml")
+        for s in yaml.safe_load((STAGES / f).read_text())["settings"]
+    ]
     assert core == ["short_none", "short_mis", "long_none", "long_mis"]
 
 
 def test_contrast_errors_name_the_field(tmp_path):
     data = yaml.safe_load(MECHANISM.read_text())
-    for bad, match in [({"method": "epic", "baselines": ["grpo"], "target": "nowhere", "reference": "short_none"},
-                        "contrast.target"),
-                       ({"method": "epic", "baselines": ["epic"], "target": "long_mis", "reference": "short_none"},
-                        "contrast.method and contrast.baselines"),
-                       ({"method": "epic"}, "contrast must be a mapping")]:
+    for bad, match in [
+        ({"method": "epic", "baselines": ["grpo"], "target": "nowhere", "reference": "short_none"}, "contrast.target"),
+        (
+            {"method": "epic", "baselines": ["epic"], "target": "long_mis", "reference": "short_none"},
+            "contrast.method and contrast.baselines",
+        ),
+        ({"method": "epic"}, "contrast must be a mapping"),
+    ]:
         path = Path(tmp_path) / "c.yaml"
         path.write_text(yaml.safe_dump({**data, "contrast": bad}))
         with pytest.raises(StudyConfigError, match=match):
@@ -84,28 +99,38 @@ def test_contrast_errors_name_the_field(tmp_path):
 def test_contrast_is_the_per_seed_difference_in_differences():
     from epic_slime.study.contrast import contrast_for, gap_by_setting
 
-    scores = {("long_mis", "epic"): [0.50, 0.60, 0.55], ("long_mis", "grpo"): [0.30, 0.45, 0.35],
-              ("short_none", "epic"): [0.70, 0.72, 0.69], ("short_none", "grpo"): [0.68, 0.70, 0.71]}
-    results = [{"setting": st, "method": m, "seed": s + 1, "test_at_final": v}
-               for (st, m), vals in scores.items() for s, v in enumerate(vals)]
+    scores = {
+        ("long_mis", "epic"): [0.50, 0.60, 0.55],
+        ("long_mis", "grpo"): [0.30, 0.45, 0.35],
+        ("short_none", "epic"): [0.70, 0.72, 0.69],
+        ("short_none", "grpo"): [0.68, 0.70, 0.71],
+    }
+    results = [
+        {"setting": st, "method": m, "seed": s + 1, "test_at_final": v}
+        for (st, m), vals in scores.items()
+        for s, v in enumerate(vals)
+    ]
     c = contrast_for(results, "epic", "grpo", "long_mis", "short_none")
     per_seed = [(0.50 - 0.30) - (0.70 - 0.68), (0.60 - 0.45) - (0.72 - 0.70), (0.55 - 0.35) - (0.69 - 0.71)]
     assert c["per_seed"] == pytest.approx(per_seed) and c["mean"] == pytest.approx(sum(per_seed) / 3)
     import statistics
     from scipy import stats
-    half = stats.t.ppf(0.975, 2) * statistics.stdev(per_seed) / 3 ** 0.5
+
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(per_seed) / 3**0.5
     assert (c["low"], c["high"]) == pytest.approx((c["mean"] - half, c["mean"] + half))
     assert c["verdict"].startswith("supported") and c["n"] == 3
     # a seed missing one of its four runs drops out; none left: pending
     assert contrast_for(results[:-1], "epic", "grpo", "long_mis", "short_none")["n"] == 2
     assert contrast_for([], "epic", "grpo", "long_mis", "short_none")["verdict"].startswith("pending")
-    gaps = gap_by_setting({("a", "epic", 1): [{"train/logprob_abs_diff_step_start": 0.01},
-                                               {"train/logprob_abs_diff_step_start": 0.03}]})
+    gaps = gap_by_setting(
+        {("a", "epic", 1): [{"train/logprob_abs_diff_step_start": 0.01}, {"train/logprob_abs_diff_step_start": 0.03}]}
+    )
     assert gaps["a"] == {"mean": pytest.approx(0.02), "first_step": 0.01, "max": 0.03, "runs": 1}
 
 
 def test_the_gate_passes_a_warm_start_above_chance_by_the_margin_only():
     from epic_slime.study.gate import decide
+
     assert decide({"test_mean": 0.16, "chance": 0.10}) and not decide({"test_mean": 0.15, "chance": 0.10})
     assert not decide({"test_mean": 0.078, "chance": 0.10})
 
@@ -114,13 +139,26 @@ def test_the_on_policy_control_matches_the_stress_cell_but_for_depth_and_batch(t
     stress = load_study_config(REPO / "configs" / "study" / "stress.yaml")
     control = load_study_config(REPO / "configs" / "study" / "stress_onpolicy.yaml")
     lr8 = parse_config(run_argv(stress, next(s for s in plan(stress) if s.setting == "lr8"), tmp_path / "a", tmp_path))
-    onp = parse_config(run_argv(control, next(s for s in plan(control) if s.setting == "onp_lr8"), tmp_path / "b",
-                                tmp_path))
-    same = ("lr", "task_name", "task_max_operands", "kl_loss_coef", "kl_loss_type", "adam_beta2", "lr_warmup_steps",
-            "weight_decay", "warm_start_steps", "warm_start_step_noise", "warm_start_seed", "n_samples_per_prompt")
+    onp = parse_config(
+        run_argv(control, next(s for s in plan(control) if s.setting == "onp_lr8"), tmp_path / "b", tmp_path)
+    )
+    same = (
+        "lr",
+        "task_name",
+        "task_max_operands",
+        "kl_loss_coef",
+        "kl_loss_type",
+        "adam_beta2",
+        "lr_warmup_steps",
+        "weight_decay",
+        "warm_start_steps",
+        "warm_start_step_noise",
+        "warm_start_seed",
+        "n_samples_per_prompt",
+    )
     assert all(getattr(lr8, k) == getattr(onp, k) for k in same)
-    adam_steps = lambda c: c.num_rollout * c.update_depth   # noqa: E731
-    per_step = lambda c: c.samples_per_step // c.update_depth   # noqa: E731
+    adam_steps = lambda c: c.num_rollout * c.update_depth  # noqa: E731
+    per_step = lambda c: c.samples_per_step // c.update_depth  # noqa: E731
     assert adam_steps(lr8) == adam_steps(onp) == 80 and per_step(lr8) == per_step(onp) == 16
     assert onp.update_depth == 1 and onp.max_staleness == 0 and onp.rollout_mode == "sync"
 
@@ -156,21 +194,23 @@ def test_a_setting_whose_warm_start_recipe_changed_is_measured_again(tmp_path):
     from epic_slime.study.run import _identity_of, is_current
 
     cfg = load_study_config(STAGES / "2_core_long.yaml")
-    key = lambda c, seed: _identity_of(c, tmp_path, "long_none", seed)[1]   # noqa: E731
-    record = {"test_by_seed": {"1": 0.4, "2": 0.4, "3": 0.4},
-              "warm_start_scores": {key(cfg, s): v for s, v in ((1, 0.21), (2, 0.22), (3, 0.23))},
-              "by_setting": {"long_none": {"test_by_seed": {"1": 0.21, "2": 0.22, "3": 0.23}, "test_mean": 0.22}}}
+    key = lambda c, seed: _identity_of(c, tmp_path, "long_none", seed)[1]  # noqa: E731
+    record = {
+        "test_by_seed": {"1": 0.4, "2": 0.4, "3": 0.4},
+        "warm_start_scores": {key(cfg, s): v for s, v in ((1, 0.21), (2, 0.22), (3, 0.23))},
+        "by_setting": {"long_none": {"test_by_seed": {"1": 0.21, "2": 0.22, "3": 0.23}, "test_mean": 0.22}},
+    }
     assert is_current(cfg, tmp_path, record, "long_none")
-    assert not is_current(cfg, tmp_path, record, "long_mis")                       # no entry yet
+    assert not is_current(cfg, tmp_path, record, "long_mis")  # no entry yet
     old = yaml.safe_load((STAGES / "2_core_long.yaml").read_text())
-    for s in old["settings"]:          # the first recipe: 1,600 steps from a fresh model
+    for s in old["settings"]:  # the first recipe: 1,600 steps from a fresh model
         s.update(warm_start_steps=1600, warm_start_lr=3e-3)
         s.pop("warm_start_init")
     (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
     assert not is_current(load_study_config(tmp_path / "old.yaml"), tmp_path, record, "long_none")
-    record["by_setting"]["long_none"]["test_by_seed"]["3"] = 0.5                    # a score of another policy
+    record["by_setting"]["long_none"]["test_by_seed"]["3"] = 0.5  # a score of another policy
     assert not is_current(cfg, tmp_path, record, "long_none")
-    del record["by_setting"]["long_none"]["test_by_seed"]["3"]                      # a seed missing
+    del record["by_setting"]["long_none"]["test_by_seed"]["3"]  # a seed missing
     assert not is_current(cfg, tmp_path, record, "long_none")
 
 
@@ -191,14 +231,16 @@ def test_another_init_file_at_the_same_path_is_another_warm_start(tmp_path):
     cfg = load_study_config(tmp_path / "stage.yaml")
     keys = {s: _identity_of(cfg, tmp_path, "long_none", s)[1] for s in (1, 2, 3)}
     assert all(str(init) in k for k in keys.values())
-    record = {"test_by_seed": {"1": 0.4, "2": 0.4, "3": 0.4},
-              "warm_start_scores": {k: 0.3 for k in keys.values()},
-              "by_setting": {"long_none": {"test_by_seed": {"1": 0.3, "2": 0.3, "3": 0.3}, "test_mean": 0.3}}}
+    record = {
+        "test_by_seed": {"1": 0.4, "2": 0.4, "3": 0.4},
+        "warm_start_scores": {k: 0.3 for k in keys.values()},
+        "by_setting": {"long_none": {"test_by_seed": {"1": 0.3, "2": 0.3, "3": 0.3}, "test_mean": 0.3}},
+    }
     assert is_current(cfg, tmp_path, record, "long_none")
     stat = init.stat()
-    os.utime(init, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))                # touched, same bytes
+    os.utime(init, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched, same bytes
     assert is_current(cfg, tmp_path, record, "long_none")
-    init.write_bytes(init.read_bytes()[:-1] + bytes([init.read_bytes()[-1] ^ 1]))   # same path and size
+    init.write_bytes(init.read_bytes()[:-1] + bytes([init.read_bytes()[-1] ^ 1]))  # same path and size
     assert not is_current(cfg, tmp_path, record, "long_none")
 
 
@@ -209,14 +251,24 @@ def test_the_contrast_across_two_study_directories_pairs_seeds_by_setting(tmp_pa
 
     from epic_slime.study.contrast import main
 
-    scores = {("x", "epic", 1): 0.5, ("x", "grpo", 1): 0.3, ("x", "epic", 2): 0.6, ("x", "grpo", 2): 0.3,
-              ("s", "epic", 1): 0.5, ("s", "grpo", 1): 0.5, ("s", "epic", 2): 0.4, ("s", "grpo", 2): 0.5,
-              ("s", "epic", 3): 0.9, ("s", "grpo", 3): 0.1}                  # seed 3 has no target pair
+    scores = {
+        ("x", "epic", 1): 0.5,
+        ("x", "grpo", 1): 0.3,
+        ("x", "epic", 2): 0.6,
+        ("x", "grpo", 2): 0.3,
+        ("s", "epic", 1): 0.5,
+        ("s", "grpo", 1): 0.5,
+        ("s", "epic", 2): 0.4,
+        ("s", "grpo", 2): 0.5,
+        ("s", "epic", 3): 0.9,
+        ("s", "grpo", 3): 0.1,
+    }  # seed 3 has no target pair
     for (setting, method, seed), v in scores.items():
         d = tmp_path / ("ext" if setting == "x" else "main") / "runs" / setting / f"{method}_s{seed}"
         d.mkdir(parents=True)
-        (d / "result.json").write_text(json.dumps({"setting": setting, "method": method, "seed": seed,
-                                                   "test_at_final": v}))
+        (d / "result.json").write_text(
+            json.dumps({"setting": setting, "method": method, "seed": seed, "test_at_final": v})
+        )
     main(["--target", str(tmp_path / "ext"), "x", "--reference", str(tmp_path / "main"), "s"])
     out = json.loads(capsys.readouterr().out)
     # per seed: (0.2 - 0.0, 0.3 - (-0.1)) = (0.2, 0.4)

@@ -10,19 +10,47 @@ import yaml
 from epic_slime.cli import main as cli_main
 from epic_slime.runtime.config import parse_config
 from epic_slime.study.files import RESULT
-from epic_slime.study.plan import (DEFAULT_CONFIG, LADDER_QUICK_CONFIG, QUICK_CONFIG, STRESS_QUICK_CONFIG,
-                                   StudyConfigError, load_study_config, plan, run_argv)
+from epic_slime.study.plan import (
+    DEFAULT_CONFIG,
+    LADDER_QUICK_CONFIG,
+    QUICK_CONFIG,
+    STRESS_QUICK_CONFIG,
+    StudyConfigError,
+    load_study_config,
+    plan,
+    run_argv,
+)
 
-TINY_TRAIN = {"task_name": "chain", "task_min_operands": 12, "task_max_operands": 12, "model_max_positions": 144,
-              "rollout_max_response_len": 80, "task_eval_num_prompts": 4, "n_samples_per_eval_prompt": 2,
-              "rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_rollout": 2, "eval_interval": 1,
-              "num_rollout_workers": 1, "lr": 1.0e-4, "warm_start_steps": 5, "warm_start_batch_size": 8,
-              "warm_start_answer_noise": 0.0, "warm_start_seed": 0}
+TINY_TRAIN = {
+    "task_name": "chain",
+    "task_min_operands": 12,
+    "task_max_operands": 12,
+    "model_max_positions": 144,
+    "rollout_max_response_len": 80,
+    "task_eval_num_prompts": 4,
+    "n_samples_per_eval_prompt": 2,
+    "rollout_batch_size": 2,
+    "n_samples_per_prompt": 4,
+    "num_rollout": 2,
+    "eval_interval": 1,
+    "num_rollout_workers": 1,
+    "lr": 1.0e-4,
+    "warm_start_steps": 5,
+    "warm_start_batch_size": 8,
+    "warm_start_answer_noise": 0.0,
+    "warm_start_seed": 0,
+}
 
 
 def _write(tmp_path: Path, **over) -> Path:
-    data = {"seeds": [1], "methods": ["epic", "grpo"], "test_prompts": 4, "train": dict(TINY_TRAIN),
-            "settings": [{"name": "d2", "update_depth": 2, "rollout_mode": "sync", "max_staleness": 0}], **over}
+    data = {
+        "seeds": [1],
+        "methods": ["epic", "grpo"],
+        "test_prompts": 4,
+        "train": dict(TINY_TRAIN),
+        "settings": [{"name": "d2", "update_depth": 2, "rollout_mode": "sync", "max_staleness": 0}],
+        **over,
+    }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -40,14 +68,17 @@ def test_runs_of_one_seed_differ_only_in_the_method(tmp_path):
     cfg = load_study_config(DEFAULT_CONFIG)
     specs = plan(cfg)
     assert len(specs) == len(cfg.seeds) * len(cfg.settings) * len(cfg.methods)
-    assert [s.seed for s in specs] == sorted(s.seed for s in specs)         # seed-major: pairs complete first
+    assert [s.seed for s in specs] == sorted(s.seed for s in specs)  # seed-major: pairs complete first
     by_seed = {}
     for spec in specs:
         if spec.setting != "d8":
             continue
         run = parse_config(run_argv(cfg, spec, tmp_path / "x", tmp_path / "ws")).to_dict()
-        keep = {k: v for k, v in run.items() if not k.startswith(("policy_loss", "epic_", "grpo_", "dapo_", "gspo_",
-                                                                  "ctpo_", "ripo_"))}
+        keep = {
+            k: v
+            for k, v in run.items()
+            if not k.startswith(("policy_loss", "epic_", "grpo_", "dapo_", "gspo_", "ctpo_", "ripo_"))
+        }
         by_seed.setdefault(spec.seed, []).append(keep)
     for seed, runs in by_seed.items():
         assert all(r == runs[0] for r in runs), f"seed {seed}: runs differ beyond the method"
@@ -55,14 +86,17 @@ def test_runs_of_one_seed_differ_only_in_the_method(tmp_path):
     assert by_seed[1][0]["seed"] != by_seed[2][0]["seed"]
 
 
-@pytest.mark.parametrize("over, match", [
-    ({"methods": ["grpo"]}, "must include 'epic'"),
-    ({"methods": ["epic", "nope"]}, "loss modes"),
-    ({"seeds": [1, 1]}, "distinct"),
-    ({"extra": 1}, "unknown keys"),
-    ({"train": {**TINY_TRAIN, "seed": 3}}, "sets \\['seed'\\]"),
-    ({"test_prompts": 0}, "test_prompts"),
-])
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        ({"methods": ["grpo"]}, "must include 'epic'"),
+        ({"methods": ["epic", "nope"]}, "loss modes"),
+        ({"seeds": [1, 1]}, "distinct"),
+        ({"extra": 1}, "unknown keys"),
+        ({"train": {**TINY_TRAIN, "seed": 3}}, "sets \\['seed'\\]"),
+        ({"test_prompts": 0}, "test_prompts"),
+    ],
+)
 def test_bad_study_configs_are_clear_errors(tmp_path, over, match):
     with pytest.raises(StudyConfigError, match=match):
         load_study_config(_write(tmp_path, **over))
@@ -95,14 +129,20 @@ def test_tiny_study_end_to_end_and_resume(tmp_path, capsys):
         assert len(r["test_correct_at_selected"]) == 4 and 0 <= r["test_at_selected"] <= 1
         assert not (run / "checkpoints").exists()
         rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
-        assert all(0 < row["train/entropy"] < 3.0 for row in rows)       # logged, below log(19) = 2.94
+        assert all(0 < row["train/entropy"] < 3.0 for row in rows)  # logged, below log(19) = 2.94
         results[method] = r
     # same warm start and evaluation streams: version 0 scores agree across methods
     assert results["epic"]["validation_curve"][0] == results["grpo"]["validation_curve"][0]
     md = (out / "study.md").read_text()
     assert "| epic |" in md and "| grpo |" in md and "one seed no paired interval" in md
-    for png in ("entropy_profile.png", "table1_d2.png", "fig3a_position_d2.png", "fig3c_rawprob_d2.png",
-                "fig6_entropy_d2.png", "fig7_abs_log_r_pre_d2.png"):
+    for png in (
+        "entropy_profile.png",
+        "table1_d2.png",
+        "fig3a_position_d2.png",
+        "fig3c_rawprob_d2.png",
+        "fig6_entropy_d2.png",
+        "fig7_abs_log_r_pre_d2.png",
+    ):
         assert (out / png).stat().st_size > 1000, png
 
     # a killed study: grpo's run has no result (its directory is half-written); a restart reruns only it
@@ -128,7 +168,7 @@ def test_quick_ladder_end_to_end(tmp_path, capsys):
     assert cfg.ladder and len(plan(cfg)) == len(cfg.seeds) * len(cfg.settings) * len(cfg.methods)
     summary = json.loads((out / "summary.json").read_text())
     warm = json.loads((out / "warm_start.json").read_text())
-    assert 0.1 <= summary["chance"] < 0.11                      # ten equally likely answer digits
+    assert 0.1 <= summary["chance"] < 0.11  # ten equally likely answer digits
     assert summary["warm_start_test"] == warm["test_mean"] and 0 <= warm["test_mean"] <= 1
     cells = summary["ladder"]["cells"]
     assert sorted(cells) == sorted(s["name"] for s in cfg.settings)
@@ -140,7 +180,9 @@ def test_quick_ladder_end_to_end(tmp_path, capsys):
             assert d["test_last_sd"] is not None
             run_results = [json.loads((out / "runs" / name / f"{m}_s{s}" / RESULT).read_text()) for s in cfg.seeds]
             assert d["test_last_mean"] == pytest.approx(sum(r["test_at_final"] for r in run_results) / len(cfg.seeds))
-    assert cells["d8"]["methods"]["epic"]["staleness_max"] == 0 and cells["d8_k2"]["methods"]["epic"]["staleness_max"] <= 2
+    assert (
+        cells["d8"]["methods"]["epic"]["staleness_max"] == 0 and cells["d8_k2"]["methods"]["epic"]["staleness_max"] <= 2
+    )
     assert summary["ladder"]["power"]["n_seeds"] == len(cfg.seeds)
     md = (out / "study.md").read_text()
     assert "## The policy-lag ladder" in md and "collapses" in md and "Power:" in md and "Chance:" in md
@@ -165,7 +207,11 @@ def test_quick_ladder_end_to_end(tmp_path, capsys):
             assert isinstance(d["breaks"], bool) and d["mean_abs_log_ratio"] >= 0 and d["prefix_log_ratio_p90"] >= 0
             assert 0 <= d["grad_removed_frac"] <= 1 and d["collapse_frac"] == cells[name]["methods"][m]["collapse_frac"]
     assert set(st["breaking_point"]) == set(cfg.methods) and st["hypothesis"]["verdict"] in (
-        "untested", "rejected", "supported", "not rejected")
+        "untested",
+        "rejected",
+        "supported",
+        "not rejected",
+    )
     assert "## The stress ladder" in (out / "study.md").read_text() and (out / "stress.png").stat().st_size > 10_000
 
 
@@ -181,9 +227,10 @@ def test_a_study_run_in_stages_of_different_seeds_ends_with_one_warm_start_recor
     from epic_slime.study.files import read_warm_start
     from epic_slime.study.run import measure_other_warm_start, measure_warm_start, missing_warm_start_seeds
 
-    settings = [{"name": "d2", "update_depth": 2, "rollout_mode": "sync", "max_staleness": 0},
-                {"name": "other", "update_depth": 2, "rollout_mode": "sync", "max_staleness": 0,
-                 "warm_start_steps": 6}]    # another warm start (the stress ladder's long task has its own)
+    settings = [
+        {"name": "d2", "update_depth": 2, "rollout_mode": "sync", "max_staleness": 0},
+        {"name": "other", "update_depth": 2, "rollout_mode": "sync", "max_staleness": 0, "warm_start_steps": 6},
+    ]  # another warm start (the stress ladder's long task has its own)
     out = tmp_path / "staged"
     out.mkdir()
     stage1 = _stage(tmp_path / "a", settings=settings)

@@ -18,18 +18,18 @@ import torch
 
 from support.sglang_group import sglang_process_group
 
-LONG_NEW = 40   # a request that must still run when a pause comes (prompt + 40 < the model's 64 positions)
+LONG_NEW = 40  # a request that must still run when a pause comes (prompt + 40 < the model's 64 positions)
 
 
 @dataclass
 class Engine:
-    kind: str              # "standin" | "real"
-    server: object         # StandIn or RealServer: url, post, get, submit
-    dtype: str             # the served precision: checkpoints for it are saved in it
-    original_dir: str      # the checkpoint it serves at start (restored after a test that changed weights)
-    max_gap: float         # |engine log-prob - float32 forward| per token, at most (the initial weights)
+    kind: str  # "standin" | "real"
+    server: object  # StandIn or RealServer: url, post, get, submit
+    dtype: str  # the served precision: checkpoints for it are saved in it
+    original_dir: str  # the checkpoint it serves at start (restored after a test that changed weights)
+    max_gap: float  # |engine log-prob - float32 forward| per token, at most (the initial weights)
     mean_gap: float
-    pushed_gap: float      # the same for the pushed weights (larger: bf16 noise grows with them)
+    pushed_gap: float  # the same for the pushed weights (larger: bf16 noise grows with them)
 
 
 def reference_model(seed: int = 0):
@@ -51,7 +51,7 @@ def perturbed_checkpoint(folder: Path, dtype: str, scale: float = 0.1, seed: int
     with torch.no_grad():
         for p in model.parameters():
             p.add_(scale * torch.randn(p.shape, generator=gen))
-            p.copy_(p.to(getattr(torch, dtype)).float())   # what the engine will hold
+            p.copy_(p.to(getattr(torch, dtype)).float())  # what the engine will hold
     return export_checkpoint(model, folder, dtype), model
 
 
@@ -59,7 +59,7 @@ def perturbed_checkpoint(folder: Path, dtype: str, scale: float = 0.1, seed: int
 def forward_logprobs(model, prompt: list[int], tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
     """log_softmax(logits / T)[token] of each token under one unpadded float32 forward (float64 out)."""
     ids = torch.tensor([prompt + tokens])
-    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1:-1].double() / temperature
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1].double() / temperature
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
 
 
@@ -71,7 +71,7 @@ def spliced_logprobs(old, new, sequence: list[int], old_positions: int, start: i
     past = old(input_ids=ids[:, :old_positions], use_cache=True).past_key_values
     tail = new(input_ids=ids[:, old_positions:], past_key_values=past, use_cache=True).logits[0].double()
     logits = torch.cat([old(input_ids=ids[:, :old_positions], use_cache=False).logits[0].double(), tail])
-    rows = torch.log_softmax(logits[start - 1:-1], -1)
+    rows = torch.log_softmax(logits[start - 1 : -1], -1)
     return rows.gather(1, torch.tensor(sequence[start:])[:, None])[:, 0]
 
 
@@ -115,8 +115,11 @@ def pause_while_running(server, prompt: list[int], body: dict, tries: int = 10):
 
 def long_request(server, prompt: list[int], new_tokens: int = LONG_NEW):
     """A request that runs its whole length (``ignore_eos``), submitted in the background."""
-    body = {"input_ids": prompt, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": new_tokens, "temperature": 1.0, "ignore_eos": True}}
+    body = {
+        "input_ids": prompt,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 1.0, "ignore_eos": True},
+    }
     return server.pool.submit(lambda: server.post("/generate", body).json())
 
 
@@ -131,9 +134,21 @@ class GlooPusher:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         answer = {}
-        joined = threading.Thread(target=lambda: answer.update(reply=server.post("/init_weights_update_group", {
-            "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-            "group_name": group_name, "backend": "gloo"})))
+        joined = threading.Thread(
+            target=lambda: answer.update(
+                reply=server.post(
+                    "/init_weights_update_group",
+                    {
+                        "master_address": "127.0.0.1",
+                        "master_port": port,
+                        "rank_offset": 1,
+                        "world_size": 2,
+                        "group_name": group_name,
+                        "backend": "gloo",
+                    },
+                )
+            )
+        )
         joined.start()
         self.group = sglang_process_group("127.0.0.1", port, 0, 2, group_name)
         joined.join(150)
@@ -144,12 +159,19 @@ class GlooPusher:
         """One bucket: the metadata by HTTP (flush_cache false, as slime sends), the tensors by broadcast."""
         import torch.distributed as dist
 
-        body = {"names": [n for n, _ in named], "dtypes": [str(t.dtype).replace("torch.", "") for _, t in named],
-                "shapes": [list(t.shape) for _, t in named], "group_name": self.group_name, "flush_cache": False}
+        body = {
+            "names": [n for n, _ in named],
+            "dtypes": [str(t.dtype).replace("torch.", "") for _, t in named],
+            "shapes": [list(t.shape) for _, t in named],
+            "group_name": self.group_name,
+            "flush_cache": False,
+        }
         if weight_version is not None:
             body["weight_version"] = weight_version
         answer = {}
-        sent = threading.Thread(target=lambda: answer.update(reply=self.server.post("/update_weights_from_distributed", body)))
+        sent = threading.Thread(
+            target=lambda: answer.update(reply=self.server.post("/update_weights_from_distributed", body))
+        )
         sent.start()
         for _, tensor in named:
             opts = dist.BroadcastOptions()
@@ -182,9 +204,13 @@ class TensorPayload:
         source, out = workdir / "named.pt", workdir / "payload.txt"
         torch.save(named, source)
         self.log = open(workdir / "sender.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("tensor_sender.py")), str(source),
-                                      str(out), strategy], stdin=subprocess.PIPE, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("tensor_sender.py")), str(source), str(out), strategy],
+            stdin=subprocess.PIPE,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 120
         while not out.exists():
             assert self.proc.poll() is None and time.monotonic() < deadline, (workdir / "sender.log").read_text()
@@ -196,7 +222,7 @@ class TensorPayload:
         import signal
 
         if self.proc.poll() is None:
-            self.proc.stdin.close()   # the child exits when its stdin closes
+            self.proc.stdin.close()  # the child exits when its stdin closes
             try:
                 self.proc.wait(20)
             except Exception:  # noqa: BLE001
@@ -211,8 +237,9 @@ def engine(request, tmp_path_factory):
     session's real server (``real_engines``: skipped without its venv, a failure in CI)."""
     if request.param == "real":
         engines = request.getfixturevalue("real_engines")
-        yield Engine("real", engines.server, "bfloat16", str(engines.model_dir), max_gap=0.03, mean_gap=0.01,
-                     pushed_gap=0.08)
+        yield Engine(
+            "real", engines.server, "bfloat16", str(engines.model_dir), max_gap=0.03, mean_gap=0.01, pushed_gap=0.08
+        )
         return
     from epic_slime.runtime.hf_export import export_checkpoint
     from support.sglang_client import standin_factory
@@ -220,8 +247,15 @@ def engine(request, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("standin")
     original = export_checkpoint(reference_model(), workdir / "initial", "float32")
     with standin_factory(workdir) as start:
-        yield Engine("standin", start("--step-seconds", "0.05"), "float32", original, max_gap=1e-4, mean_gap=1e-5,
-                     pushed_gap=1e-4)
+        yield Engine(
+            "standin",
+            start("--step-seconds", "0.05"),
+            "float32",
+            original,
+            max_gap=1e-4,
+            mean_gap=1e-5,
+            pushed_gap=1e-4,
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -62,8 +62,7 @@ def report_on_records(records_path: str, out_dir: str) -> dict:
     records = read_records(records_path)
     assert records, f"no eval records in {records_path}"
     benchmarks = sorted({r.benchmark for r in records})
-    argv = ["--records", records_path, "--out", out_dir, "--benchmarks", *benchmarks,
-            "--bootstrap", "0", "--no-plots"]
+    argv = ["--records", records_path, "--out", out_dir, "--benchmarks", *benchmarks, "--bootstrap", "0", "--no-plots"]
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
         rc = report_main(argv)
@@ -85,12 +84,22 @@ def save_tiny_checkpoint(folder):
     words = ["<unk>", "<pad>", "<eos>", "Answer:", "1", "2", "3", "the", "is", "\\boxed{1}"]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<pad>",
-                                                eos_token="<eos>")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
+    )
     fast.chat_template = "{% for m in messages %}<user> {{ m['content'] }} {% endfor %}<assistant>"
-    config = transformers.Qwen3Config(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                      max_position_embeddings=512, eos_token_id=2, pad_token_id=1)
+    config = transformers.Qwen3Config(
+        vocab_size=len(words),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=512,
+        eos_token_id=2,
+        pad_token_id=1,
+    )
     torch.manual_seed(0)
     transformers.Qwen3ForCausalLM(config).save_pretrained(folder)
     fast.save_pretrained(folder)

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-if __name__ == "__main__":   # run as a script: the repository and tests/ on the path
+if __name__ == "__main__":  # run as a script: the repository and tests/ on the path
     sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
 from support.real_sglang import REPO, RealRouter, free_port
@@ -42,14 +42,21 @@ def slime_env() -> dict:
     from support.slime_args import slime_path
 
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), str(TESTS), slime_path(), env.get("PYTHONPATH", "")] if p)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(REPO), str(TESTS), slime_path(), env.get("PYTHONPATH", "")] if p
+    )
     return env
 
 
 def slime_worker_call(action: str, router_url: str, engine_url: str) -> dict:
     """slime's own ``shutdown`` ("remove") or ``_register_to_router`` ("add"), in a child process."""
-    done = subprocess.run([sys.executable, str(TESTS / "support" / "slime_worker_calls.py"), action, router_url, engine_url],
-                          env=slime_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(TESTS / "support" / "slime_worker_calls.py"), action, router_url, engine_url],
+        env=slime_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"slime_worker_calls {action} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -58,8 +65,11 @@ def slime_worker_call(action: str, router_url: str, engine_url: str) -> dict:
 def _routed_generate(http, router_url: str, ids: list[int], max_new_tokens: int = 8, timeout: float = 120) -> dict:
     started = time.monotonic()
     try:
-        reply = http.post(f"{router_url}/generate", timeout=timeout, json={
-            "input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0}})
+        reply = http.post(
+            f"{router_url}/generate",
+            timeout=timeout,
+            json={"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0}},
+        )
         status, body = reply.status_code, reply.text[:300]
     except Exception as exc:  # noqa: BLE001 - what the client sees is the measurement
         status, body = None, repr(exc)[:300]
@@ -116,7 +126,9 @@ def _pusher(port: int, tensors_path: str, send: int) -> subprocess.Popen:
         "print('sent', flush=True)\n"
         f"if {send} < len(tensors): os.kill(os.getpid(), signal.SIGKILL)\n"
     )
-    return subprocess.Popen([sys.executable, "-c", code], env=slime_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-c", code], env=slime_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
 
 
 def push_bucket(server, tensors: dict, version: str, send: int | None = None, timeout: float = 300) -> dict:
@@ -132,19 +144,37 @@ def push_bucket(server, tensors: dict, version: str, send: int | None = None, ti
     pusher = _pusher(port, path, send)
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            init = server.post("/init_weights_update_group", {
-                "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-                "group_name": PUSH_GROUP, "backend": "gloo"}, timeout=timeout)
+            init = server.post(
+                "/init_weights_update_group",
+                {
+                    "master_address": "127.0.0.1",
+                    "master_port": port,
+                    "rank_offset": 1,
+                    "world_size": 2,
+                    "group_name": PUSH_GROUP,
+                    "backend": "gloo",
+                },
+                timeout=timeout,
+            )
             out["init"] = {"status": init.status_code, "body": init.text[:300]}
             if init.status_code != 200 or not init.json().get("success"):
                 pusher.kill()
                 return out
             names = list(tensors)
             started = time.monotonic()
-            answer = pool.submit(server.post, "/update_weights_from_distributed", {
-                "names": names, "dtypes": [str(tensors[n].dtype).replace("torch.", "") for n in names],
-                "shapes": [list(tensors[n].shape) for n in names], "group_name": PUSH_GROUP, "flush_cache": True,
-                "weight_version": version}, timeout=timeout)
+            answer = pool.submit(
+                server.post,
+                "/update_weights_from_distributed",
+                {
+                    "names": names,
+                    "dtypes": [str(tensors[n].dtype).replace("torch.", "") for n in names],
+                    "shapes": [list(tensors[n].shape) for n in names],
+                    "group_name": PUSH_GROUP,
+                    "flush_cache": True,
+                    "weight_version": version,
+                },
+                timeout=timeout,
+            )
             out["pusher_rc"] = pusher.wait(timeout)
             out["pusher_died_after_s"] = round(time.monotonic() - started, 3)
             try:

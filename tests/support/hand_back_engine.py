@@ -24,7 +24,7 @@ class EngineState:
         self.version = 1
         self.slow: set[int] = set()
         self.aborted = threading.Event()
-        self.calls: list[int] = []       # group_index per generate call (one per sample)
+        self.calls: list[int] = []  # group_index per generate call (one per sample)
         self.abort_requests = 0
 
     def next_rollout(self, version: int, slow: set[int]) -> None:
@@ -45,8 +45,12 @@ async def generate(args, sample, sampling_params):
             await asyncio.sleep(0.002)
         sample.status = Sample.Status.ABORTED
         return sample
-    sample.append_response_tokens(args, tokens=[7, 8], log_probs=[-0.1, -0.2],
-                                  meta_info={"weight_version": str(ENGINE.version), "finish_reason": {"type": "stop"}})
+    sample.append_response_tokens(
+        args,
+        tokens=[7, 8],
+        log_probs=[-0.1, -0.2],
+        meta_info={"weight_version": str(ENGINE.version), "finish_reason": {"type": "stop"}},
+    )
     sample.reward = 1.0
     return sample
 
@@ -63,7 +67,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 - http.server's name
         if self.path.startswith("/workers"):
             self._reply({"workers": [{"url": f"http://127.0.0.1:{self.server.server_port}"}]})
-        else:   # /v1/loads?include=core
+        else:  # /v1/loads?include=core
             self._reply({"num_reqs": 0 if ENGINE.aborted.is_set() else len(ENGINE.slow)})
 
     def do_POST(self):  # noqa: N802
@@ -72,7 +76,7 @@ class _Handler(BaseHTTPRequestHandler):
         ENGINE.aborted.set()
         self._reply({})
 
-    def log_message(self, *args):   # quiet
+    def log_message(self, *args):  # quiet
         pass
 
 

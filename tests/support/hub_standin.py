@@ -23,8 +23,10 @@ from urllib.parse import unquote, urlsplit
 
 class HubStandIn:
     def __init__(self):
-        self.repos: dict[str, dict] = {}   # repo id -> {"refs": {name: commit}, "commits": {commit: {path: bytes}}, "gated": bool}
-        self.requests: list[tuple[str, str]] = []   # (method, path) in arrival order
+        self.repos: dict[
+            str, dict
+        ] = {}  # repo id -> {"refs": {name: commit}, "commits": {commit: {path: bytes}}, "gated": bool}
+        self.requests: list[tuple[str, str]] = []  # (method, path) in arrival order
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -98,10 +100,21 @@ class HubStandIn:
                         return self._error(*error, head=head)
                     files = repo["commits"][commit]
                     if kind == "revision":
-                        return self._json({"id": repo_id, "sha": commit, "private": False, "gated": False,
-                                           "siblings": [{"rfilename": p} for p in sorted(files)]})
-                    return self._json([{"type": "file", "path": p, "size": len(data),
-                                        "oid": hashlib.sha1(data).hexdigest()} for p, data in sorted(files.items())])
+                        return self._json(
+                            {
+                                "id": repo_id,
+                                "sha": commit,
+                                "private": False,
+                                "gated": False,
+                                "siblings": [{"rfilename": p} for p in sorted(files)],
+                            }
+                        )
+                    return self._json(
+                        [
+                            {"type": "file", "path": p, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                            for p, data in sorted(files.items())
+                        ]
+                    )
                 if parts[:1] == ["datasets"] and len(parts) >= 6 and parts[3] == "resolve":
                     repo_id, revision, file_path = "/".join(parts[1:3]), parts[4], "/".join(parts[5:])
                     repo, commit, error = hub._resolve(repo_id, revision)

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 def dry_run(*args: str, script: str = "launch/qwen3_30b_epic.sh", **env: str) -> subprocess.CompletedProcess:
     """``bash SCRIPT ARGS`` from the repository root under DRY_RUN=1 (no W&B key, this Python)."""
     full_env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
-    full_env.update({"DRY_RUN": "1", "PYTHON": sys.executable, **env})   # env may set DRY_RUN itself
+    full_env.update({"DRY_RUN": "1", "PYTHON": sys.executable, **env})  # env may set DRY_RUN itself
     return subprocess.run(["bash", script, *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=120)
 
 

@@ -90,8 +90,15 @@ def token_terms(mode: str, lp, blp, adv, mask, params: dict, extras: dict | None
                 out.append(_ppo_rule(s, a, 1 - params["clip_low"], 1 + params["clip_high"]))
             elif mode == "ctpo":
                 scale = count ** params["power"]
-                out.append(_clip_rule(prefix_lam, a, -params["clip_low"] * scale, params["clip_high"] * scale,
-                                      params["clip_cap"] * scale))
+                out.append(
+                    _clip_rule(
+                        prefix_lam,
+                        a,
+                        -params["clip_low"] * scale,
+                        params["clip_high"] * scale,
+                        params["clip_cap"] * scale,
+                    )
+                )
             elif mode == "ripo":
                 mu = math.exp(blp[b][t])
                 low = max(1 - math.sqrt(params["delta_low"] / mu), params["ratio_floor"])
@@ -267,8 +274,11 @@ def trust_region_token_terms(mode: str, lp, blp, adv, mask, params: dict, extras
                 out.append(_ppo_rule(r, a, 1 - e, 1 + e))
             else:
                 used = [k for k, keep in enumerate(extras["topk_mask"][b][t]) if keep]
-                divergence = topk_divergence(mode[-2:], [extras["behavior_topk"][b][t][k] for k in used],
-                                             [extras["current_topk"][b][t][k] for k in used])
+                divergence = topk_divergence(
+                    mode[-2:],
+                    [extras["behavior_topk"][b][t][k] for k in used],
+                    [extras["current_topk"][b][t][k] for k in used],
+                )
                 p = math.exp(lp[b][t])
                 if a > 0:
                     masked = divergence > params["clip_high"] and p > q

@@ -25,20 +25,43 @@ def push_distributed(server, tensors: dict[str, torch.Tensor], version: str) -> 
 
     port = free_port()
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        joined = pool.submit(server.post, "/init_weights_update_group", {
-            "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-            "group_name": GROUP, "backend": "gloo"})
+        joined = pool.submit(
+            server.post,
+            "/init_weights_update_group",
+            {
+                "master_address": "127.0.0.1",
+                "master_port": port,
+                "rank_offset": 1,
+                "world_size": 2,
+                "group_name": GROUP,
+                "backend": "gloo",
+            },
+        )
         # slime's own group set-up (the trainer side of connect_rollout_engines_from_distributed): its
         # store keys are the real server's (a hand-made PrefixStore + ProcessGroupGloo never meets it)
-        group = init_process_group(backend="gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=0,
-                                   group_name=GROUP, timeout=timedelta(seconds=120))
+        group = init_process_group(
+            backend="gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            world_size=2,
+            rank=0,
+            group_name=GROUP,
+            timeout=timedelta(seconds=120),
+        )
         joined.result().raise_for_status()
         try:
             names = list(tensors)
-            answer = pool.submit(server.post, "/update_weights_from_distributed", {
-                "names": names, "dtypes": [str(tensors[n].dtype).replace("torch.", "") for n in names],
-                "shapes": [list(tensors[n].shape) for n in names], "group_name": GROUP, "flush_cache": True,
-                "weight_version": version})
+            answer = pool.submit(
+                server.post,
+                "/update_weights_from_distributed",
+                {
+                    "names": names,
+                    "dtypes": [str(tensors[n].dtype).replace("torch.", "") for n in names],
+                    "shapes": [list(tensors[n].shape) for n in names],
+                    "group_name": GROUP,
+                    "flush_cache": True,
+                    "weight_version": version,
+                },
+            )
             for name in names:
                 opts = dist.BroadcastOptions()
                 opts.rootRank, opts.rootTensor = 0, 0
@@ -48,7 +71,7 @@ def push_distributed(server, tensors: dict[str, torch.Tensor], version: str) -> 
             return reply.json()
         finally:
             server.post("/destroy_weights_update_group", {"group_name": GROUP}).raise_for_status()
-            with contextlib.suppress(Exception):   # not in the default world's registry when none exists
+            with contextlib.suppress(Exception):  # not in the default world's registry when none exists
                 dist.destroy_process_group(group)
 
 
@@ -58,8 +81,9 @@ def restore_initial_weights(engines, version: str, timeout: float = 120) -> None
     asserts that it succeeded, and a request still queued (a test's probe, a stray generate) made it fail
     and killed the server."""
     server = engines.server
-    reply = server.post("/update_weights_from_disk", {"model_path": engines.model_dir, "weight_version": version,
-                                                      "flush_cache": False})
+    reply = server.post(
+        "/update_weights_from_disk", {"model_path": engines.model_dir, "weight_version": version, "flush_cache": False}
+    )
     reply.raise_for_status()
     if not reply.json().get("success"):
         raise RuntimeError(f"restoring the initial weights failed: {reply.json()}")

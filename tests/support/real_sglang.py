@@ -30,13 +30,25 @@ REQUIRE_ENV = "EPIC_SLIME_REQUIRE_REAL_SGLANG"
 PYTHON_ENV = "EPIC_SLIME_SGLANG_PYTHON"
 # The server's start is mostly imports: 86-123 s measured at load 15-27; leave room for a loaded CI.
 START_TIMEOUT_S = 420
-MAX_NEW = 48   # the tiny model holds 64 positions (as the stand-in's client)
+MAX_NEW = 48  # the tiny model holds 64 positions (as the stand-in's client)
 
 SERVER_FLAGS = (
-    "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
-    "--disable-overlap-schedule", "--cuda-graph-backend-decode", "disabled",
-    "--cuda-graph-backend-prefill", "disabled", "--max-total-tokens", "4096",
-    "--mem-fraction-static", "0.05", "--skip-server-warmup",
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--sampling-backend",
+    "pytorch",
+    "--disable-overlap-schedule",
+    "--cuda-graph-backend-decode",
+    "disabled",
+    "--cuda-graph-backend-prefill",
+    "disabled",
+    "--max-total-tokens",
+    "4096",
+    "--mem-fraction-static",
+    "0.05",
+    "--skip-server-warmup",
     # An idle scheduler otherwise polls its sockets in a busy loop: a whole core per server for the session
     # (measured 29.5 CPU-s per 30 s each). With two servers that is both of CI's cores, and the suite
     # starved (stop 40's CI timed out at 88 min, Ray actors not starting within 300 s). SGLang's own flag:
@@ -63,15 +75,18 @@ def sglang_python() -> str | None:
     if explicit:
         return explicit if Path(explicit).exists() else None
     cache = os.environ.get("EPIC_SLIME_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "epic-slime")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "epic-slime"
+    )
     venv = Path(cache) / f"sglang-venv-{venv_key()}"
     return str(venv / "bin" / "python") if (venv / ".complete").exists() else None
 
 
 def unavailable_reason() -> str | None:
     if sglang_python() is None:
-        return (f"the real SGLang venv is not provisioned (bash .ci/sglang_venv.sh, or {PYTHON_ENV}): "
-                "the real-engine tests need SGLang 0.5.15.post1 and sglang-router 0.3.2")
+        return (
+            f"the real SGLang venv is not provisioned (bash .ci/sglang_venv.sh, or {PYTHON_ENV}): "
+            "the real-engine tests need SGLang 0.5.15.post1 and sglang-router 0.3.2"
+        )
     return None
 
 
@@ -83,7 +98,7 @@ def free_port() -> int:
 
 def _http() -> requests.Session:
     session = requests.Session()
-    session.trust_env = False   # loopback only, never a proxy
+    session.trust_env = False  # loopback only, never a proxy
     return session
 
 
@@ -94,8 +109,9 @@ class _Process:
     def __init__(self, argv: list[str], log_path: Path, env: dict | None = None):
         self.log_path = log_path
         self.log = open(log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -106,14 +122,14 @@ class _Process:
 
     def stop(self) -> None:
         if self.alive():
-            self.signal(signal.SIGCONT)   # a test may have stopped it
+            self.signal(signal.SIGCONT)  # a test may have stopped it
             self.signal(signal.SIGTERM)
             try:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 self.signal(signal.SIGKILL)
                 self.proc.wait(10)
-        else:   # the leader died (a kill in a test): its children may not have
+        else:  # the leader died (a kill in a test): its children may not have
             self.signal(signal.SIGKILL)
         self.log.close()
 
@@ -124,9 +140,9 @@ class _Process:
         total = 0
         for stat in Path("/proc").glob("[0-9]*/stat"):
             with contextlib.suppress(OSError, ValueError, IndexError):
-                fields = stat.read_text().rsplit(")", 1)[1].split()   # after "(comm)": state is field 3
-                if int(fields[2]) == self.proc.pid:                 # field 5: the process group
-                    total += int(fields[11]) + int(fields[12])      # fields 14, 15: utime, stime
+                fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)": state is field 3
+                if int(fields[2]) == self.proc.pid:  # field 5: the process group
+                    total += int(fields[11]) + int(fields[12])  # fields 14, 15: utime, stime
         return total / tick
 
     def tail(self, lines: int = 30) -> str:
@@ -143,8 +159,14 @@ class RealServer:
 
     kind = "real"
 
-    def __init__(self, model_dir: str | Path, log_dir: Path, *extra: str, port: int | None = None,
-                 weight_version: str = "default"):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        log_dir: Path,
+        *extra: str,
+        port: int | None = None,
+        weight_version: str = "default",
+    ):
         python = sglang_python()
         if python is None:
             raise RuntimeError(unavailable_reason())
@@ -155,9 +177,22 @@ class RealServer:
         # SGLang derives a gRPC port as --port + 10000 and refuses to start when that passes 65535 (a free
         # port above 55535: about one start in six); name one of its own
         env.setdefault("SGLANG_GRPC_PORT", str(free_port()))
-        env.pop("PYTHONPATH", None)   # the project's path (slime, tests) is not the server's
-        argv = [python, "-m", "sglang.launch_server", "--model-path", self.model_dir, *SERVER_FLAGS,
-                "--host", "127.0.0.1", "--port", str(self.port), "--weight-version", weight_version, *extra]
+        env.pop("PYTHONPATH", None)  # the project's path (slime, tests) is not the server's
+        argv = [
+            python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model_dir,
+            *SERVER_FLAGS,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--weight-version",
+            weight_version,
+            *extra,
+        ]
         self.process = _Process(argv, Path(log_dir) / f"sglang_{self.port}.log", env)
         self.http = _http()
         self.pool = concurrent.futures.ThreadPoolExecutor(8)
@@ -166,14 +201,17 @@ class RealServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.process.alive():
-                raise RuntimeError(f"SGLang server exited (code {self.process.proc.returncode}); log "
-                                   f"{self.process.log_path}:\n{self.process.tail()}")
+                raise RuntimeError(
+                    f"SGLang server exited (code {self.process.proc.returncode}); log "
+                    f"{self.process.log_path}:\n{self.process.tail()}"
+                )
             with contextlib.suppress(requests.RequestException):
                 if self.http.get(self.url + "/health_generate", timeout=30).status_code == 200:
                     return self
             time.sleep(1.0)
-        raise RuntimeError(f"SGLang server not healthy after {timeout:.0f} s; log {self.process.log_path}:\n"
-                           f"{self.process.tail()}")
+        raise RuntimeError(
+            f"SGLang server not healthy after {timeout:.0f} s; log {self.process.log_path}:\n{self.process.tail()}"
+        )
 
     def post(self, path, body=None, **kw):
         kw.setdefault("timeout", 120)
@@ -185,8 +223,11 @@ class RealServer:
 
     def submit(self, input_ids, max_new_tokens=MAX_NEW, temperature=1.0, top_p=1.0, **extra):
         """/generate in the background; a future of the JSON answer."""
-        body = {"input_ids": input_ids, "return_logprob": True,
-                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}}
+        body = {
+            "input_ids": input_ids,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p},
+        }
         return self.pool.submit(lambda: self.post("/generate", {**body, **extra}).json())
 
     def weight_version(self) -> str:
@@ -212,8 +253,18 @@ class RealRouter:
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("PYTHONPATH", None)
-        argv = [python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
-                "--prometheus-port", str(free_port()), *extra]
+        argv = [
+            python,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--prometheus-port",
+            str(free_port()),
+            *extra,
+        ]
         if worker_urls:
             argv += ["--worker-urls", *worker_urls]
         self.process = _Process(argv, Path(log_dir) / f"router_{self.port}.log", env)
@@ -314,7 +365,11 @@ class AttachedEngines(RealEngines):
         self.model_dir = info["model_dir"]
         _, self.model = export_initial_checkpoint(Path(info["workdir"]) / "reference_export")
         self.server = object.__new__(RealServer)
-        self.server.url, self.server.port, self.server.model_dir = info["server"], int(info["server"].rsplit(":", 1)[1]), self.model_dir
+        self.server.url, self.server.port, self.server.model_dir = (
+            info["server"],
+            int(info["server"].rsplit(":", 1)[1]),
+            self.model_dir,
+        )
         self.server.http, self.server.pool = _http(), concurrent.futures.ThreadPoolExecutor(8)
         self.server.process = _AttachedProcess(info["server_log"])
         self.router = object.__new__(RealRouter)
@@ -341,10 +396,18 @@ def serve(out: str) -> None:
     import tempfile
 
     engines = RealEngines(Path(tempfile.mkdtemp(prefix="epic-slime-real-sglang-"))).ready()
-    Path(out).write_text(json.dumps({"server": engines.server.url, "router": engines.router.url,
-                                     "model_dir": engines.model_dir, "workdir": str(engines.workdir),
-                                     "server_log": str(engines.server.process.log_path),
-                                     "router_log": str(engines.router.process.log_path)}))
+    Path(out).write_text(
+        json.dumps(
+            {
+                "server": engines.server.url,
+                "router": engines.router.url,
+                "model_dir": engines.model_dir,
+                "workdir": str(engines.workdir),
+                "server_log": str(engines.server.process.log_path),
+                "router_log": str(engines.router.process.log_path),
+            }
+        )
+    )
     print(f"engines up; {ATTACH_ENV}={out}", flush=True)
     try:
         while engines.server.alive():

@@ -32,7 +32,7 @@ def _take_fault() -> str | None:
     with open(taken) as handle:
         fault = handle.read().strip()
     os.unlink(taken)
-    with open(path + ".started", "w") as handle:   # the test waits for this before killing from outside
+    with open(path + ".started", "w") as handle:  # the test waits for this before killing from outside
         handle.write(str(os.getpid()))
     return fault
 
@@ -47,7 +47,7 @@ def verify(prediction: str, reference: str):
     if fault == "raise":
         raise ValueError("sympy: maximum recursion depth exceeded while simplifying")
     if fault == "hang":
-        signal.signal(signal.SIGALRM, signal.SIG_IGN)   # nothing inside the worker ends it
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)  # nothing inside the worker ends it
         while True:
             time.sleep(0.1)
     if fault == "exit":

@@ -29,16 +29,18 @@ ROLLOUTS = 4
 # the worker leaves the router once rollout 0's batch is generated (groups of rollout 1 on in flight): the
 # router drops it 7-14 s after slime's call, so most of the run is still ahead on a fast machine too
 OUTAGE_AFTER = ("generate", 0)
-DOWN_S = 8.0             # seconds without a worker
-KILL_IN_PUSH_AFTER = 2   # saves after rollouts 1 and 3: the resume starts from 1, the killed push was 2's
+DOWN_S = 8.0  # seconds without a worker
+KILL_IN_PUSH_AFTER = 2  # saves after rollouts 1 and 3: the resume starts from 1, the killed push was 2's
 SAVE_INTERVAL = 2
-PAUSED_PROBE_S = 10.0    # a generate unanswered this long after the kill: the engine is still paused
+PAUSED_PROBE_S = 10.0  # a generate unanswered this long after the kill: the engine is still paused
 
 
 def _wait_for_event(trace: str, event: str, rollout_id: int, stop: threading.Event, timeout: float = 600) -> bool:
     deadline = time.monotonic() + timeout
     while not stop.is_set() and time.monotonic() < deadline:
-        if os.path.exists(trace) and any(e["event"] == event and e["rollout_id"] == rollout_id for e in h.read_trace(trace)):
+        if os.path.exists(trace) and any(
+            e["event"] == event and e["rollout_id"] == rollout_id for e in h.read_trace(trace)
+        ):
             return True
         time.sleep(0.2)
     return False
@@ -83,9 +85,12 @@ def outage_counts(result: dict) -> dict:
     events = result["events"]
     last_generate = [e["metrics"] for e in events if e["event"] == "generate"][-1]
     counts = events[-1].get("log_counts", {})
-    return {"http_retries": counts.get("http_retries", 0), "crashed_group_tasks": counts.get("crashed_group_tasks", 0),
-            "crash_retries": last_generate.get("rollout/accounting/crash_retries"),
-            "dropped_groups": last_generate.get("rollout/staleness/total_dropped_groups")}
+    return {
+        "http_retries": counts.get("http_retries", 0),
+        "crashed_group_tasks": counts.get("crashed_group_tasks", 0),
+        "crash_retries": last_generate.get("rollout/accounting/crash_retries"),
+        "dropped_groups": last_generate.get("rollout/staleness/total_dropped_groups"),
+    }
 
 
 def checkpoint_model(workdir: str, rollout_id: int | None, path: str | None = None):
@@ -100,7 +105,9 @@ def checkpoint_model(workdir: str, rollout_id: int | None, path: str | None = No
     if path is not None:
         model.load_state_dict(torch.load(path))
     else:
-        model.load_state_dict(torch.load(os.path.join(workdir, "ckpt", f"actor_{rollout_id}.pt"), weights_only=False)["model"])
+        model.load_state_dict(
+            torch.load(os.path.join(workdir, "ckpt", f"actor_{rollout_id}.pt"), weights_only=False)["model"]
+        )
     return model
 
 
@@ -113,11 +120,20 @@ def driver_kill_in_push(engines, workdir: str) -> dict:
     h.prepare_workdir(workdir, train_prompts=100, eval_prompts=real.EVAL_PROMPTS)
     server, probe = engines.server, real._probe_ids()
     common = {"port": engines.router.port, "engine_urls": [server.url], "real_engines": True}
-    argv = dict(num_rollout=ROLLOUTS, save_interval=SAVE_INTERVAL, max_staleness=2, extra=["--weight-push-mode", "abort"])
+    argv = dict(
+        num_rollout=ROLLOUTS, save_interval=SAVE_INTERVAL, max_staleness=2, extra=["--weight-push-mode", "abort"]
+    )
     first = os.path.join(workdir, "first.jsonl")
-    rc_first = h.run_session({**common, "trace": first, "dist_file": os.path.join(workdir, "dist1"),
-                              "argv": h.standard_argv(workdir, **argv), "kill_during_push": KILL_IN_PUSH_AFTER},
-                             timeout=real.SESSION_TIMEOUT_S)
+    rc_first = h.run_session(
+        {
+            **common,
+            "trace": first,
+            "dist_file": os.path.join(workdir, "dist1"),
+            "argv": h.standard_argv(workdir, **argv),
+            "kill_during_push": KILL_IN_PUSH_AFTER,
+        },
+        timeout=real.SESSION_TIMEOUT_S,
+    )
     killed_at = time.time()
     after_kill: dict = {"alive": server.alive(), "version": served_weight_version(server.url)}
     # the killed push had paused generation (slime pauses before it sends); nothing continued it
@@ -137,9 +153,20 @@ def driver_kill_in_push(engines, workdir: str) -> dict:
     torn = checkpoint_model(workdir, None, os.path.join(workdir, "torn_push_model.pt"))
     after_kill["gap_to_killed_push"] = mean_gap(served, model_logprobs(torn, probe))
     resumed = os.path.join(workdir, "resumed.jsonl")
-    rc_resumed = h.run_session({**common, "trace": resumed, "dist_file": os.path.join(workdir, "dist2"),
-                                "argv": h.standard_argv(workdir, load=os.path.join(workdir, "ckpt"), **argv)},
-                               timeout=real.SESSION_TIMEOUT_S)
-    return {"rc": (rc_first, rc_resumed), "first": h.read_trace(first),
-            "resumed": h.read_trace(resumed) if os.path.exists(resumed) else [],
-            "after_kill": after_kill, "killed_at": killed_at, "workdir": workdir}
+    rc_resumed = h.run_session(
+        {
+            **common,
+            "trace": resumed,
+            "dist_file": os.path.join(workdir, "dist2"),
+            "argv": h.standard_argv(workdir, load=os.path.join(workdir, "ckpt"), **argv),
+        },
+        timeout=real.SESSION_TIMEOUT_S,
+    )
+    return {
+        "rc": (rc_first, rc_resumed),
+        "first": h.read_trace(first),
+        "resumed": h.read_trace(resumed) if os.path.exists(resumed) else [],
+        "after_kill": after_kill,
+        "killed_at": killed_at,
+        "workdir": workdir,
+    }

@@ -75,8 +75,14 @@ class PrefixTree:
 
 
 class Router:
-    def __init__(self, policy: str = "cache_aware", cache_threshold: float = 0.3,
-                 balance_abs_threshold: int = 64, balance_rel_threshold: float = 1.5, route_by: str = "input_ids"):
+    def __init__(
+        self,
+        policy: str = "cache_aware",
+        cache_threshold: float = 0.3,
+        balance_abs_threshold: int = 64,
+        balance_rel_threshold: float = 1.5,
+        route_by: str = "input_ids",
+    ):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.policy, self.cache_threshold = policy, cache_threshold
@@ -84,13 +90,13 @@ class Router:
             raise ValueError(f"route_by must be one of {ROUTE_BY}, got {route_by!r}")
         self.route_by = route_by
         self.balance_abs, self.balance_rel = balance_abs_threshold, balance_rel_threshold
-        self.workers: dict[str, dict] = {}   # id -> {"url", "worker_type"}
+        self.workers: dict[str, dict] = {}  # id -> {"url", "worker_type"}
         self.trees: dict[str, PrefixTree] = {}
-        self.load: Counter = Counter()       # id -> requests in flight through the router
+        self.load: Counter = Counter()  # id -> requests in flight through the router
         self.ids = itertools.count()
         self.turn = itertools.count()
         self.stats = Counter()
-        self.workers_of_input: dict[tuple, set] = {}   # identical input_ids (a group's samples) -> workers
+        self.workers_of_input: dict[tuple, set] = {}  # identical input_ids (a group's samples) -> workers
 
     def add(self, url: str, worker_type: str = "regular") -> str:
         if not url.startswith("http://"):
@@ -197,14 +203,16 @@ def make_app(router: Router):
             await client["s"].close()
 
     app = web.Application(client_max_size=64 * 2**20)
-    app.add_routes([
-        web.post("/workers", add_worker),
-        web.get("/workers", list_workers),
-        web.delete("/workers/{worker_id}", delete_worker),
-        web.post("/generate", generate),
-        web.get("/health", health),
-        web.get("/stats", stats),
-    ])
+    app.add_routes(
+        [
+            web.post("/workers", add_worker),
+            web.get("/workers", list_workers),
+            web.delete("/workers/{worker_id}", delete_worker),
+            web.post("/generate", generate),
+            web.get("/health", health),
+            web.get("/stats", stats),
+        ]
+    )
     app.on_cleanup.append(close)
     return app
 
@@ -231,11 +239,16 @@ def main(argv=None) -> int:
     parser.add_argument("--cache-threshold", type=float, default=0.3)
     parser.add_argument("--balance-abs-threshold", type=int, default=64)
     parser.add_argument("--balance-rel-threshold", type=float, default=1.5)
-    parser.add_argument("--route-by", choices=ROUTE_BY, default="input_ids",
-                        help="the prefix the cache_aware tree keys on; the real router 0.3.2 keys on text (see above)")
+    parser.add_argument(
+        "--route-by",
+        choices=ROUTE_BY,
+        default="input_ids",
+        help="the prefix the cache_aware tree keys on; the real router 0.3.2 keys on text (see above)",
+    )
     args = parser.parse_args(argv)
-    router = Router(args.policy, args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold,
-                    args.route_by)
+    router = Router(
+        args.policy, args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold, args.route_by
+    )
     asyncio.run(_serve(args.port_file, router))
     return 0
 

@@ -16,7 +16,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "support" / "sglang_standin.py"
-MAX_NEW = 48   # the tiny model holds 64 positions
+MAX_NEW = 48  # the tiny model holds 64 positions
 
 
 class StandIn:
@@ -26,8 +26,12 @@ class StandIn:
         port_file = workdir / f"port_{time.monotonic_ns()}"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         self.log = open(workdir / "standin.log", "a")
-        self.proc = subprocess.Popen([sys.executable, str(STANDIN), "--port-file", str(port_file), *args],
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(STANDIN), "--port-file", str(port_file), *args],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.time() + 120
         while not port_file.exists():
             assert self.proc.poll() is None and time.time() < deadline, f"stand-in did not start: {self.log.name}"
@@ -45,8 +49,11 @@ class StandIn:
 
     def submit(self, input_ids, max_new_tokens=MAX_NEW, temperature=1.0, top_p=1.0, **extra):
         """/generate in the background; a future of the JSON answer."""
-        body = {"input_ids": input_ids, "return_logprob": True,
-                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}}
+        body = {
+            "input_ids": input_ids,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p},
+        }
         return self.pool.submit(lambda: self.post("/generate", {**body, **extra}).json())
 
     def stats(self):
@@ -122,5 +129,3 @@ def logprobs_under(model, tok, prompt, tokens, mask_stop: bool) -> list[float]:
             logits[tok.eos_id] = float("-inf")
         out.append(float(torch.log_softmax(logits, -1)[t]))
     return out
-
-

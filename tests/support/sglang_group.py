@@ -14,13 +14,19 @@ def sglang_process_group(address: str, port: int, rank: int, world_size: int, gr
     import torch.distributed.distributed_c10d as c10d
 
     timeout = timedelta(seconds=120)
-    for old, name in list(c10d._world.pg_names.items()):   # an earlier group of that name in this process
-        if name == group_name:                              # (a test's previous updater): its name is reused
+    for old, name in list(c10d._world.pg_names.items()):  # an earlier group of that name in this process
+        if name == group_name:  # (a test's previous updater): its name is reused
             c10d.destroy_process_group(old)
     store, rank, world_size = next(c10d.rendezvous(f"tcp://{address}:{port}", rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
-    group, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend("gloo"),
-                                              c10d.PrefixStore(group_name, store), group_name=group_name,
-                                              timeout=timeout)
+    group, _ = c10d._new_process_group_helper(
+        world_size,
+        rank,
+        [],
+        c10d.Backend("gloo"),
+        c10d.PrefixStore(group_name, store),
+        group_name=group_name,
+        timeout=timeout,
+    )
     c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}
     return group

@@ -129,6 +129,7 @@ def make_app(engine: Engine):
     def weight_update_route(load):
         """An update_weights_from_* call: abort first if asked, load, then the update's own flush
         and weight_version; 400 with the reason for a bad request."""
+
         async def route(request):
             payload = await request.json()
             if payload.get("abort_all_requests"):
@@ -142,6 +143,7 @@ def make_app(engine: Engine):
             except (AssertionError, ServerDies) as exc:
                 return dying(str(exc))
             return web.json_response({"success": True, "message": "Succeeded to update model weights."})
+
         return route
 
     async def init_group(request):
@@ -154,27 +156,35 @@ def make_app(engine: Engine):
     async def destroy_group(request):
         payload = await request.json()
         group = engine.groups.pop(payload["group_name"], None)
-        if group is None:   # SGLang refuses a name with no group (never made, or destroyed already)
-            return web.json_response({"success": False, "message": "The group to be destroyed does not exist."},
-                                     status=400)
+        if group is None:  # SGLang refuses a name with no group (never made, or destroyed already)
+            return web.json_response(
+                {"success": False, "message": "The group to be destroyed does not exist."}, status=400
+            )
         import torch.distributed as dist
 
-        dist.destroy_process_group(group)   # its name can be joined again, as in SGLang
+        dist.destroy_process_group(group)  # its name can be joined again, as in SGLang
         return web.json_response({"success": True, "message": "ok"})
 
     async def update_version(request):
         payload = await request.json()
         engine.version = str(payload["new_version"])
-        if payload.get("abort_all_requests", True):   # SGLang's abort is fire-and-forget: the aborted
-            await engine.abort_all(counter="version_update_aborts")   # answers come back under the new version
+        if payload.get("abort_all_requests", True):  # SGLang's abort is fire-and-forget: the aborted
+            await engine.abort_all(counter="version_update_aborts")  # answers come back under the new version
         engine.stats["version_updates"] += 1
-        return web.json_response({"success": True, "message": f"Weight version updated to {engine.version}",
-                                  "new_version": engine.version})
+        return web.json_response(
+            {"success": True, "message": f"Weight version updated to {engine.version}", "new_version": engine.version}
+        )
 
     async def model_info(request):
-        return web.json_response({"model_path": "tiny-qwen3-moe-standin", "is_generation": True,
-                                  "weight_version": engine.version, "model_type": "qwen3_moe",
-                                  "architectures": ["Qwen3MoeForCausalLM"]})
+        return web.json_response(
+            {
+                "model_path": "tiny-qwen3-moe-standin",
+                "is_generation": True,
+                "weight_version": engine.version,
+                "model_type": "qwen3_moe",
+                "architectures": ["Qwen3MoeForCausalLM"],
+            }
+        )
 
     async def health(request):
         return web.Response(text="ok")
@@ -197,26 +207,28 @@ def make_app(engine: Engine):
         return web.json_response({**engine.stats, "version": engine.version, "paused": engine.paused})
 
     app = web.Application(client_max_size=64 * 2**20)
-    app.add_routes([
-        web.post("/generate", generate),
-        web.post("/pause_generation", pause),
-        web.post("/continue_generation", resume),
-        web.get("/flush_cache", flush),
-        web.post("/flush_cache", flush),
-        web.post("/update_weights_from_disk", weight_update_route(engine.load_weights)),
-        web.post("/update_weight_version", update_version),
-        web.post("/update_weights_from_tensor", weight_update_route(engine.load_tensors)),
-        web.get("/model_info", model_info),
-        web.post("/init_weights_update_group", init_group),
-        web.post("/update_weights_from_distributed", weight_update_route(engine.receive_bucket)),
-        web.post("/destroy_weights_update_group", destroy_group),
-        web.post("/abort_request", abort_request),
-        web.get("/v1/loads", loads),
-        web.get("/health_generate", health),
-        web.get("/health", health),
-        web.get("/workers", workers),
-        web.get("/stats", stats),
-    ])
+    app.add_routes(
+        [
+            web.post("/generate", generate),
+            web.post("/pause_generation", pause),
+            web.post("/continue_generation", resume),
+            web.get("/flush_cache", flush),
+            web.post("/flush_cache", flush),
+            web.post("/update_weights_from_disk", weight_update_route(engine.load_weights)),
+            web.post("/update_weight_version", update_version),
+            web.post("/update_weights_from_tensor", weight_update_route(engine.load_tensors)),
+            web.get("/model_info", model_info),
+            web.post("/init_weights_update_group", init_group),
+            web.post("/update_weights_from_distributed", weight_update_route(engine.receive_bucket)),
+            web.post("/destroy_weights_update_group", destroy_group),
+            web.post("/abort_request", abort_request),
+            web.get("/v1/loads", loads),
+            web.get("/health_generate", health),
+            web.get("/health", health),
+            web.get("/workers", workers),
+            web.get("/stats", stats),
+        ]
+    )
     return app
 
 
@@ -243,29 +255,57 @@ def main(argv=None) -> int:
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--weights", default=None)
     parser.add_argument("--max-batch", type=int, default=16)
-    parser.add_argument("--hold-max-new-tokens", type=int, default=None,
-                        help="hold one new training request per weight version until the next pause (see above)")
-    parser.add_argument("--hold-max-seconds", type=float, default=None,
-                        help="release a held request after this long when no pause met it (default: never)")
-    parser.add_argument("--long-every", type=int, default=None,
-                        help="one training prompt in about N (by crc32) gets --long-min-new-tokens (see above)")
+    parser.add_argument(
+        "--hold-max-new-tokens",
+        type=int,
+        default=None,
+        help="hold one new training request per weight version until the next pause (see above)",
+    )
+    parser.add_argument(
+        "--hold-max-seconds",
+        type=float,
+        default=None,
+        help="release a held request after this long when no pause met it (default: never)",
+    )
+    parser.add_argument(
+        "--long-every",
+        type=int,
+        default=None,
+        help="one training prompt in about N (by crc32) gets --long-min-new-tokens (see above)",
+    )
     parser.add_argument("--long-min-new-tokens", type=int, default=0)
-    parser.add_argument("--abort-poll-seconds", type=float, default=1.0,
-                        help="an abort pause that met requests answers after this long (SGLang polls once a second)")
+    parser.add_argument(
+        "--abort-poll-seconds",
+        type=float,
+        default=1.0,
+        help="an abort pause that met requests answers after this long (SGLang polls once a second)",
+    )
     parser.add_argument("--step-seconds", type=float, default=0.0, help="wait this long after each decode step")
-    parser.add_argument("--long-max-new-tokens", type=int, default=None,
-                        help="the training requests' response cap (max_new_tokens + response already in input_ids): "
-                        "only they can be long; needed with --long-every")
+    parser.add_argument(
+        "--long-max-new-tokens",
+        type=int,
+        default=None,
+        help="the training requests' response cap (max_new_tokens + response already in input_ids): "
+        "only they can be long; needed with --long-every",
+    )
     args = parser.parse_args(argv)
     if args.long_every is not None:
         if args.long_every < 1:
             parser.error(f"--long-every must be >= 1, got {args.long_every}")
         if args.long_max_new_tokens is None:
-            parser.error("--long-every needs --long-max-new-tokens (how training requests are told from evaluation ones)")
-    engine_kwargs = dict(max_batch=args.max_batch, hold_max_new_tokens=args.hold_max_new_tokens,
-                         long_every=args.long_every, long_min_new_tokens=args.long_min_new_tokens,
-                         long_max_new_tokens=args.long_max_new_tokens, step_seconds=args.step_seconds,
-                         hold_max_seconds=args.hold_max_seconds, abort_poll_seconds=args.abort_poll_seconds)
+            parser.error(
+                "--long-every needs --long-max-new-tokens (how training requests are told from evaluation ones)"
+            )
+    engine_kwargs = dict(
+        max_batch=args.max_batch,
+        hold_max_new_tokens=args.hold_max_new_tokens,
+        long_every=args.long_every,
+        long_min_new_tokens=args.long_min_new_tokens,
+        long_max_new_tokens=args.long_max_new_tokens,
+        step_seconds=args.step_seconds,
+        hold_max_seconds=args.hold_max_seconds,
+        abort_poll_seconds=args.abort_poll_seconds,
+    )
     asyncio.run(_serve(args.port_file, args.weights, engine_kwargs))
     return 0
 

@@ -16,8 +16,10 @@ from sglang_standin_weights import WeightLoads
 
 STOP, LENGTH, ABORT = "stop", "length", "abort"
 PAUSE_MODES = ("abort", "retract", "in_place")
-FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
-            "requests, the operation will not be performed.)\n")
+FLUSH_OK = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+    "requests, the operation will not be performed.)\n"
+)
 FLUSH_FAILED = "Flush cache failed.\n"
 UPDATE_FLUSH_ASSERT = "Cache flush failed after updating weights"
 
@@ -60,20 +62,20 @@ class Request:
         self.top_p = float(params.get("top_p", 1.0))
         self.max_new_tokens = int(params.get("max_new_tokens", 16))
         self.stop_ids = set(params.get("stop_token_ids") or [])
-        self.ignore_eos = bool(params.get("ignore_eos", False))   # SGLang: no stop token ends it
-        self.min_new_tokens = 0           # set by the engine for the long prompts
+        self.ignore_eos = bool(params.get("ignore_eos", False))  # SGLang: no stop token ends it
+        self.min_new_tokens = 0  # set by the engine for the long prompts
         self.future = future
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.finish: str | None = None
-        self.matched: int | None = None   # the stop token that ended it
-        self.arrived_weights, self.arrived_version = weights, version   # what the submission saw
-        self.computed_weights: int | None = None   # the oldest weights any of its KV was computed with
+        self.matched: int | None = None  # the stop token that ended it
+        self.arrived_weights, self.arrived_version = weights, version  # what the submission saw
+        self.computed_weights: int | None = None  # the oldest weights any of its KV was computed with
         self.cached_tokens = 0
         self.retractions = 0
         self.want_routing = bool(payload.get("return_routed_experts"))
-        self.routing: list[torch.Tensor] = []   # sglang_standin_routing: rows per computed position
-        self.kv_segments: list[tuple[int, int]] = []   # (weights, up to position): KV kept across loads
+        self.routing: list[torch.Tensor] = []  # sglang_standin_routing: rows per computed position
+        self.kv_segments: list[tuple[int, int]] = []  # (weights, up to position): KV kept across loads
 
 
 class PrefixCache:
@@ -82,7 +84,7 @@ class PrefixCache:
 
     def __init__(self):
         self.trees: dict = {}
-        self.opened: dict = {}   # extra_key -> weights when its first request arrived
+        self.opened: dict = {}  # extra_key -> weights when its first request arrived
 
     def open(self, req: Request) -> None:
         if req.extra_key is not None:
@@ -109,12 +111,22 @@ class PrefixCache:
 
 
 class Engine(WeightLoads):
-    def __init__(self, model, tokenizer, max_batch: int, hold_max_new_tokens: int | None = None,
-                 long_every: int | None = None, long_min_new_tokens: int = 0, long_max_new_tokens: int | None = None,
-                 step_seconds: float = 0.0, hold_max_seconds: float | None = None, abort_poll_seconds: float = 1.0):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        max_batch: int,
+        hold_max_new_tokens: int | None = None,
+        long_every: int | None = None,
+        long_min_new_tokens: int = 0,
+        long_max_new_tokens: int | None = None,
+        step_seconds: float = 0.0,
+        hold_max_seconds: float | None = None,
+        abort_poll_seconds: float = 1.0,
+    ):
         self.model, self.tok, self.max_batch = model, tokenizer, max_batch
-        self.abort_poll_seconds = abort_poll_seconds   # an abort pause with requests in flight answers after this
-        self.step_seconds = step_seconds   # a slower engine on demand (tests that must meet a request mid-decode)
+        self.abort_poll_seconds = abort_poll_seconds  # an abort pause with requests in flight answers after this
+        self.step_seconds = step_seconds  # a slower engine on demand (tests that must meet a request mid-decode)
         self.hold_max_new_tokens = hold_max_new_tokens
         self.hold_armed = hold_max_new_tokens is not None
         # a real engine finishes every request: a held one that no pause meets decodes after this long
@@ -124,19 +136,19 @@ class Engine(WeightLoads):
         self.long_max_new_tokens = long_max_new_tokens
         self.equals_id = tokenizer.token_to_id["="]
         self.seen_prompts: set[tuple[int, ...]] = set()
-        self.pending: list[Request] = []   # the scheduler's waiting queue
+        self.pending: list[Request] = []  # the scheduler's waiting queue
         self.running: list[Request] = []
-        self.paused: str | None = None     # the pause mode, None while generating
+        self.paused: str | None = None  # the pause mode, None while generating
         self.unpaused = asyncio.Event()
         self.unpaused.set()
         self.version = "default"
-        self.weights = 0                   # counts weight loads: which weights computed a prefix
+        self.weights = 0  # counts weight loads: which weights computed a prefix
         self.cache = PrefixCache()
         self.wakeup = asyncio.Event()
-        self.step_lock = asyncio.Lock()   # a decode step and a pause / abort never interleave
+        self.step_lock = asyncio.Lock()  # a decode step and a pause / abort never interleave
         self.stats = Counter()
-        self.groups: dict = {}            # weight-update group name -> gloo process group
-        self.pool = ThreadPoolExecutor(1)   # one compute thread: decoding and weight loads serialise
+        self.groups: dict = {}  # weight-update group name -> gloo process group
+        self.pool = ThreadPoolExecutor(1)  # one compute thread: decoding and weight loads serialise
         self.generator = torch.Generator().manual_seed(1234)
 
     def _prompt_part(self, input_ids: list[int]) -> tuple[list[int], int]:
@@ -147,18 +159,18 @@ class Engine(WeightLoads):
     def _mark_long(self, req: Request) -> None:
         prompt, answered = self._prompt_part(req.input_ids)
         if req.max_new_tokens + answered != self.long_max_new_tokens:
-            return   # not a training request (an evaluation has its own response cap)
+            return  # not a training request (an evaluation has its own response cap)
         if zlib.crc32(bytes(prompt)) % self.long_every == 0:
             req.min_new_tokens = max(self.long_min_new_tokens - answered, 0)
             self.stats["long_requests"] += 1
 
     async def generate(self, payload: dict) -> dict:
         req = Request(payload, asyncio.get_running_loop().create_future(), self.weights, self.version)
-        await self.unpaused.wait()   # paused: the request waits before the scheduler
+        await self.unpaused.wait()  # paused: the request waits before the scheduler
         self.cache.open(req)
         if self.long_every:
             self._mark_long(req)
-        if self.hold_max_new_tokens is not None:   # prompts are remembered only for the hold
+        if self.hold_max_new_tokens is not None:  # prompts are remembered only for the hold
             prompt = tuple(req.input_ids)
             if self.hold_armed and req.max_new_tokens == self.hold_max_new_tokens and prompt not in self.seen_prompts:
                 req.held, self.hold_armed = True, False
@@ -183,7 +195,7 @@ class Engine(WeightLoads):
                 "cached_tokens": req.cached_tokens,
                 "num_retractions": req.retractions,
                 "output_token_logprobs": [[lp, t, None] for lp, t in zip(req.logprobs, req.tokens)],
-                "weight_version": self.version,   # read now, at answer time
+                "weight_version": self.version,  # read now, at answer time
                 **routing.answer_field(req),
             },
         }
@@ -194,7 +206,7 @@ class Engine(WeightLoads):
             if req.held:
                 self.stats["held_aborted"] += 1
         elif self.version != req.arrived_version:
-            self.stats["spanning_answers"] += 1   # submitted under one version, answered under another
+            self.stats["spanning_answers"] += 1  # submitted under one version, answered under another
         if req.computed_weights is not None:
             self.cache.insert(req.extra_key, req.input_ids + req.tokens, req.computed_weights)
         if not req.future.done():
@@ -202,19 +214,22 @@ class Engine(WeightLoads):
 
     def _prefill(self, req: Request) -> None:
         """Joining the running batch: reuse the longest cached prefix, cache the rest of the prompt."""
-        seq = req.input_ids + req.tokens   # a retracted request is prefilled with its output too
+        seq = req.input_ids + req.tokens  # a retracted request is prefilled with its output too
         length, oldest = self.cache.match(req.extra_key, seq[:-1])
         if req.retractions == 0:
             req.cached_tokens = length
         if length:
             self.stats["prefix_hits"] += 1
             self.stats["cached_tokens"] += length
-            submitted = self.cache.opened.get(req.extra_key, req.arrived_weights) if req.extra_key is not None \
+            submitted = (
+                self.cache.opened.get(req.extra_key, req.arrived_weights)
+                if req.extra_key is not None
                 else req.arrived_weights
+            )
             if oldest < submitted:
                 self.stats["stale_prefix_hits"] += 1
                 self.stats["stale_prefix_tokens"] += length
-            if oldest < self.weights:   # SGLang reuses that KV as it is: the prefix stays on its old weights
+            if oldest < self.weights:  # SGLang reuses that KV as it is: the prefix stays on its old weights
                 req.kv_segments = [(oldest, length)]
         if req.retractions:
             self.stats["reprefill_tokens"] += len(seq) - length
@@ -257,7 +272,7 @@ class Engine(WeightLoads):
             if not batch:
                 self.wakeup.clear()
                 await self.wakeup.wait()
-            else:   # let HTTP handlers (new requests, pause) in between steps
+            else:  # let HTTP handlers (new requests, pause) in between steps
                 await asyncio.sleep(self.step_seconds)
 
     @torch.no_grad()
@@ -266,9 +281,9 @@ class Engine(WeightLoads):
         own temperature and top_p."""
         from epic_slime.runtime.model import _top_p_filter
 
-        logits = self.last_logits(batch)   # sglang_standin_weights: old-weight KV of in-place requests
+        logits = self.last_logits(batch)  # sglang_standin_weights: old-weight KV of in-place requests
         for i, r in enumerate(batch):
-            if len(r.tokens) < r.min_new_tokens:   # SGLang's min_new_tokens: no stop yet
+            if len(r.tokens) < r.min_new_tokens:  # SGLang's min_new_tokens: no stop yet
                 logits[i, [self.tok.eos_id, *r.stop_ids]] = float("-inf")
             logp = torch.log_softmax(logits[i : i + 1] / r.temperature, dim=-1)
             t = int(torch.multinomial(_top_p_filter(logp, r.top_p).exp(), 1, generator=self.generator))
@@ -288,12 +303,13 @@ class Engine(WeightLoads):
         ids = torch.full((B, P), pad, dtype=torch.long)
         attn = torch.zeros((B, P), dtype=torch.long)
         for i, q in enumerate(seqs):
-            ids[i, P - len(q):] = torch.tensor(q)
-            attn[i, P - len(q):] = 1
+            ids[i, P - len(q) :] = torch.tensor(q)
+            attn[i, P - len(q) :] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         want_routing = any(r.want_routing for r in batch)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                         output_router_logits=want_routing)
+        out = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, output_router_logits=want_routing
+        )
         if want_routing:
             routing.record(batch, [len(q) for q in seqs], out.router_logits, self.model.config.num_experts_per_tok)
         return out.logits[:, -1].float()
@@ -313,19 +329,19 @@ class Engine(WeightLoads):
         if mode == "abort":
             in_flight = bool(self.running or self.pending)
             await self.abort_all(counter="pauses_abort")
-            if in_flight:   # SGLang sees them gone only at its next once-a-second check
+            if in_flight:  # SGLang sees them gone only at its next once-a-second check
                 await asyncio.sleep(self.abort_poll_seconds)
             return
-        async with self.step_lock:   # takes effect after the step in progress
+        async with self.step_lock:  # takes effect after the step in progress
             if mode == "retract":
                 for r in self.running:
                     r.retractions += 1
-                    r.kv_segments = []   # prefilled again on the weights of the day
+                    r.kv_segments = []  # prefilled again on the weights of the day
                 self.stats["retracted"] += len(self.running)
                 self.pending.extend(self.running)
                 self.running.clear()
             released = [r for r in self.pending if r.held]
-            for r in released:   # a held request waits for the next pause only
+            for r in released:  # a held request waits for the next pause only
                 r.held = False
             self.stats["held_released"] += len(released)
         self.stats[f"pauses_{mode}"] += 1

@@ -25,7 +25,7 @@ def record(batch, seq_lens: list[int], router_logits, topk: int) -> None:
         have = sum(chunk.shape[0] for chunk in req.routing)
         start = P - seq_lens[i]
         if have < seq_lens[i]:
-            req.routing.append(chosen[i, start + have:].to(torch.int32))
+            req.routing.append(chosen[i, start + have :].to(torch.int32))
 
 
 def answer_field(req) -> dict:

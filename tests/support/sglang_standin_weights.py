@@ -87,8 +87,9 @@ class WeightLoads:
         cache, start = None, 0
         for weights, upto in req.kv_segments:
             if upto > start:
-                cache = self.snapshots[weights](input_ids=seq[:, start:upto], past_key_values=cache,
-                                                use_cache=True).past_key_values
+                cache = self.snapshots[weights](
+                    input_ids=seq[:, start:upto], past_key_values=cache, use_cache=True
+                ).past_key_values
                 start = upto
         return self.model(input_ids=seq[:, start:], past_key_values=cache, use_cache=True).logits[0, -1].float()
 
@@ -152,11 +153,16 @@ class WeightLoads:
         """slime's ``connect_rollout_engines_from_distributed``, the engine side: rank
         ``rank_offset`` of a gloo group whose rank 0 is the trainer (NCCL on a cluster)."""
 
-        def join():   # as SGLang's init_custom_process_group: a trainer group built otherwise never connects
-            from sglang_group import sglang_process_group   # this folder is sys.path[0]
+        def join():  # as SGLang's init_custom_process_group: a trainer group built otherwise never connects
+            from sglang_group import sglang_process_group  # this folder is sys.path[0]
 
-            return sglang_process_group(payload["master_address"], int(payload["master_port"]),
-                                        int(payload["rank_offset"]), int(payload["world_size"]), payload["group_name"])
+            return sglang_process_group(
+                payload["master_address"],
+                int(payload["master_port"]),
+                int(payload["rank_offset"]),
+                int(payload["world_size"]),
+                payload["group_name"],
+            )
 
         if payload.get("backend") not in (None, "gloo", "nccl"):
             raise ValueError(f"backend {payload.get('backend')!r}: the stand-in joins with gloo")
@@ -171,7 +177,9 @@ class WeightLoads:
         group_name = payload.get("group_name", "weight_update_group")
         group = self.groups.get(group_name)
         if group is None:
-            raise ServerDies(f"Group {group_name} not in {sorted(self.groups)}. Please call `init_weights_update_group` first.")
+            raise ServerDies(
+                f"Group {group_name} not in {sorted(self.groups)}. Please call `init_weights_update_group` first."
+            )
         params = dict(self.model.named_parameters())
 
         def receive():
@@ -181,7 +189,7 @@ class WeightLoads:
                 opts.rootRank, opts.rootTensor = 0, 0
                 group.broadcast([tensor], opts).wait()
                 target = self._target(params, name)
-                if target is None:   # SGLang's load_weights skips it, and the answer is still success
+                if target is None:  # SGLang's load_weights skips it, and the answer is still success
                     self.stats["tensors_skipped"] += 1
                     continue
                 with torch.no_grad():

@@ -36,7 +36,7 @@ def _literal_kwargs(node: ast.Call) -> dict:
     kw = {}
     for k in node.keywords:
         if k.arg == "action" and ast.unparse(k.value) == "argparse.BooleanOptionalAction":
-            kw["action"] = argparse.BooleanOptionalAction   # --x / --no-x, default None
+            kw["action"] = argparse.BooleanOptionalAction  # --x / --no-x, default None
         elif k.arg in ("default", "nargs", "choices", "action", "dest", "const"):
             try:
                 kw[k.arg] = ast.literal_eval(k.value)
@@ -53,7 +53,7 @@ def _add(parser: argparse.ArgumentParser, opts: list[str], kw: dict) -> None:
     try:
         parser.add_argument(*opts, **kw)
     except (argparse.ArgumentError, TypeError, ValueError):
-        pass   # a few flags are registered twice or need a non-literal type
+        pass  # a few flags are registered twice or need a non-literal type
 
 
 def slime_argument_parser() -> argparse.ArgumentParser:
@@ -64,8 +64,12 @@ def slime_argument_parser() -> argparse.ArgumentParser:
     lacks is added."""
     root = Path(slime_path()) / "slime"
     parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
-    nodes = [n for src in (root / "utils" / "arguments.py", root / "backends" / "sglang_utils" / "arguments.py")
-             for n in ast.walk(ast.parse(src.read_text())) if isinstance(n, ast.Call)]
+    nodes = [
+        n
+        for src in (root / "utils" / "arguments.py", root / "backends" / "sglang_utils" / "arguments.py")
+        for n in ast.walk(ast.parse(src.read_text()))
+        if isinstance(n, ast.Call)
+    ]
     resets = []
     for node in nodes:
         is_reset = getattr(node.func, "id", None) == "reset_arg"
@@ -125,7 +129,7 @@ def build_args(argv: list[str]) -> argparse.Namespace:
     add_project_arguments(parser)
     megatron_arguments(parser)
     args = parser.parse_args(driver_argv(argv))
-    if args.custom_config_path:   # as slime's parse_args: the YAML's top-level keys onto args
+    if args.custom_config_path:  # as slime's parse_args: the YAML's top-level keys onto args
         import yaml
 
         with open(args.custom_config_path) as f:

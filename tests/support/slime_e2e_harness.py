@@ -51,18 +51,37 @@ from pathlib import Path
 import torch
 
 # the harness's parts, in their own modules; their names stay importable from here
-from support.slime_args import REPO, SLIME_SNAPSHOT, TESTS, build_args, megatron_arguments, slime_argument_parser, slime_path  # noqa: F401
+from support.slime_args import (
+    REPO,
+    SLIME_SNAPSHOT,
+    TESTS,
+    build_args,
+    megatron_arguments,
+    slime_argument_parser,
+    slime_path,
+)  # noqa: F401
 from support.slime_e2e_manager import RolloutManagerStandIn  # noqa: F401
 from support.slime_e2e_setup import (  # noqa: F401
-    EVAL_MAX_RESPONSE_LEN, GROUPS_IN_FLIGHT, HOLD_MAX_SECONDS, LONG_EVERY, LONG_MIN_NEW_TOKENS, ROLLOUT_MAX_RESPONSE_LEN, init_weights,
-    prepare_workdir, reward, standard_argv, write_prompts, write_tokenizer,
+    EVAL_MAX_RESPONSE_LEN,
+    GROUPS_IN_FLIGHT,
+    HOLD_MAX_SECONDS,
+    LONG_EVERY,
+    LONG_MIN_NEW_TOKENS,
+    ROLLOUT_MAX_RESPONSE_LEN,
+    init_weights,
+    prepare_workdir,
+    reward,
+    standard_argv,
+    write_prompts,
+    write_tokenizer,
 )
 from support.slime_e2e_train import PUSH_MODES, CpuTrainGroup, _session  # noqa: F401
 
 
 # ---------------------------------------------------------------- trace, server, session
 
-DP_SIZE = 2   # train ranks: slime's split gives each its own object and micro-batches
+DP_SIZE = 2  # train ranks: slime's split gives each its own object and micro-batches
+
 
 class SaveWindowKill:
     """SIGKILL between the two saves of a checkpoint (data state and model, in whichever order the
@@ -91,13 +110,12 @@ class _CountingHandler(logging.Handler):
         msg = record.getMessage()
         if "retrying" in msg:
             self.counts["http_retries"] += 1
-        if "process task raised" in msg:   # slime's worker: a group task crashed, its group is gone
+        if "process task raised" in msg:  # slime's worker: a group task crashed, its group is gone
             self.counts["crashed_group_tasks"] += 1
         if record.name == "epic_slime.slime.train" and "perf/driver_rss_mb" in msg:
             self.counts["driver_rss_logs"] += 1
         if "bound to a different event loop" in msg or (record.exc_text and "different event loop" in record.exc_text):
             self.counts["different_loop_errors"] += 1
-
 
 
 class Trace:
@@ -111,7 +129,9 @@ class Trace:
         if self.counter is not None:
             fields["log_counts"] = dict(self.counter.counts)
         with self._lock:
-            self._f.write(json.dumps({"event": event, "rollout_id": rollout_id, "t": time.time(), **fields}, default=float) + "\n")
+            self._f.write(
+                json.dumps({"event": event, "rollout_id": rollout_id, "t": time.time(), **fields}, default=float) + "\n"
+            )
             self._f.flush()
 
 
@@ -123,9 +143,15 @@ def read_trace(path: str) -> list[dict]:
 class Server:
     """The SGLang stand-in in its own process, stopped by its pid."""
 
-    def __init__(self, workdir: str, weights: str | None = None, hold_max_new_tokens: int | None = None,
-                 long_every: int | None = LONG_EVERY, long_min_new_tokens: int = LONG_MIN_NEW_TOKENS,
-                 extra_args: list[str] = ()):
+    def __init__(
+        self,
+        workdir: str,
+        weights: str | None = None,
+        hold_max_new_tokens: int | None = None,
+        long_every: int | None = LONG_EVERY,
+        long_min_new_tokens: int = LONG_MIN_NEW_TOKENS,
+        extra_args: list[str] = (),
+    ):
         port_file = os.path.join(workdir, "standin.port")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         cmd = [sys.executable, str(TESTS / "support" / "sglang_standin.py"), "--port-file", port_file]
@@ -134,9 +160,15 @@ class Server:
         if hold_max_new_tokens is not None:
             # the batch is taken in start order: if it waits for the held request, no pause comes
             cmd += ["--hold-max-new-tokens", str(hold_max_new_tokens), "--hold-max-seconds", str(HOLD_MAX_SECONDS)]
-        if long_every is not None:   # training requests only (their response cap tells them from eval ones)
-            cmd += ["--long-every", str(long_every), "--long-min-new-tokens", str(long_min_new_tokens),
-                    "--long-max-new-tokens", str(ROLLOUT_MAX_RESPONSE_LEN)]
+        if long_every is not None:  # training requests only (their response cap tells them from eval ones)
+            cmd += [
+                "--long-every",
+                str(long_every),
+                "--long-min-new-tokens",
+                str(long_min_new_tokens),
+                "--long-max-new-tokens",
+                str(ROLLOUT_MAX_RESPONSE_LEN),
+            ]
         cmd += list(extra_args)
         self.log = open(os.path.join(workdir, "standin.log"), "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
@@ -170,8 +202,11 @@ class RouterServer:
     def __init__(self, workdir: str, engines: list[Server], extra_args: list[str] = ()):
         port_file = os.path.join(workdir, "router.port")
         self.log = open(os.path.join(workdir, "router.log"), "w")
-        self.proc = subprocess.Popen([sys.executable, str(TESTS / "support" / "router_standin.py"), "--port-file", port_file,
-                                      *extra_args], stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(TESTS / "support" / "router_standin.py"), "--port-file", port_file, *extra_args],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.time() + 60
         while not os.path.exists(port_file):
             if self.proc.poll() is not None or time.time() > deadline:
@@ -181,8 +216,9 @@ class RouterServer:
         self.port = int(Path(port_file).read_text())
         self.url = f"http://127.0.0.1:{self.port}"
         for engine in engines:
-            _session().post(f"{self.url}/workers", json={"url": engine.url, "worker_type": "regular"},
-                            timeout=10).raise_for_status()
+            _session().post(
+                f"{self.url}/workers", json={"url": engine.url, "worker_type": "regular"}, timeout=10
+            ).raise_for_status()
 
     def stats(self) -> dict:
         return _session().get(f"{self.url}/stats", timeout=10).json()
@@ -213,26 +249,35 @@ def session(config: dict) -> None:
 
     from epic_slime.slime.push_mode import install_push_hook
 
-    set_gloo_group(dist.group.WORLD)   # slime's updater barriers on it
+    set_gloo_group(dist.group.WORLD)  # slime's updater barriers on it
     use_ray_stand_in()
     r3 = bool(getattr(args, "use_rollout_routing_replay", False))
-    if r3:   # a local Ray (the routing store) and slime's init path on the train ranks (support/slime_e2e_r3.py)
+    if r3:  # a local Ray (the routing store) and slime's init path on the train ranks (support/slime_e2e_r3.py)
         from support import slime_e2e_r3
 
         slime_e2e_r3.start(args)
     else:
-        install_push_hook(args)   # the push half of --custom-megatron-init-path (its R3 half needs slime's actor module)
+        install_push_hook(args)  # the push half of --custom-megatron-init-path (its R3 half needs slime's actor module)
     from support.slime_store import ObjectStoreStandIn
 
-    store = ObjectStoreStandIn()   # Ray's object store: slime's per-DP objects, fetched per rank
+    store = ObjectStoreStandIn()  # Ray's object store: slime's per-DP objects, fetched per rank
     manager = RolloutManagerStandIn(args, trace, store)
     window = SaveWindowKill(config.get("kill_between_saves"), trace)
     manager.save_window = window
-    actor = CpuTrainGroup(args, f"http://127.0.0.1:{config['port']}", trace, config.get("kill_after_train"),
-                          manager=manager, push=config.get("push", "distributed"), save_window=window,
-                          store=store, dp_size=config.get("dp_size", DP_SIZE), engine_urls=config.get("engine_urls"),
-                          real_engines=config.get("real_engines", False),
-                          kill_during_push=config.get("kill_during_push"))
+    actor = CpuTrainGroup(
+        args,
+        f"http://127.0.0.1:{config['port']}",
+        trace,
+        config.get("kill_after_train"),
+        manager=manager,
+        push=config.get("push", "distributed"),
+        save_window=window,
+        store=store,
+        dp_size=config.get("dp_size", DP_SIZE),
+        engine_urls=config.get("engine_urls"),
+        real_engines=config.get("real_engines", False),
+        kill_during_push=config.get("kill_during_push"),
+    )
     # slime's train_actor.set_rollout_manager: rank 0 tells the manager the DP layout
     manager.set_train_parallel_config.remote(actor.train_parallel_config).result()
     # slime's create_training_models: the checkpoint sets the start rollout, then the data source loads
@@ -251,18 +296,25 @@ def session(config: dict) -> None:
     consumed = getattr(getattr(source, "inner", source), "sample_group_index", None)
     ledger = getattr(source, "ledger", None)
     pending = [int(g[0].metadata["pid"]) for g in ledger.pending_payloads()] if ledger is not None else None
-    trace.write("done", args.num_rollout, seconds=time.time() - started, forwards=dict(actor.forwards),
-                prompts_consumed=consumed, pending_pids=pending, memory_clears=actor.memory_clears)
+    trace.write(
+        "done",
+        args.num_rollout,
+        seconds=time.time() - started,
+        forwards=dict(actor.forwards),
+        prompts_consumed=consumed,
+        pending_pids=pending,
+        memory_clears=actor.memory_clears,
+    )
     manager.dispose.remote().result()
     manager.shutdown()
-    if config.get("real_engines"):   # the weights of the last push, for the caller's check that it took effect
+    if config.get("real_engines"):  # the weights of the last push, for the caller's check that it took effect
         actor.stop_pushing()
         torch.save(actor.last_pushed, os.path.join(os.path.dirname(config["trace"]), "final_model.pt"))
     if r3:
         slime_e2e_r3.stop()
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
-    os._exit(0)   # slime's event-loop thread and HTTP client are daemons: nothing to wait for
+    os._exit(0)  # slime's event-loop thread and HTTP client are daemons: nothing to wait for
 
 
 def run_session(config: dict, timeout: float = 300) -> int:
@@ -273,10 +325,17 @@ def run_session(config: dict, timeout: float = 300) -> int:
     with open(path, "w") as f:
         json.dump(config, f)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), str(TESTS), slime_path(), env.get("PYTHONPATH", "")] if p)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(REPO), str(TESTS), slime_path(), env.get("PYTHONPATH", "")] if p
+    )
     with open(config["trace"] + ".log", "w") as log:
-        proc = subprocess.Popen([sys.executable, str(TESTS / "support" / "slime_e2e_harness.py"), "session", path],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(TESTS / "support" / "slime_e2e_harness.py"), "session", path],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             return proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -295,12 +354,22 @@ def decile_report(events: list[dict]) -> dict:
         base = f"{prefix}d{d}/"
         if base + "groups" not in last:
             continue
-        rows.append({"decile": d, "groups": int(last[base + "groups"]), "mean_staleness": last.get(base + "mean_staleness"),
-                     "min_length": last[base + "min_length"], "max_length": last[base + "max_length"],
-                     **{o: int(last[base + o]) for o in ("trained", "over_k", "dropped", "requeued")}})
-    table = "\n".join(f"d{r['decile']} len {r['min_length']:.0f}-{r['max_length']:.0f}: {r['groups']} groups, "
-                      f"{r['trained']} trained, {r['over_k']} over K, {r['dropped']} dropped, {r['requeued']} requeued, "
-                      f"mean staleness {r['mean_staleness']}" for r in rows)
+        rows.append(
+            {
+                "decile": d,
+                "groups": int(last[base + "groups"]),
+                "mean_staleness": last.get(base + "mean_staleness"),
+                "min_length": last[base + "min_length"],
+                "max_length": last[base + "max_length"],
+                **{o: int(last[base + o]) for o in ("trained", "over_k", "dropped", "requeued")},
+            }
+        )
+    table = "\n".join(
+        f"d{r['decile']} len {r['min_length']:.0f}-{r['max_length']:.0f}: {r['groups']} groups, "
+        f"{r['trained']} trained, {r['over_k']} over K, {r['dropped']} dropped, {r['requeued']} requeued, "
+        f"mean staleness {r['mean_staleness']}"
+        for r in rows
+    )
     return {"rows": rows, "table": table}
 
 
@@ -319,21 +388,43 @@ def main(argv=None) -> int:
         server = Server(workdir, os.path.join(workdir, "init.pt"))
         try:
             trace = os.path.join(workdir, "measure.jsonl")
-            rc = run_session({"trace": trace, "port": server.port, "dist_file": os.path.join(workdir, "dist"),
-                              "argv": standard_argv(workdir, num_rollout=12, save_interval=None, extra=argv[1:],
-                                                    max_staleness=int(os.environ.get("MAX_STALENESS", "2")))})
+            rc = run_session(
+                {
+                    "trace": trace,
+                    "port": server.port,
+                    "dist_file": os.path.join(workdir, "dist"),
+                    "argv": standard_argv(
+                        workdir,
+                        num_rollout=12,
+                        save_interval=None,
+                        extra=argv[1:],
+                        max_staleness=int(os.environ.get("MAX_STALENESS", "2")),
+                    ),
+                }
+            )
             events = read_trace(trace)
             trained = sum(len(e["pids"]) for e in events if e["event"] == "train")
             done = [e for e in events if e["event"] == "done"]
             staleness = Counter(s for e in events if e["event"] == "train" for s in e["staleness"])
             last = [e["metrics"] for e in events if e["event"] == "generate"][-1]
-            print(json.dumps({"rc": rc, "trained_groups": trained, "staleness_histogram": dict(sorted(staleness.items())),
-                              "consumed_groups": last["rollout/accounting/consumed_groups"],
-                              "dropped_groups": last["rollout/staleness/total_dropped_groups"],
-                              "requeued_groups": last.get("rollout/staleness/total_requeued_groups"),
-                              "abort_resubmits": last["rollout/accounting/abort_resubmits"],
-                              "length_deciles": decile_report(events)["rows"],
-                              "done": done[-1] if done else None, "server": server.stats(), "workdir": workdir}, indent=1))
+            print(
+                json.dumps(
+                    {
+                        "rc": rc,
+                        "trained_groups": trained,
+                        "staleness_histogram": dict(sorted(staleness.items())),
+                        "consumed_groups": last["rollout/accounting/consumed_groups"],
+                        "dropped_groups": last["rollout/staleness/total_dropped_groups"],
+                        "requeued_groups": last.get("rollout/staleness/total_requeued_groups"),
+                        "abort_resubmits": last["rollout/accounting/abort_resubmits"],
+                        "length_deciles": decile_report(events)["rows"],
+                        "done": done[-1] if done else None,
+                        "server": server.stats(),
+                        "workdir": workdir,
+                    },
+                    indent=1,
+                )
+            )
         finally:
             server.stop()
         return 0

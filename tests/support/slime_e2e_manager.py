@@ -13,6 +13,7 @@ import concurrent.futures
 import itertools
 import types
 
+
 class _Method:
     def __init__(self, pool, fn):
         self.pool, self.fn = pool, fn
@@ -38,21 +39,31 @@ class RolloutManagerStandIn:
         install(store)
         self._post_process_rewards = types.MethodType(self.slime_manager._post_process_rewards, self)
         # what slime's __init__ sets and its conversion reads
-        self.custom_reward_post_process_func = (load_function(args.custom_reward_post_process_path)
-                                                if args.custom_reward_post_process_path else None)
+        self.custom_reward_post_process_func = (
+            load_function(args.custom_reward_post_process_path) if args.custom_reward_post_process_path else None
+        )
         self.custom_convert_samples_to_train_data_func = (
             load_function(args.custom_convert_samples_to_train_data_path)
-            if args.custom_convert_samples_to_train_data_path else None)
-        self.train_parallel_config = None   # set by the train group (slime: train_actor.set_rollout_manager)
-        self.sample_info: dict[int, dict] = {}   # Sample.index -> what the trace reports per sample
+            if args.custom_convert_samples_to_train_data_path
+            else None
+        )
+        self.train_parallel_config = None  # set by the train group (slime: train_actor.set_rollout_manager)
+        self.sample_info: dict[int, dict] = {}  # Sample.index -> what the trace reports per sample
         init_http_client(args)
         self.data_source = load_function(args.data_source_path)(args)
         self.generate_rollout = load_function(args.rollout_function_path)
         self.eval_generate_rollout = load_function(args.eval_function_path)
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout-manager")
-        self.save_window = None   # SaveWindowKill, set by the session
-        for name in ("generate", "eval", "save", "load", "dispose", "get_updatable_engines_and_lock",
-                     "set_train_parallel_config"):
+        self.save_window = None  # SaveWindowKill, set by the session
+        for name in (
+            "generate",
+            "eval",
+            "save",
+            "load",
+            "dispose",
+            "get_updatable_engines_and_lock",
+            "set_train_parallel_config",
+        ):
             setattr(self, name, _Method(self._pool, getattr(self, f"_{name}")))
 
     def _generate(self, rollout_id):
@@ -66,11 +77,15 @@ class RolloutManagerStandIn:
         self.trace.write("generate", rollout_id, metrics=out.metrics)
         samples = out.samples
         validate_rollout_id_annotated(samples)
-        while isinstance(samples[0], list):   # slime's _get_rollout_data
+        while isinstance(samples[0], list):  # slime's _get_rollout_data
             samples = list(itertools.chain.from_iterable(samples))
         for s in samples:
-            self.sample_info[s.index] = {"pid": int(s.metadata["pid"]), "weight_versions": list(s.weight_versions),
-                                         "staleness": int(s.metadata["epic_group_staleness"]), "rollout_id": rollout_id}
+            self.sample_info[s.index] = {
+                "pid": int(s.metadata["pid"]),
+                "weight_versions": list(s.weight_versions),
+                "staleness": int(s.metadata["epic_group_staleness"]),
+                "rollout_id": rollout_id,
+            }
         data = self.slime_manager._convert_samples_to_train_data(self, samples)
         return self.slime_manager._split_train_data_by_dp(self, data)
 
@@ -84,7 +99,9 @@ class RolloutManagerStandIn:
         result = call_rollout_fn(self.eval_generate_rollout, self.args, rollout_id, self.data_source, evaluation=True)
         # slime's log_eval_rollout_data calls the hook first, like this (its module imports wandb)
         if self.args.custom_eval_rollout_log_function_path is not None:
-            load_function(self.args.custom_eval_rollout_log_function_path)(rollout_id, self.args, result.data, result.metrics)
+            load_function(self.args.custom_eval_rollout_log_function_path)(
+                rollout_id, self.args, result.data, result.metrics
+            )
         self.trace.write("eval", rollout_id, samples={k: len(v["samples"]) for k, v in result.data.items()})
 
     def _save(self, rollout_id):

@@ -46,8 +46,12 @@ def stop() -> None:
 
 
 def _replay_kwargs(args) -> dict:
-    return dict(num_experts=args.num_experts, data_pad_size_multiplier=args.data_pad_size_multiplier,
-                sequence_parallel=args.sequence_parallel, allgather_cp=args.allgather_cp)
+    return dict(
+        num_experts=args.num_experts,
+        data_pad_size_multiplier=args.data_pad_size_multiplier,
+        sequence_parallel=args.sequence_parallel,
+        allgather_cp=args.allgather_cp,
+    )
 
 
 def bytes_served() -> int:
@@ -62,7 +66,8 @@ def replay(args, data, rows) -> torch.Tensor:
     """One micro-batch's routing as slime's actor prepares it (through the installed hook)."""
     actor = sys.modules["slime.backends.megatron_utils.actor"]
     return actor.prepare_routed_experts_for_routing_replay(
-        [data["rollout_routed_experts"][i] for i in rows], [data["tokens"][i] for i in rows], **_replay_kwargs(args))
+        [data["rollout_routed_experts"][i] for i in rows], [data["tokens"][i] for i in rows], **_replay_kwargs(args)
+    )
 
 
 @torch.no_grad()
@@ -77,7 +82,8 @@ def own_routing(args, model, data, rows) -> torch.Tensor:
         logits = model(input_ids=ids, use_cache=False, output_router_logits=True).router_logits
         per_sample.append(torch.stack([lg.topk(topk, dim=-1).indices for lg in logits], dim=1).to(torch.int32))
     return cp_utils.prepare_routed_experts_for_routing_replay(
-        per_sample, [data["tokens"][i] for i in rows], **_replay_kwargs(args))
+        per_sample, [data["tokens"][i] for i in rows], **_replay_kwargs(args)
+    )
 
 
 def agreement(replayed: torch.Tensor, own: torch.Tensor) -> float:

@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-if __name__ == "__main__":   # run as a script: the repository and tests/ on the path
+if __name__ == "__main__":  # run as a script: the repository and tests/ on the path
     _HERE = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [os.path.dirname(os.path.dirname(_HERE)), os.path.dirname(_HERE)]
 
@@ -39,9 +39,9 @@ RUNS = {
     "async-k2-in_place": {"max_staleness": 2, "extra": ["--weight-push-mode", "in_place"]},
     "sync-k0": {"max_staleness": 0, "extra": []},
 }
-CI_RUN = "async-k2-abort"   # the most informative: pushes abort requests in flight, groups span versions
+CI_RUN = "async-k2-abort"  # the most informative: pushes abort requests in flight, groups span versions
 NUM_ROLLOUT = 4
-EVAL_PROMPTS = 4            # x 4 samples = 16 eval samples every rollout
+EVAL_PROMPTS = 4  # x 4 samples = 16 eval samples every rollout
 SESSION_TIMEOUT_S = 900
 
 
@@ -56,26 +56,47 @@ def run(engines, name: str, workdir: str | None = None, num_rollout: int = NUM_R
     found_version = served_weight_version(engines.server.url)
     started = time.time()
     try:
-        rc = h.run_session({
-            "trace": trace, "port": engines.router.port, "dist_file": os.path.join(workdir, "dist"),
-            "engine_urls": [engines.server.url], "real_engines": True,
-            "argv": h.standard_argv(workdir, num_rollout=num_rollout, save_interval=None,
-                                    max_staleness=spec["max_staleness"], extra=spec["extra"]),
-        }, timeout=SESSION_TIMEOUT_S)
+        rc = h.run_session(
+            {
+                "trace": trace,
+                "port": engines.router.port,
+                "dist_file": os.path.join(workdir, "dist"),
+                "engine_urls": [engines.server.url],
+                "real_engines": True,
+                "argv": h.standard_argv(
+                    workdir,
+                    num_rollout=num_rollout,
+                    save_interval=None,
+                    max_staleness=spec["max_staleness"],
+                    extra=spec["extra"],
+                ),
+            },
+            timeout=SESSION_TIMEOUT_S,
+        )
         wall = time.time() - started
         events = h.read_trace(trace) if os.path.exists(trace) else []
         # the last push took effect: the server scores the probe as the trained model, not as the initial one
         final = _final_model(workdir, events)
         probe = _probe_ids()
         served = served_logprobs(engines.server.url, probe)
-        gaps = {"trained": confirm_push(engines.server.url, final, probe) if final is not None else None,
-                "initial": sum(abs(a - b) for a, b in zip(served, model_logprobs(engines.model, probe))) / len(served)}
+        gaps = {
+            "trained": confirm_push(engines.server.url, final, probe) if final is not None else None,
+            "initial": sum(abs(a - b) for a, b in zip(served, model_logprobs(engines.model, probe))) / len(served),
+        }
         last_version = served_weight_version(engines.server.url)
     finally:
         if engines.server.alive():
             restore_initial_weights(engines, found_version)
-    return {"name": name, "rc": rc, "events": events, "workdir": workdir, "wall_s": wall, "probe_gaps": gaps,
-            "last_version": last_version, "summary": summarise(name, events, wall, gaps)}
+    return {
+        "name": name,
+        "rc": rc,
+        "events": events,
+        "workdir": workdir,
+        "wall_s": wall,
+        "probe_gaps": gaps,
+        "last_version": last_version,
+        "summary": summarise(name, events, wall, gaps),
+    }
 
 
 def _probe_ids() -> list[int]:
@@ -107,13 +128,16 @@ def summarise(name: str, events: list[dict], wall: float, gaps: dict) -> dict:
     pushes = [e for e in events if e["event"] == "update_weights"]
     last = [e["metrics"] for e in events if e["event"] == "generate"][-1:] or [{}]
     return {
-        "run": name, "wall_s": round(wall, 1),
+        "run": name,
+        "wall_s": round(wall, 1),
         "prompts_trained": sum(len(e["pids"]) for e in trains),
         "staleness_per_group": [s for e in trains for s in e["staleness"]],
         "staleness_histogram": dict(sorted(Counter(s for e in trains for s in e["staleness"]).items())),
         "version0_mismatch": {k: mismatch[k] for k in ("mean", "max", "tokens")} if mismatch else None,
-        "pushes": len(pushes), "max_confirmed_gap": max((e.get("confirmed_gap") or 0.0 for e in pushes), default=None),
-        "final_probe_gap_trained": gaps.get("trained"), "final_probe_gap_initial": gaps.get("initial"),
+        "pushes": len(pushes),
+        "max_confirmed_gap": max((e.get("confirmed_gap") or 0.0 for e in pushes), default=None),
+        "final_probe_gap_trained": gaps.get("trained"),
+        "final_probe_gap_initial": gaps.get("initial"),
         "abort_resubmits": last[0].get("rollout/accounting/abort_resubmits"),
         "dropped_groups": last[0].get("rollout/staleness/total_dropped_groups"),
     }
@@ -135,7 +159,7 @@ def check_run(result: dict, k: int, num_rollout: int = NUM_ROLLOUT) -> None:
         # the version span of each group's samples (every version any token of it was sampled on)
         n = len(e["weight_versions"]) // len(e["pids"])
         for g in range(len(e["pids"])):
-            versions = {int(v) for s in e["weight_versions"][g * n:(g + 1) * n] for v in s}
+            versions = {int(v) for s in e["weight_versions"][g * n : (g + 1) * n] for v in s}
             assert max(versions) - min(versions) <= k, (e["rollout_id"], g, versions)
     pushes = events(result, "update_weights")
     assert len(pushes) >= num_rollout and all(p["confirmed_gap"] is not None for p in pushes)
@@ -165,7 +189,7 @@ def main(argv: list[str]) -> int:
     if unknown:
         raise SystemExit(f"unknown run(s) {unknown}; choose from {list(RUNS)}")
     workdir, failed = tempfile.mkdtemp(prefix="slime_e2e_real_"), False
-    engines = engines_for_session(Path(workdir))   # EPIC_SLIME_REAL_ENGINES: engines already up
+    engines = engines_for_session(Path(workdir))  # EPIC_SLIME_REAL_ENGINES: engines already up
     try:
         engines.ready()
         for name in names:
@@ -176,8 +200,10 @@ def main(argv: list[str]) -> int:
                 verdict = "passed"
             except AssertionError as exc:
                 verdict, failed = f"FAILED: {exc}", True
-            print(json.dumps({**result["summary"], "rc": result["rc"], "checks": verdict,
-                              "workdir": result["workdir"]}), flush=True)
+            print(
+                json.dumps({**result["summary"], "rc": result["rc"], "checks": verdict, "workdir": result["workdir"]}),
+                flush=True,
+            )
     finally:
         engines.stop()
     return 1 if failed else 0

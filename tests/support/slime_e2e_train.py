@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 PUSH_MODES = ("distributed", "disk-unserialised")
-KILL_BUCKET = 2   # kill_during_push: in the last of the push's 3 buckets (two loaded, lm_head's not)
+KILL_BUCKET = 2  # kill_during_push: in the last of the push's 3 buckets (two loaded, lm_head's not)
 
 
 def _session():
@@ -22,7 +22,6 @@ def _session():
     s = requests.Session()
     s.trust_env = False
     return s
-
 
 
 class CpuTrainGroup:
@@ -36,10 +35,21 @@ class CpuTrainGroup:
     forward runs under slime's rule for it (skipped only under --use-rollout-logprobs without
     --get-mismatch-metrics) and is counted."""
 
-    def __init__(self, args, server_url: str, trace, kill_after_train: int | None = None, manager=None,
-                 push: str = "distributed", save_window=None, store=None, dp_size: int = 2,
-                 engine_urls: list[str] | None = None, real_engines: bool = False,
-                 kill_during_push: int | None = None):
+    def __init__(
+        self,
+        args,
+        server_url: str,
+        trace,
+        kill_after_train: int | None = None,
+        manager=None,
+        push: str = "distributed",
+        save_window=None,
+        store=None,
+        dp_size: int = 2,
+        engine_urls: list[str] | None = None,
+        real_engines: bool = False,
+        kill_during_push: int | None = None,
+    ):
         from epic_slime.runtime.model import ModelConfig, build_policy
         from epic_slime.runtime.task import Tokenizer
 
@@ -48,8 +58,8 @@ class CpuTrainGroup:
         self.args, self.url, self.trace, self.kill_after_train = args, server_url, trace, kill_after_train
         self.manager, self.push, self.save_window = manager, push, save_window
         self.store, self.dp_size = store, dp_size
-        self.engine_urls = list(engine_urls or [server_url])   # the push goes to every engine, not the router
-        self.r3 = bool(getattr(args, "use_rollout_routing_replay", False))   # support/slime_e2e_r3.py
+        self.engine_urls = list(engine_urls or [server_url])  # the push goes to every engine, not the router
+        self.r3 = bool(getattr(args, "use_rollout_routing_replay", False))  # support/slime_e2e_r3.py
         # the real SGLang server: pushes name the checkpoint's tensors, and every push is confirmed by
         # scoring a fixed probe on each engine (it answers success for names it cannot map)
         self.real_engines = real_engines
@@ -59,9 +69,13 @@ class CpuTrainGroup:
         self.last_pushed: dict | None = None
         self.steps_done = 0
         # slime's MegatronTrainRayActor.train_parallel_config at TP = PP = CP = 1
-        self.train_parallel_config = {"dp_size": dp_size, "cp_size": 1, "vpp_size": 1,
-                                      "microbatch_group_size_per_vp_stage": 1}
-        self.updater = None   # slime's distributed updater (support/slime_push.py), connected at the first push
+        self.train_parallel_config = {
+            "dp_size": dp_size,
+            "cp_size": 1,
+            "vpp_size": 1,
+            "microbatch_group_size_per_vp_stage": 1,
+        }
+        self.updater = None  # slime's distributed updater (support/slime_push.py), connected at the first push
         self.memory_clears = 0
         tok = Tokenizer()
         self.model = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=0)
@@ -87,8 +101,15 @@ class CpuTrainGroup:
         r3_log = {"routing_bytes": [0] * self.dp_size, "replayed_rows": [0] * self.dp_size, "agreement": []}
         metrics = self._train(ranks, r3_log)
         counts = {k: self.forwards[k] - before.get(k, 0) for k in self.forwards}
-        self.trace.write("train", rollout_id, forwards=counts, metrics=metrics, dp=fetched,
-                         **self._groups(ranks), **({"r3": r3_log} if self.r3 else {}))
+        self.trace.write(
+            "train",
+            rollout_id,
+            forwards=counts,
+            metrics=metrics,
+            dp=fetched,
+            **self._groups(ranks),
+            **({"r3": r3_log} if self.r3 else {}),
+        )
         if self.kill_after_train is not None and rollout_id == self.kill_after_train:
             self.trace.write("kill", rollout_id)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -107,13 +128,19 @@ class CpuTrainGroup:
                 data = process_rollout_data(self.args, data_refs, rank, self.dp_size)
             reads = self.store.fetches[first:]
             ranks.append(data)
-            fetched.append({"rank": rank, "objects": [f["key"] for f in reads], "bytes": sum(f["bytes"] for f in reads),
-                            "tensor_bytes": sum(f["tensor_bytes"] for f in reads),
-                            "partition": [int(i) for i in data["partition"]],
-                            "sample_indices": [int(i) for i in data["sample_indices"]],
-                            "response_lengths": [int(n) for n in data["response_lengths"]],
-                            "total_lengths": [int(n) for n in data["total_lengths"]],
-                            "keys": sorted(data)})
+            fetched.append(
+                {
+                    "rank": rank,
+                    "objects": [f["key"] for f in reads],
+                    "bytes": sum(f["bytes"] for f in reads),
+                    "tensor_bytes": sum(f["tensor_bytes"] for f in reads),
+                    "partition": [int(i) for i in data["partition"]],
+                    "sample_indices": [int(i) for i in data["sample_indices"]],
+                    "response_lengths": [int(n) for n in data["response_lengths"]],
+                    "total_lengths": [int(n) for n in data["total_lengths"]],
+                    "keys": sorted(data),
+                }
+            )
         return ranks, fetched
 
     def _groups(self, ranks) -> dict:
@@ -122,10 +149,14 @@ class CpuTrainGroup:
         by_position = {int(p): int(i) for data in ranks for p, i in zip(data["partition"], data["sample_indices"])}
         info = [self.manager.sample_info[by_position[p]] for p in sorted(by_position)]
         n = self.args.n_samples_per_prompt
-        groups = [info[i:i + n] for i in range(0, len(info), n)]
-        return {"pids": [g[0]["pid"] for g in groups], "staleness": [g[0]["staleness"] for g in groups],
-                "weight_versions": [s["weight_versions"] for s in info],
-                "split_positions": sorted(by_position), "mixed_groups": sum(len({s["pid"] for s in g}) > 1 for g in groups)}
+        groups = [info[i : i + n] for i in range(0, len(info), n)]
+        return {
+            "pids": [g[0]["pid"] for g in groups],
+            "staleness": [g[0]["staleness"] for g in groups],
+            "weight_versions": [s["weight_versions"] for s in info],
+            "split_positions": sorted(by_position),
+            "mixed_groups": sum(len({s["pid"] for s in g}) > 1 for g in groups),
+        }
 
     def clear_memory(self):
         self.memory_clears += 1
@@ -135,7 +166,10 @@ class CpuTrainGroup:
             self.save_window.saving("model", rollout_id)
         save = Path(self.args.save)
         save.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, save / f"actor_{rollout_id}.pt")
+        torch.save(
+            {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
+            save / f"actor_{rollout_id}.pt",
+        )
         (save / "latest_rollout.txt").write_text(str(rollout_id))
         self.trace.write("save", rollout_id)
 
@@ -152,13 +186,17 @@ class CpuTrainGroup:
 
             self.manager.get_updatable_engines_and_lock.remote().result()
             if self.updater is None:
-                self.updater = make_updater(self.args, self.model, [EngineActorStandIn(u) for u in self.engine_urls],
-                                            after_tensor=self._maybe_kill_in_push)
+                self.updater = make_updater(
+                    self.args,
+                    self.model,
+                    [EngineActorStandIn(u) for u in self.engine_urls],
+                    after_tensor=self._maybe_kill_in_push,
+                )
             self.updater.weight_version = self.weight_version
             self.updater.update_weights()
             self.weight_version = self.updater.weight_version
             confirmed = self._confirm_push() if self.real_engines else None
-            if self.real_engines:   # what the engines serve now, for the caller's final check
+            if self.real_engines:  # what the engines serve now, for the caller's final check
                 self.last_pushed = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             self.trace.write("update_weights", self.weight_version, confirmed_gap=confirmed)
             return
@@ -181,11 +219,17 @@ class CpuTrainGroup:
     def _maybe_kill_in_push(self, bucket: int, index: int, of: int) -> None:
         if self.kill_during_push is None or self.last_trained != self.kill_during_push:
             return
-        if bucket == KILL_BUCKET and index == of // 2:   # the buckets before it loaded, half of it sent
+        if bucket == KILL_BUCKET and index == of // 2:  # the buckets before it loaded, half of it sent
             # the weights being pushed, for the caller's check of what the engine serves after the kill
             torch.save(self.model.state_dict(), Path(self.trace.path).parent / "torn_push_model.pt")
-            self.trace.write("kill_in_push", self.last_trained, bucket=bucket, tensors_sent=index + 1, of=of,
-                             weight_version=self.updater.weight_version)
+            self.trace.write(
+                "kill_in_push",
+                self.last_trained,
+                bucket=bucket,
+                tensors_sent=index + 1,
+                of=of,
+                weight_version=self.updater.weight_version,
+            )
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _confirm_push(self) -> float:
@@ -216,7 +260,7 @@ class CpuTrainGroup:
                 for ids, n, rollout in zip(data["tokens"], data["response_lengths"], data["rollout_log_probs"]):
                     n = int(n)
                     logits = self.model(input_ids=torch.as_tensor(ids)[None], use_cache=False).logits[0].double()
-                    lp = torch.log_softmax(logits[-n - 1:-1] / self.args.rollout_temperature, -1)
+                    lp = torch.log_softmax(logits[-n - 1 : -1] / self.args.rollout_temperature, -1)
                     own = lp.gather(1, torch.as_tensor(ids)[-n:, None]).squeeze(1)
                     gaps.append((own - torch.as_tensor(rollout, dtype=torch.float64)).abs())
         every = torch.cat(gaps)
@@ -272,7 +316,7 @@ class CpuTrainGroup:
         from slime.backends.megatron_utils.loss import compute_advantages_and_returns, loss_function
 
         args = self.args
-        if self.steps_done == 0 and self.start_rollout_id == 0:   # the weights the first rollout sampled with
+        if self.steps_done == 0 and self.start_rollout_id == 0:  # the weights the first rollout sampled with
             self.trace.write("version0_mismatch", 0, **self._rollout_mismatch(ranks))
         if not args.use_rollout_logprobs or args.get_mismatch_metrics:
             for data in ranks:
@@ -287,7 +331,7 @@ class CpuTrainGroup:
             self.optimizer.zero_grad()
             logs = []
             for rank, data in enumerate(ranks):
-                for rows in data["micro_batch_indices"][first:first + k]:
+                for rows in data["micro_batch_indices"][first : first + k]:
                     if self.r3:
                         self._replay(data, rows, rank, r3_log)
                     logits = self._logits(data, rows)

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 def _kill_process_tree(pid, *_, **__):
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGCONT)   # a stopped process group dies on SIGKILL all the same
+        os.killpg(pid, signal.SIGCONT)  # a stopped process group dies on SIGKILL all the same
         os.killpg(pid, signal.SIGKILL)
 
 
@@ -110,5 +110,5 @@ def make_engine(engine_class, server_url: str, router_url: str, pid: int):
 def server_group(handles: list) -> SimpleNamespace:
     """The monitor's view of slime's ``ServerGroup``: ``all_engines``, ``engines``, ``nodes_per_engine``."""
     group = SimpleNamespace(all_engines=list(handles), nodes_per_engine=1)
-    group.engines = group.all_engines   # one node per engine: the same list, as slime's property gives
+    group.engines = group.all_engines  # one node per engine: the same list, as slime's property gives
     return group

@@ -49,16 +49,25 @@ class _Method:
 class EngineActorStandIn:
     """One SGLang engine actor (node rank 0) at ``url``; calls are counted in ``calls``."""
 
-    METHODS = ("pause_generation", "flush_cache", "_make_request", "update_weights_from_distributed",
-               "continue_generation", "init_weights_update_group", "destroy_weights_update_group",
-               "update_weights_from_disk")
+    METHODS = (
+        "pause_generation",
+        "flush_cache",
+        "_make_request",
+        "update_weights_from_distributed",
+        "continue_generation",
+        "init_weights_update_group",
+        "destroy_weights_update_group",
+        "update_weights_from_disk",
+    )
 
     def __init__(self, url: str, flush_tries: int = 60, flush_retry_s: float = 0.2):
         self.url, self.flush_tries, self.flush_retry_s = url, flush_tries, flush_retry_s
         self.calls: list[str] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="engine-actor")
         for name in self.METHODS:
-            setattr(self, name, _Method(self._pool, getattr(self, f"_do{name}" if name.startswith("_") else f"_do_{name}")))
+            setattr(
+                self, name, _Method(self._pool, getattr(self, f"_do{name}" if name.startswith("_") else f"_do_{name}"))
+            )
 
     def _post(self, endpoint: str, payload: dict) -> dict:
         reply = _session().post(f"{self.url}/{endpoint}", json=payload, timeout=300)
@@ -85,10 +94,16 @@ class EngineActorStandIn:
             time.sleep(self.flush_retry_s)
         raise TimeoutError("Timeout while flushing cache.")
 
-    def _do_update_weights_from_distributed(self, names, dtypes, shapes, group_name, flush_cache=False,
-                                            weight_version=None, load_format=None):
-        payload = {"names": names, "dtypes": [str(d).replace("torch.", "") for d in dtypes],
-                   "shapes": [list(s) for s in shapes], "group_name": group_name, "flush_cache": flush_cache}
+    def _do_update_weights_from_distributed(
+        self, names, dtypes, shapes, group_name, flush_cache=False, weight_version=None, load_format=None
+    ):
+        payload = {
+            "names": names,
+            "dtypes": [str(d).replace("torch.", "") for d in dtypes],
+            "shapes": [list(s) for s in shapes],
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+        }
         if weight_version is not None:
             payload["weight_version"] = weight_version
         self.calls.append("update_weights_from_distributed")
@@ -169,20 +184,33 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3, 
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
                 port = sock.getsockname()[1]
-            joined = [e.init_weights_update_group.remote(master_address="127.0.0.1", master_port=port, rank_offset=i + 1,
-                                                         world_size=world, group_name=GROUP_NAME, backend="gloo")
-                      for i, e in enumerate(rollout_engines)]
+            joined = [
+                e.init_weights_update_group.remote(
+                    master_address="127.0.0.1",
+                    master_port=port,
+                    rank_offset=i + 1,
+                    world_size=world,
+                    group_name=GROUP_NAME,
+                    backend="gloo",
+                )
+                for i, e in enumerate(rollout_engines)
+            ]
             # slime's own group set-up (slime.utils.distributed_utils), whose store keys match the engine side as
             # SGLang builds it: a bare ProcessGroupGloo never connects to a real server (or to the stand-in)
             import torch.distributed.distributed_c10d as c10d
             from slime.utils.distributed_utils import init_process_group
 
-            for group, name in list(c10d._world.pg_names.items()):   # an earlier updater's group in this process:
-                if name == GROUP_NAME:                                # torch refuses to register the name twice
+            for group, name in list(c10d._world.pg_names.items()):  # an earlier updater's group in this process:
+                if name == GROUP_NAME:  # torch refuses to register the name twice
                     c10d.destroy_process_group(group)
             self._model_update_groups = init_process_group(
-                backend="gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=0,
-                group_name=GROUP_NAME, timeout=timedelta(seconds=120))
+                backend="gloo",
+                init_method=f"tcp://127.0.0.1:{port}",
+                world_size=world,
+                rank=0,
+                group_name=GROUP_NAME,
+                timeout=timedelta(seconds=120),
+            )
             RayStandIn.get(joined)
 
         def _send_weights(self, pbar) -> None:
@@ -196,12 +224,17 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3, 
             # them): SGLang skips transformers 5's fused in-memory expert names and keeps its own head
             named = list(checkpoint_tensors(self.model[0]).items())
             size = -(-len(named) // buckets)
-            for bucket, chunk in enumerate(named[i:i + size] for i in range(0, len(named), size)):
-                refs = [e.update_weights_from_distributed.remote(
-                            names=[n for n, _ in chunk], dtypes=[p.dtype for _, p in chunk],
-                            shapes=[p.shape for _, p in chunk], group_name=self._group_name,
-                            weight_version=str(self.weight_version))
-                        for e in self.rollout_engines]
+            for bucket, chunk in enumerate(named[i : i + size] for i in range(0, len(named), size)):
+                refs = [
+                    e.update_weights_from_distributed.remote(
+                        names=[n for n, _ in chunk],
+                        dtypes=[p.dtype for _, p in chunk],
+                        shapes=[p.shape for _, p in chunk],
+                        group_name=self._group_name,
+                        weight_version=str(self.weight_version),
+                    )
+                    for e in self.rollout_engines
+                ]
                 for index, (_, param) in enumerate(chunk):
                     opts = dist.BroadcastOptions()
                     opts.rootRank, opts.rootTensor = 0, 0
@@ -210,7 +243,8 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3, 
                         after_tensor(bucket, index, len(chunk))
                 RayStandIn.get(refs)
 
-    updater = CpuDistributedUpdater(args, [model], weights_getter=lambda: {}, model_name="qwen3_moe",
-                                    quantization_config=None)
-    updater.connect_rollout_engines(engines, None)   # the lock guards slime's per-bucket path, replaced here
+    updater = CpuDistributedUpdater(
+        args, [model], weights_getter=lambda: {}, model_name="qwen3_moe", quantization_config=None
+    )
+    updater.connect_rollout_engines(engines, None)  # the lock guards slime's per-bucket path, replaced here
     return updater

@@ -50,7 +50,7 @@ def remove_placeholders() -> list[str]:
 def _installed(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):   # a parent that is a placeholder or not a package
+    except (ImportError, ValueError):  # a parent that is a placeholder or not a package
         return False
 
 
@@ -61,8 +61,12 @@ def rollout_manager_class():
             # SGLang 0.5.15's values; slime reads them only to offload / onload engines
             _placeholder("sglang")
             _placeholder("sglang.srt")
-            _placeholder("sglang.srt.constants", GPU_MEMORY_TYPE_WEIGHTS="weights",
-                         GPU_MEMORY_TYPE_KV_CACHE="kv_cache", GPU_MEMORY_TYPE_CUDA_GRAPH="cuda_graph")
+            _placeholder(
+                "sglang.srt.constants",
+                GPU_MEMORY_TYPE_WEIGHTS="weights",
+                GPU_MEMORY_TYPE_KV_CACHE="kv_cache",
+                GPU_MEMORY_TYPE_CUDA_GRAPH="cuda_graph",
+            )
             _placeholder("slime.backends.sglang_utils.sglang_engine", SGLangEngine=None)
         if not _installed("wandb"):
             _placeholder("wandb")
@@ -94,11 +98,11 @@ class ObjectStoreStandIn:
     """``ray.put`` / ``ray.get`` over pickled objects; counts what each fetcher read."""
 
     def __init__(self):
-        self._objects: dict[int, tuple[bytes, int]] = {}   # key -> (pickle, tensor bytes)
+        self._objects: dict[int, tuple[bytes, int]] = {}  # key -> (pickle, tensor bytes)
         self._keys = itertools.count()
         self._lock = threading.Lock()
         self._who = threading.local()
-        self.fetches: list[dict] = []   # {"fetcher", "key", "bytes"} per get, in order
+        self.fetches: list[dict] = []  # {"fetcher", "key", "bytes"} per get, in order
         self.put_bytes = 0
 
     def put(self, value, **kwargs) -> ObjectRefStandIn:
@@ -118,8 +122,14 @@ class ObjectStoreStandIn:
             raise TypeError(f"ray.get stand-in takes an ObjectRefStandIn or a list of them, got {type(ref).__name__}")
         with self._lock:
             blob, tensors = self._objects[ref.key]
-            self.fetches.append({"fetcher": getattr(self._who, "name", None), "key": ref.key, "bytes": len(blob),
-                                 "tensor_bytes": tensors})
+            self.fetches.append(
+                {
+                    "fetcher": getattr(self._who, "name", None),
+                    "key": ref.key,
+                    "bytes": len(blob),
+                    "tensor_bytes": tensors,
+                }
+            )
         return pickle.loads(blob)
 
     @contextlib.contextmanager

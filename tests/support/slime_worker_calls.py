@@ -24,7 +24,7 @@ def _stand_in_sglang(killed: list) -> None:
     server_args = types.ModuleType("sglang.srt.server_args")
     server_args.ServerArgs = type("ServerArgs", (), {})
     utils = types.ModuleType("sglang.srt.utils")
-    utils.kill_process_tree = killed.append   # shutdown's process kill: recorded, nothing killed
+    utils.kill_process_tree = killed.append  # shutdown's process kill: recorded, nothing killed
     for name in ("sglang", "sglang.srt"):
         sys.modules.setdefault(name, types.ModuleType(name))
     sys.modules["sglang.srt.server_args"] = server_args
@@ -42,7 +42,7 @@ def engine_actor(router_url: str, engine_url: str, killed: list):
     actor.worker_type, actor.node_rank = "regular", 0
     actor.router_ip, actor.router_port = router.hostname, router.port
     actor.server_host, actor.server_port = engine.hostname, engine.port
-    actor.process = types.SimpleNamespace(pid=-1)   # never killed (see the module docstring)
+    actor.process = types.SimpleNamespace(pid=-1)  # never killed (see the module docstring)
     return actor
 
 
@@ -54,9 +54,9 @@ def main(argv: list[str]) -> int:
     actor = engine_actor(router_url, engine_url, killed)
     started = time.monotonic()
     if action == "remove":
-        actor.shutdown()   # slime: GET /workers, DELETE /workers/{id}, then the (stood-in) process kill
+        actor.shutdown()  # slime: GET /workers, DELETE /workers/{id}, then the (stood-in) process kill
     else:
-        actor._register_to_router({})   # slime: POST /workers {"url": ..., "worker_type": "regular"}
+        actor._register_to_router({})  # slime: POST /workers {"url": ..., "worker_type": "regular"}
     print(json.dumps({"action": action, "seconds": time.monotonic() - started, "killed_pids": killed}), flush=True)
     return 0
 

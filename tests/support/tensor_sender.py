@@ -11,7 +11,7 @@ import os
 import sys
 
 import torch
-import torch.multiprocessing as mp   # registers torch's reductions with ForkingPickler
+import torch.multiprocessing as mp  # registers torch's reductions with ForkingPickler
 from multiprocessing.reduction import ForkingPickler
 
 
@@ -25,7 +25,7 @@ def main() -> int:
     with open(tmp, "w") as f:
         f.write(base64.b64encode(buffer.getvalue()).decode("ascii"))
     os.replace(tmp, out)
-    sys.stdin.read()   # hold the shared tensors until the test is done with them
+    sys.stdin.read()  # hold the shared tensors until the test is done with them
     return 0
 
 
