@@ -61,7 +61,6 @@ The collection poll of ``collect_admitted_groups`` is 0.05 s in slime; here it i
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys

@@ -290,7 +290,7 @@ def test_the_warm_start_says_it_is_trained_once_and_cached_with_an_eta(tmp_path,
     out = capsys.readouterr().out
     path = provenance.split(":", 1)[1]
     assert provenance.startswith("trained:") and Path(path).exists()
-    assert f"training 20 supervised steps, once for this config" in out and f"later runs load it from {path}" in out
+    assert "training 20 supervised steps, once for this config" in out and f"later runs load it from {path}" in out
     assert "[warm start (trained once, then cached)] step 2/20" in out and "ETA" in out
     _, again = _tiny_warm_start(tmp_path, monkeypatch, seen)
     assert again == f"cache:{path}" and f"warm start: cached at {path}" in capsys.readouterr().out
