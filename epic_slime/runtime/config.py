@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,8 +287,6 @@ FIELDS: dict[str, tuple[type, Any, Any, tuple | None, str]] = {
     ),
 }
 
-LOSS_KEYS_PREFIX = "policy_loss"
-
 
 @dataclass
 class RuntimeConfig:
@@ -358,22 +354,6 @@ class RuntimeConfig:
             "policy_loss_params": resolved,
             "policy_loss_aggregation": self.policy_loss_aggregation,
         }
-
-    def with_overrides(self, **kv) -> "RuntimeConfig":
-        values = dict(self.values)
-        for k, v in kv.items():
-            if k not in values:
-                raise ConfigError(f"unknown field {k!r}")
-            values[k] = v
-        out = RuntimeConfig(
-            self.policy_loss, dict(self.policy_loss_params), values, dict(self.loss_args), self.policy_loss_aggregation
-        )
-        _validate(out)
-        return out
-
-    def hash_of(self, keys: list[str]) -> str:
-        blob = json.dumps({k: self.values[k] for k in sorted(keys)}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _flag(name: str) -> str:
@@ -652,7 +632,3 @@ def parse_config(argv: list[str], prog: str = "epic-slime train", quick: bool = 
     )
     _validate(cfg)
     return cfg
-
-
-def config_fields() -> list[str]:
-    return list(FIELDS)

@@ -24,7 +24,7 @@ from epic_slime.slime.data_source import StreamingDataSource, group_key
 from epic_slime.slime.engine_faults import MAX_GROUP_ATTEMPTS, EngineFailedError, EngineFaults
 from epic_slime.staleness import AdmissionBudget, parse_weight_version, sample_oldest_version
 
-logger = logging.getLogger("epic_slime.slime.group_stream")
+logger = logging.getLogger(__name__)
 
 __all__ = ["MAX_GROUP_ATTEMPTS", "AbortLoopError", "GroupStream", "abort_limit"]
 # A group aborted this many times in a row (each abort resubmits its partial response) fails the

@@ -67,7 +67,7 @@ from epic_slime.staleness import (
     trainer_version_for_rollout,
 )
 
-logger = logging.getLogger("epic_slime.slime.rollout")
+logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _stream = None
