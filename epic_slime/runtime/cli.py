@@ -8,7 +8,7 @@ import sys
 from . import checkpoint
 from .checkpoint import has_checkpoint
 from .config import ConfigError, RuntimeConfig, parse_config
-from .run_files import check_output_dir
+from .run_files import RunFolderTaken, check_output_dir
 
 EXIT_INTERRUPTED = 130  # the shell's convention for a run ended by SIGINT
 _NOTHING_SAVED = (
@@ -70,6 +70,11 @@ def resume_command(argv: list[str], cfg: RuntimeConfig) -> str:
     return shlex.join(["epic-slime", "train", *kept, "--load", str(cfg.checkpoint_dir)])
 
 
+def loss_values_given(cfg: RuntimeConfig) -> bool:
+    """Whether the command sets a loss parameter's value (the quick pass leaves those unchecked)."""
+    return any(v is not None for k, v in cfg.loss_args.items() if k not in ("policy_loss", "policy_loss_aggregation"))
+
+
 def refuse_before_start(cfg: RuntimeConfig) -> None:
     """The refusals that need no torch or Ray: a --load without a checkpoint or from another run's
     config, an output directory holding another run. The driver checks them again when it starts (the
@@ -86,7 +91,15 @@ def refuse_before_start(cfg: RuntimeConfig) -> None:
 def train_main(argv: list[str]) -> int:
     try:
         # refusals (and --help) before torch's and Ray's imports: at once, not after a start-up banner
-        refuse_before_start(parse_config(list(argv), quick=True))
+        quick = parse_config(list(argv), quick=True)
+        try:
+            refuse_before_start(quick)
+        except RunFolderTaken:
+            # a bad value outranks a taken folder, and only the full pass (torch) checks the loss
+            # parameters' values: when one is set, that pass runs first (raising its own error)
+            if loss_values_given(quick):
+                parse_config(list(argv))
+            raise
         cfg = parse_config(list(argv))
     except (ConfigError, FileNotFoundError) as e:
         print(f"epic-slime train: error: {e}", file=sys.stderr)

@@ -29,6 +29,11 @@ STEP_FILES = (METRICS_FILE, BATCHES_FILE, EVAL_METRICS_FILE, EVAL_RECORDS_FILE) 
 RUN_FILES = (*STEP_FILES, SUMMARY_FILE, CONFIG_FILE)
 
 
+class RunFolderTaken(ConfigError):
+    """--output-dir holds another run: a ConfigError that `epic-slime train` reports only after the
+    config itself has passed every check (a bad value is the thing to fix first)."""
+
+
 def existing_run(cfg: RuntimeConfig) -> list[Path]:
     """The files of an earlier run in cfg's output directory (and its checkpoints), if any."""
     out, ckpt = Path(cfg.output_dir), cfg.checkpoint_dir
@@ -62,7 +67,7 @@ def check_output_dir(cfg: RuntimeConfig, resume_path: Path | None) -> list[Path]
     elif resume_path is None:
         listed = ", ".join(p.name for p in found)
         hint = f"--load {ckpt} to resume it, " if ckpt in found else ""
-        raise ConfigError(
+        raise RunFolderTaken(
             f"--output-dir {out} already holds a run ({listed}): pass {hint}--overwrite to replace "
             "it, or choose another --output-dir (e.g. --output-dir runs/check)"
         )

@@ -110,7 +110,7 @@ def test_loss_parameter_of_another_mode_is_rejected():
 def test_cli_returns_2_with_a_message(tmp_path, capsys):
     assert train_main(["--config", str(tmp_path / "missing.yaml")]) == 2
     assert "file not found" in capsys.readouterr().err
-    assert train_main(["--update-depth", "5"]) == 2
+    assert train_main(["--update-depth", "5", "--output-dir", str(tmp_path / "run")]) == 2
     assert "update_depth=5" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train_main(["--max-staleness", "-x"])
@@ -175,7 +175,8 @@ def test_loss_parameters_on_the_command_line(flag, value, expected):
 
 def test_yaml_number_parameter_trains_through_the_cli(tmp_path, capsys):
     # the crash of the issue was an exit 1 with a traceback: now it is a config error naming the field
-    assert train_main(["--config", _yaml(tmp_path, "epic_delta_low: 0\n")]) == 2
+    # its own output folder: never the checkout's runs/local-default, which the README's command 1 fills
+    assert train_main(["--config", _yaml(tmp_path, "epic_delta_low: 0\n"), "--output-dir", str(tmp_path / "run")]) == 2
     assert "delta_low=0" in capsys.readouterr().err
 
 
