@@ -86,12 +86,11 @@ def build_parser(prog: str = "epic-slime train", loss_table: dict | None = None)
     )
     parser.add_argument("--config", default=None, help="YAML config (keys = flag names with underscores)")
     for opt in FIELDS.values():
-        if opt.type is bool:
-            boolean = argparse.BooleanOptionalAction
-            parser.add_argument(opt.flag, dest=opt.name, default=opt.default, action=boolean, help=opt.shown_help)
+        if opt.type is bool:  # --name / --no-name
+            kind = {"action": argparse.BooleanOptionalAction}
         else:
             kind = {"type": opt.type, "choices": opt.choices}
-            parser.add_argument(opt.flag, dest=opt.name, default=opt.default, help=opt.shown_help, **kind)
+        parser.add_argument(opt.flag, dest=opt.name, default=opt.default, help=opt.shown_help, **kind)
     if loss_table is None:
         from epic_slime.losses.flags import add_policy_loss_arguments
 
