@@ -34,6 +34,10 @@ def _fmt(v, spec=".3f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+def _step(v) -> str:
+    return "n/a" if v is None else str(v)
+
+
 def end_of_run_lines(summary: dict, cfg: RuntimeConfig) -> list[str]:
     """What a person wants to know when a run ends (or was interrupted)."""
     out = summary["output_dir"]
@@ -43,8 +47,9 @@ def end_of_run_lines(summary: dict, cfg: RuntimeConfig) -> list[str]:
         f"{summary['steps']} of {cfg.num_rollout}) in {summary['loop_s']:.1f}s "
         f"({summary['trained_samples_per_s']:.1f} trained samples/s)",
         f"  training reward {_fmt(first)} (first {n} steps) -> {_fmt(last)} (last {n})",
-        f"  held-out {summary['eval_key'].split('/')[-1]}: {_fmt(summary['eval_start'])} at start, best "
-        f"{_fmt(summary['eval_best'])} at step {summary['eval_best_step'] if summary['eval_best_step'] is not None else 'n/a'}",
+        f"  held-out {summary['eval_key'].split('/')[-1]}: {_fmt(summary['eval_start'])} at start, "
+        f"{_fmt(summary['eval_final'])} at the last eval (step {_step(summary['eval_final_step'])}), "
+        f"best {_fmt(summary['eval_best'])} at step {_step(summary['eval_best_step'])}",
         f"  staleness max {summary['staleness_max']} (K={cfg.max_staleness}); samples dropped "
         f"{summary['accounting/dropped']}, lost {summary['accounting/lost']}; bad tokens skipped "
         f"{summary['bad_tokens']}, optimizer steps skipped {summary['skipped_steps']}",

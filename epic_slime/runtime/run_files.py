@@ -203,6 +203,7 @@ def run_outcome(out: Path, cfg: RuntimeConfig) -> dict:
     rewards = [r[names.REWARD_MEAN] for r in rows]
     n = max(1, min(10, len(rewards) // 2))
     best = max(evals, key=lambda e: (e[1], -e[0])) if evals else None  # earliest step on ties
+    final = sorted(evals, key=lambda e: e[0])[-1] if evals else None  # the latest version, last written
     return {
         "reward_first": statistics.fmean(rewards[:n]) if rewards else None,
         "reward_last": statistics.fmean(rewards[-n:]) if rewards else None,
@@ -211,6 +212,8 @@ def run_outcome(out: Path, cfg: RuntimeConfig) -> dict:
         "eval_start": evals[0][1] if evals else None,
         "eval_best": best[1] if best else None,
         "eval_best_step": best[0] if best else None,
+        "eval_final": final[1] if final else None,
+        "eval_final_step": final[0] if final else None,
         "staleness_max": max((r[names.STALENESS_MAX] for r in rows), default=None),
         "bad_tokens": sum(r.get(names.BAD_TOKENS, 0) for r in rows),
         "skipped_steps": sum(r.get(names.SKIPPED_STEPS, 0) for r in rows),

@@ -103,6 +103,35 @@ def test_the_plan_picks_the_fastest_steady_row_against_the_best_sync(monkeypatch
     assert "pick: none" in planner.format_plan(planner.plan(p, 2, "abort"))
 
 
+def test_the_plan_says_each_simulation_as_it_ends(monkeypatch):
+    """plan takes minutes: a line per simulation, each printed before the next one starts, after a line
+    with their count; without ``log`` it prints nothing and picks the same."""
+    p = planner.preset_for("qwen3-30b-a3b", 24, "H100", "8x4", "1000,0.6,2000", paper_preset())
+    events = []
+
+    def fake_sync(q, n):
+        events.append("simulate sync")
+        return dict(s_per_rollout=120.0, gpus_per_engine=4, by_engine={4: 120.0, 8: 130.0})
+
+    def fake_simulate(q, schedule, rollouts, warmup=2):
+        events.append(f"simulate {q.train_gpus_split}x{q.gpus_per_engine}")
+        return dict(s_per_rollout=100.0, dropped_groups=0, requeued_groups=0)
+
+    monkeypatch.setattr(planner, "best_sync", fake_sync)
+    monkeypatch.setattr(planner, "simulate", fake_simulate)
+    monkeypatch.setattr(planner, "throughput_bound", lambda q, r, t, push: dict(bound_s=60.0))
+    result = planner.plan(p, 2, "abort", log=events.append)
+    assert events[0] == "[plan] 5 simulations of 10+ rollouts: the sync colocated baseline, then 4 splits"
+    assert events[1] == "simulate sync" and events[2].startswith("[plan] 1/5 sync colocated: 120.0 s/rollout")
+    splits = [(8, 4), (8, 8), (16, 4), (16, 8)]
+    for i, (train, gpe) in enumerate(splits):  # each split's line comes right after its own simulation
+        assert events[3 + 2 * i] == f"simulate {train}x{gpe}"
+        assert events[4 + 2 * i].startswith(f"[plan] {i + 2}/5 train {train} GPUs, {gpe}-GPU engines: 100.0 s/rollout")
+    assert len(events) == 3 + 2 * len(splits)
+    events.clear()
+    assert planner.plan(p, 2, "abort") == result and not [e for e in events if e.startswith("[plan]")]
+
+
 def test_the_price_line_names_the_baseline_and_the_band(tmp_path):
     table = {
         "band_ranges": "tp_alpha 0.43-1, push 5-40 s",

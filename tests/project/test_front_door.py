@@ -18,7 +18,7 @@ from support.occupied_run import occupy
 
 REPO = Path(__file__).resolve().parents[2]
 CI_RUN = REPO / ".ci" / "run"
-DEFAULT_RUN = FIELDS["output_dir"][1]  # runs/local-default: where command 1's run goes
+DEFAULT_RUN = FIELDS["output_dir"].default  # runs/local-default: where command 1's run goes
 
 
 def _ci_lines() -> list[str]:

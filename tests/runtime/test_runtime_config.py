@@ -188,3 +188,57 @@ def test_every_sweep_option_has_help_and_its_default():
     for a in actions:
         assert a.help and "default" in a.help, a.dest
     assert build_sweep_parser().parse_args([]).update_depths is None  # then the config's update_depth
+
+
+def test_every_option_has_help_and_a_rule_or_a_reason_for_none():
+    from epic_slime.runtime.config import FIELDS
+
+    assert len(FIELDS) >= 60  # the table is read from the dataclass: an empty read would pass the loop
+    for opt in FIELDS.values():
+        assert opt.help.strip(), f"{opt.name}: no help text"
+        checked = opt.rule is not None or opt.choices is not None or opt.type is bool  # bool: true or false
+        assert checked or opt.unchecked.strip(), f"{opt.name}: no rule, no choices and no reason for none"
+        assert not (checked and opt.unchecked), f"{opt.name}: a rule and a reason for none"
+        assert opt.nullable == (opt.default is None), f"{opt.name}: null allowed iff it is the default"
+
+
+def _help_entries(monkeypatch) -> dict[str, str]:
+    """--help as flag -> its whole entry on one line (a wide terminal: argparse wraps nothing)."""
+    from epic_slime.runtime.config import build_parser
+
+    monkeypatch.setenv("COLUMNS", "10000")
+    entries, current = {}, None
+    for line in build_parser().format_help().splitlines():
+        if line.startswith("  -"):
+            current = line.split()[0].rstrip(",")
+            entries[current] = line
+        elif current is not None and line.startswith("   "):
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def test_help_lists_every_option_with_its_default(monkeypatch):
+    from epic_slime.runtime.config import FIELDS
+
+    entries = _help_entries(monkeypatch)
+    for opt in FIELDS.values():
+        entry = entries.get(opt.flag)
+        assert entry is not None, f"{opt.flag} is not in --help"
+        assert opt.help in entry, opt.flag
+        if "default:" in opt.help:  # the text states its default itself (a derived one: <output-dir>/...)
+            assert entry.count("default:") == 1, entry
+        else:
+            assert entry.endswith(f"(default: {opt.default})"), entry
+
+
+def test_every_option_is_a_yaml_key_read_as_its_type(tmp_path):
+    """A file that sets every option to its default parses back to the defaults (the keys, the types)."""
+    import yaml
+
+    from epic_slime.runtime.config import FIELDS
+
+    text = yaml.safe_dump({name: opt.default for name, opt in FIELDS.items()})
+    cfg = parse_config(["--config", _yaml(tmp_path, text)])
+    for name, opt in FIELDS.items():
+        value = getattr(cfg, name)
+        assert value == opt.default and type(value) is type(opt.default), (name, value)
