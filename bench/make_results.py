@@ -249,6 +249,37 @@ def ladder() -> list[str]:
     return lines
 
 
+STRESS_CELLS = {
+    "lr1": "lr1",
+    "lr2": "lr2",
+    "lr4": "lr4",
+    "lr8": "lr8",
+    "lr16": "lr16",
+    "lr4_d32": "lr4, D 32",
+    "lr4_d128": "lr4, D 128",
+    "lr4_k8": "lr4, K 8",
+    "lr4_k16": "lr4, K 16",
+}
+
+
+def stress() -> list[str]:
+    """Test mean@8 at the last checkpoint, mean over seeds; **B** where the cell breaks by the rule fixed
+    before the runs, `*` where the paired 95% interval to EPIC excludes 0."""
+    path = REPO / "docs" / "study" / "stress" / "summary.json"
+    cells = json.loads(_read(path))["stress"]["cells"]
+    methods = list(cells["lr1"]["methods"])
+    lines = ["| method | " + " | ".join(STRESS_CELLS.values()) + " |", "|---|" + "---|" * len(STRESS_CELLS)]
+    for method in methods:
+        row = []
+        for c in STRESS_CELLS:
+            m = cells[c]["methods"][method]
+            broke = "**B** " if m["breaks"] else ""
+            row.append(f"{broke}{m['test_last_mean']:.3f}{_mark(m.get('diff_vs_epic'))}")
+        lines.append(f"| {method} | " + " | ".join(row) + " |")
+    lines += ["", _source(path)]
+    return lines
+
+
 SECTIONS = {
     "runtime_timing": runtime_timing,
     "async_pairs": async_pairs,
@@ -256,6 +287,7 @@ SECTIONS = {
     "stall_probe": stall_probe,
     "schedules": schedules,
     "ladder": ladder,
+    "stress": stress,
 }
 
 
