@@ -209,6 +209,13 @@ def schedules() -> list[str]:
             f"| {band_text} | {r['share'] * 100:.0f}% |"
         )
     run = _paper_run_lines()
+    k2 = _frontier_row(front["rows"], 2, "abort", "24:8", 4)
+    if not run["headline"].split(": ")[-1].startswith(f"{k2['ratio']:.2f}x"):
+        # one setting, one price: the default command and the frontier / launcher share steady_window
+        raise ValueError(
+            f"paper_run.txt prices the launcher's K = 2 at {run['headline']!r}, the frontier at {k2['ratio']:.2f}x: "
+            "rerun both (python bench/schedule_sim.py --text bench/schedsim/paper_run.txt; ... frontier; ... launch-table)"
+        )
     lines += [
         "",
         f"The default command prints `headline: {run['headline']}` and `best at the launcher's split: {run['best']}`.",
