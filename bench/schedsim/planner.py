@@ -14,7 +14,7 @@ from .bound import throughput_bound
 from .frontier import MIN_TRAIN_GPUS, best_sync, split_preset
 from .presets import GPUS, MODELS, Preset, kv_capacity
 from .report import STEADY_SHARE_MAX
-from .schedules import simulate
+from .schedules import simulate, steady_window
 
 ENGINE_SIZES = (4, 8)
 
@@ -73,8 +73,8 @@ def plan(p: Preset, k: int, push_mode: str, gpus_per_node: int = 8, rollouts: in
     for i, (train, gpe) in enumerate(splits, start=2):
         t0 = time.monotonic()
         q = split_preset(p, train, gpe, push_mode)
-        warmup = max(2, k + 2)  # past the budget's start-up (up to K batches ahead)
-        r = simulate(q, f"async K={k}", max(rollouts, warmup + 8), warmup=warmup)
+        n, warmup = steady_window(f"async K={k}", rollouts)  # the frontier's window: one setting, one price
+        r = simulate(q, f"async K={k}", n, warmup=warmup)
         b = throughput_bound(q, p.total_gpus - train, train, q.push_s_split)
         rows.append(
             dict(

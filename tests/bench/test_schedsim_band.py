@@ -196,3 +196,33 @@ def test_plan_runs_without_slime_and_summarises_group_errors():
     notes = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(notes) == 1 and "stand-in for slime's Sample" in notes[0], result.stderr
     assert "in a row" not in result.stdout + result.stderr
+
+
+def test_every_table_prices_a_setting_over_one_steady_window(monkeypatch):
+    """The default command once averaged async K=2 from rollout 2 (222.1 s, 1.42x) where the frontier and the
+    launcher averaged from rollout K + 2 = 4 (229.6 s, 1.38x). Now the default command's table and the frontier
+    both take their window from schedules.steady_window: K + 2 warm-up rollouts (at least 2), then at least 10."""
+    from schedsim import frontier, schedules
+
+    assert schedules.steady_window("sync colocated", 12) == (12, 2)  # K = 0: the floor of 2 warm-up rollouts
+    assert schedules.steady_window("async K=1", 12) == (13, 3)
+    assert schedules.steady_window("async K=2", 12) == (14, 4)
+    assert schedules.steady_window("async K=2", 20) == (20, 4)  # a longer run keeps its length
+    calls = []
+
+    def fake_simulate(q, schedule, rollouts=12, warmup=2, **kwargs):
+        calls.append((schedule, rollouts, warmup))
+        return dict(s_per_rollout=100.0)
+
+    monkeypatch.setattr(schedules, "simulate", fake_simulate)
+    monkeypatch.setattr(frontier, "simulate", fake_simulate)
+    monkeypatch.setattr(frontier, "summary", lambda q, r, sync_s, warmup: dict(r))
+    p = paper_preset()
+    schedules.run_preset(p, 12)
+    default_command = {schedule: (n, w) for schedule, n, w in calls}
+    assert default_command == {s: schedules.steady_window(s, 12) for s in schedules.SCHEDULES}
+    calls.clear()
+    frontier.frontier(p, 12, ks=(1, 2, 4), pushes=("abort",), splits=((8, 4),), sync=dict(s_per_rollout=300.0))
+    assert {schedule: (n, w) for schedule, n, w in calls} == {
+        s: default_command[s] for s in ("async K=1", "async K=2", "async K=4")
+    }
