@@ -34,7 +34,6 @@ from epic_slime.tools.agent import (
     AgentConfig,
     ToolRegistry,
     TrajectoryLog,
-    format_observation,
 )
 
 URL_TEMPLATE = "http://{ip}:{port}/generate"
@@ -142,7 +141,7 @@ async def run_agent(
         observation, error = await registry.run(*call)
         if error is not None:
             log.tool_errors[error] = log.tool_errors.get(error, 0) + 1
-        obs_tokens = tokenizer.encode(format_observation(observation), add_special_tokens=False)
+        obs_tokens = tokenizer.encode(registry.observation(observation), add_special_tokens=False)
         room = cap - sample.response_length
         cut = len(obs_tokens) > room
         obs_tokens = obs_tokens[:room]

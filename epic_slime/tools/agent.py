@@ -69,6 +69,10 @@ class ToolRegistry:
             raise ValueError(f"tool {name!r} is registered twice")
         self.tools[name] = tool
 
+    def observation(self, text: str) -> str:
+        """The text whose tokens join the response after a call (a registry may format its own)."""
+        return format_observation(text)
+
     def stop_strings(self) -> list[str]:
         """The engine stops a turn right after a call: these close the call tags."""
         return [f"</{name}>" for name in self.tools]
