@@ -36,6 +36,7 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/runtime/test_runtime_e2e.py": 300,  # [20 s idle; the loaded run: 122 s]
     "tests/slime_adapter/test_slime_e2e.py": 300,  # [98 s the two-engine run through the router]
     "tests/slime_adapter/test_slime_e2e_deciles.py": 300,  # one 8-rollout K = 2 session
+    "tests/slime_adapter/test_slime_e2e_agent.py": 600,  # [142 s a 4-rollout multi-turn session at load ~10]
     "tests/study/test_study_runner.py": 600,  # [116 s the tiny study]
     "tests/evaluation/test_evaluation_cli.py": 300,  # [11 s]
     "tests/evaluation/test_reward_isolation.py": 300,  # [9 s]

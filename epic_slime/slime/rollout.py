@@ -54,6 +54,7 @@ from epic_slime.metric_names import STALENESS_PREFIX
 from epic_slime.slime.data_source import StreamingDataSource, group_key
 from epic_slime.slime.flags import DATA_SOURCE_PATH
 from epic_slime.slime.group_stream import GroupStream
+from epic_slime.slime.sample_checks import check_groups_alignment
 from epic_slime.staleness import (
     StalenessGate,
     annotate_group,
@@ -125,6 +126,7 @@ async def _collect(
         requeue=stream.requeue if gate.stale_policy == "drop" else None,
         on_drop=lambda group: (ledger.drop(group_key(group)), stream.release(group), stream.record(group, "dropped")),
     )
+    check_groups_alignment(groups)  # a misaligned generate function stops the run before any delivery
     for group in groups:
         ledger.deliver(group_key(group), rollout_id)
         stream.release(group)
@@ -232,6 +234,7 @@ def generate_on_policy_rollout(args, rollout_id: int, data_source):
     # (slime's synchronous rollout hands back aborted groups through add_samples only with
     # --partial-rollout, which K = 0 rejects)
     ledger = data_source.ledger
+    check_groups_alignment(groups)
     for group in groups:
         ledger.deliver(group_key(group), rollout_id)
     ledger.close_rollout(rollout_id - 1)
