@@ -159,7 +159,10 @@ def _rank(rank: int, world: int, scenario: str, init_file: str, out: str) -> Non
         if scenario == "r3":
             from support.megatron_r3 import run_r3
 
-            result.update(run_r3(hf, layout, _model, _optimizer))
+            mine = run_r3(hf, layout, _model, _optimizer)
+            ranks = [None] * world
+            dist.all_gather_object(ranks, mine)  # each TP rank replays its own sequence shard under SP
+            result["ranks"] = ranks
         else:
             cfg, gpt, ddp = _model(hf)
             from epic_slime.losses import LOSS_MODES
