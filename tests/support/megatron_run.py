@@ -67,7 +67,14 @@ def finish(proc: subprocess.Popen, out: Path, timeout: float) -> tuple[int, str,
         proc.kill()
         proc.wait()
     log = out.with_suffix(".log").read_text()
-    result = json.loads(out.read_text()) if proc.returncode == 0 and out.is_file() else None
+    result = None
+    if proc.returncode == 0 and out.is_file():
+        if out.suffix == ".pt":
+            import torch
+
+            result = torch.load(out)
+        else:
+            result = json.loads(out.read_text())
     return proc.returncode, log[-4000:], result
 
 

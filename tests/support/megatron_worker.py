@@ -68,6 +68,10 @@ def _model(hf, r3: bool = False):
     else:
         gpt = build_gpt(config, cfg, hf.config)
     load_hf_weights(gpt, hf, cfg)
+    from megatron.core import tensor_parallel
+
+    for param in gpt.parameters():  # as megatron.training's get_model does (slime's weight sync reads them)
+        tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
     config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(
         config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False), gpt
@@ -163,6 +167,10 @@ def _rank(rank: int, world: int, scenario: str, init_file: str, out: str) -> Non
             ranks = [None] * world
             dist.all_gather_object(ranks, mine)  # each TP rank replays its own sequence shard under SP
             result["ranks"] = ranks
+        elif scenario == "convert":
+            from support.megatron_push import probe_ids, run_convert
+
+            result.update(run_convert(hf, probe_ids(), _model, _optimizer, _train_step))
         else:
             cfg, gpt, ddp = _model(hf)
             from epic_slime.losses import LOSS_MODES
@@ -178,7 +186,9 @@ def _rank(rank: int, world: int, scenario: str, init_file: str, out: str) -> Non
             for mode in modes:
                 load_hf_weights(gpt, hf, cfg)  # fresh weights for every mode
                 result["modes"][mode] = _train_step(make_args(mode), ddp, gpt, data, record_grads=scenario != "smoke")
-        if rank == 0:
+        if rank == 0 and out.endswith(".pt"):
+            torch.save(result, out)  # tensors (the converted weights)
+        elif rank == 0:
             Path(out).write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
