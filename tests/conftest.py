@@ -60,6 +60,11 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/slime_adapter/test_real_router_driver_faults.py": 1500,
     # a second real server's start (when this file runs first), a restart of one, rollouts across faults
     "tests/slime_adapter/test_engine_faults_real.py": 900,
+    # Megatron-core on CPU in worker processes of their own (tests/support/megatron_worker.py):
+    # [measured below, idle and at load]
+    "tests/slime_adapter/test_megatron_cpu_patches.py": 900,
+    "tests/slime_adapter/test_megatron_loss.py": 1200,
+    "tests/slime_adapter/test_megatron_r3.py": 1200,
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {
