@@ -1,0 +1,120 @@
+"""Issue 47: the rollout (behaviour) reward beside each cell's scores, its clean reference and 75% gate, and
+the calibration statistics of a mismatch level (gap, per-token KL), against independent float64 references."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+
+from epic_slime.study.behaviour import clean_setting, rollout_reward_cells
+from epic_slime.study.calibration import gate, interpolate_sigma, level_statistics
+from epic_slime.study.plan import load_study_config
+
+CONFIG = """
+seeds: [1, 2]
+methods: [epic, grpo]
+settings:
+  - {name: a_none}
+  - {name: a_mis, rollout_router_noise: 0.3}
+  - {name: a_tis, rollout_router_noise: 0.3, use_tis: true}
+  - {name: b_none, task_min_operands: 6, task_max_operands: 6}
+  - {name: b_mis, task_min_operands: 6, task_max_operands: 6, rollout_router_noise: 0.3}
+  - {name: c_mis, task_min_operands: 7, task_max_operands: 7, rollout_router_noise: 0.3}
+test_prompts: 8
+train: {task_name: fib, task_min_operands: 4, task_max_operands: 4, num_rollout: 2}
+"""
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_text(CONFIG)
+    return load_study_config(path)
+
+
+def test_the_clean_setting_is_the_one_without_mismatch_keys_and_otherwise_equal(cfg):
+    assert clean_setting(cfg, "a_mis") == "a_none" and clean_setting(cfg, "a_tis") == "a_none"
+    assert clean_setting(cfg, "b_mis") == "b_none"  # not a_none: another length
+    assert clean_setting(cfg, "a_none") == "a_none"
+    assert clean_setting(cfg, "c_mis") is None  # no clean cell at that length
+
+
+def _rows(rewards):
+    return [{"step": i + 1, "rollout/raw_reward": r} for i, r in enumerate(rewards)]
+
+
+def test_rollout_reward_per_cell_first_mean_last_and_the_gate_at_its_boundary(cfg):
+    rewards = {
+        ("a_none", "epic", 1): [0.40, 0.5, 0.6],
+        ("a_none", "grpo", 1): [0.40, 0.45, 0.5],
+        ("a_none", "epic", 2): [0.60, 0.6, 0.7],
+        ("a_none", "grpo", 2): [0.60, 0.5, 0.5],
+        ("a_mis", "epic", 1): [0.30, 0.2, 0.1],  # 0.375 pooled = 75% of 0.5 exactly: passes
+        ("a_mis", "epic", 2): [0.45, 0.2, 0.1],
+        ("b_none", "epic", 1): [0.40],
+        ("b_mis", "epic", 1): [0.2999],  # just under 75% of 0.40: fails
+        ("c_mis", "epic", 1): [0.2],
+    }
+    metrics = {k: _rows(v) for k, v in rewards.items()}
+    results = [
+        {"setting": s, "method": m, "seed": sd, "test_at_final": 0.1 * sd + len(s) / 100} for (s, m, sd) in rewards
+    ]
+    warm = {"by_setting": {"a_none": {"test_by_seed": {"1": 0.3, "2": 0.32}}}}
+    cells = rollout_reward_cells(cfg, metrics, results, warm)
+    epic = cells["a_none"]["methods"]["epic"]
+    assert epic["first"] == pytest.approx(0.5) and epic["last"] == pytest.approx(0.65)
+    assert epic["mean"] == pytest.approx(
+        statistics.fmean([statistics.fmean([0.4, 0.5, 0.6]), statistics.fmean([0.6, 0.6, 0.7])])
+    )
+    assert cells["a_none"]["first"] == pytest.approx(0.5)  # pooled over methods and seeds
+    assert "passes_gate" not in cells["a_none"]  # a clean cell is the reference, not gated
+    assert cells["a_mis"]["of_clean"] == pytest.approx(0.75) and cells["a_mis"]["passes_gate"]
+    assert cells["b_mis"]["clean"] == "b_none" and not cells["b_mis"]["passes_gate"]
+    assert "of_clean" not in cells["c_mis"]
+    # gain over the warm start, paired by seed, with a t interval (df 1)
+    diffs = [0.1 + 0.06 - 0.3, 0.2 + 0.06 - 0.32]
+    gain = epic["gain"]
+    half = 12.706204736174707 * statistics.stdev(diffs) / math.sqrt(2)
+    assert gain["mean"] == pytest.approx(statistics.fmean(diffs)) and gain["n"] == 2
+    assert (gain["low"], gain["high"]) == pytest.approx((gain["mean"] - half, gain["mean"] + half))
+    assert "gain" not in cells["b_mis"]["methods"]["epic"]  # no warm-start score for that setting
+
+
+def test_level_statistics_against_a_float64_reference():
+    torch = pytest.importorskip("torch")
+    rng = random.Random(0)
+    b, t = 3, 7
+    pi = [[rng.uniform(-4, 0) for _ in range(t)] for _ in range(b)]
+    mu = [[p + rng.gauss(0, 0.3) for p in row] for row in pi]
+    mask = [[1.0 if j < t - i else 0.0 for j in range(t)] for i in range(b)]
+    got = level_statistics(torch.tensor(pi), torch.tensor(mu), torch.tensor(mask))
+    cells = [(pi[i][j] - mu[i][j]) for i in range(b) for j in range(t) if mask[i][j]]
+    n = len(cells)
+    assert got["tokens"] == n
+    assert got["gap_abs_mean"] == pytest.approx(sum(abs(d) for d in cells) / n, rel=1e-5)
+    assert got["kl_k1"] == pytest.approx(-sum(cells) / n, rel=1e-4)
+    assert got["kl_k3"] == pytest.approx(sum(math.expm1(d) - d for d in cells) / n, rel=1e-4)
+    with pytest.raises(ValueError, match="no response tokens"):
+        level_statistics(torch.tensor(pi), torch.tensor(mu), torch.zeros(b, t))
+
+
+def test_gate_needs_one_clean_level_and_passes_exactly_at_the_threshold():
+    levels = [
+        {"sigma": 0.0, "rollout_reward": 0.4},
+        {"sigma": 0.1, "rollout_reward": 0.3},
+        {"sigma": 0.2, "rollout_reward": 0.29},
+    ]
+    got = gate(levels)
+    assert [g["passes"] for g in got] == [True, True, False] and got[1]["gate_threshold"] == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="exactly one clean level"):
+        gate(levels[1:])
+
+
+def test_interpolate_sigma_is_log_linear_between_the_bracketing_levels():
+    levels = [{"sigma": 0.1, "g": 0.001}, {"sigma": 0.2, "g": 0.01}, {"sigma": 0.3, "g": 0.1}]
+    assert interpolate_sigma(levels, "g", 0.01) == pytest.approx(0.2)
+    assert interpolate_sigma(levels, "g", 10**-2.5) == pytest.approx(0.15)
+    assert interpolate_sigma(levels, "g", 0.5) is None
