@@ -118,3 +118,48 @@ def test_interpolate_sigma_is_log_linear_between_the_bracketing_levels():
     assert interpolate_sigma(levels, "g", 0.01) == pytest.approx(0.2)
     assert interpolate_sigma(levels, "g", 10**-2.5) == pytest.approx(0.15)
     assert interpolate_sigma(levels, "g", 0.5) is None
+
+
+def test_sign_flip_p_is_exact_against_an_independent_enumeration():
+    import itertools
+    from fractions import Fraction
+
+    from epic_slime.study.analysis import sign_flip_p
+
+    def reference(diffs):
+        exact = [Fraction(d) for d in diffs]
+        observed = abs(sum(exact))
+        patterns = list(itertools.product((1, -1), repeat=len(exact)))
+        return Fraction(sum(abs(sum(s * d for s, d in zip(p, exact))) >= observed for p in patterns), len(patterns))
+
+    rng = random.Random(3)
+    for n in (1, 2, 5, 10):
+        diffs = [rng.gauss(0.02, 0.05) for _ in range(n)]
+        assert sign_flip_p(diffs) == pytest.approx(float(reference(diffs)))
+    assert sign_flip_p([0.1] * 10) == 2 / 1024  # all one sign: the observed pattern and its mirror
+    assert sign_flip_p([0.0, 0.0, 0.0]) == 1.0  # every pattern ties
+    assert sign_flip_p([0.1, -0.1]) == 1.0  # mean 0 exactly
+    # rounding ties count: 0.1 + 0.2 - 0.3 is not 0 in floats
+    assert sign_flip_p([0.1, 0.2, -0.3]) == float(reference([Fraction(1, 10), Fraction(2, 10), Fraction(-3, 10)]))
+    with pytest.raises(ValueError, match="1 to 20"):
+        sign_flip_p([0.1] * 21)
+    with pytest.raises(ValueError, match="finite"):
+        sign_flip_p([0.1, float("nan")])
+
+
+def test_the_contrast_reports_its_sign_flip_p():
+    from epic_slime.study.analysis import sign_flip_p
+    from epic_slime.study.contrast import contrast_for
+
+    results = [
+        {"setting": st, "method": m, "seed": s, "test_at_final": v}
+        for st, m, vals in (
+            ("t", "epic", [0.5, 0.6, 0.55, 0.4]),
+            ("t", "grpo", [0.3, 0.45, 0.35, 0.45]),
+            ("r", "epic", [0.7, 0.72, 0.69, 0.6]),
+            ("r", "grpo", [0.68, 0.7, 0.71, 0.6]),
+        )
+        for s, v in enumerate(vals, start=1)
+    ]
+    c = contrast_for(results, "epic", "grpo", "t", "r")
+    assert c["sign_flip_p"] == sign_flip_p(c["per_seed"]) and c["n"] == 4
