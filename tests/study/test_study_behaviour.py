@@ -3,6 +3,7 @@ the calibration statistics of a mismatch level (gap, per-token KL), against inde
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -163,3 +164,34 @@ def test_the_contrast_reports_its_sign_flip_p():
     ]
     c = contrast_for(results, "epic", "grpo", "t", "r")
     assert c["sign_flip_p"] == sign_flip_p(c["per_seed"]) and c["n"] == 4
+
+
+def _level(sigma, gap, kl, reward):
+    return {"sigma": sigma, "gap_abs_mean": gap, "kl_k3": kl, "kl_k1": kl, "rollout_reward": reward, "responses": 8}
+
+
+def test_choose_levels_matches_each_target_in_log_scale_and_stops_at_the_first_failure(tmp_path):
+    from epic_slime.study.calibration import choose_levels, write_report
+
+    levels = [
+        _level(0.0, 0.0, 0.0, 0.40),
+        _level(0.1, 0.0006, 1e-4, 0.41),
+        _level(0.15, 0.001, 3e-4, 0.40),
+        _level(0.2, 0.003, 1e-3, 0.31),
+        _level(0.25, 0.006, 2.5e-3, 0.29),  # 72.5% of clean: fails
+        _level(0.3, 0.01, 6e-3, 0.30),  # passes again by noise: not the strongest
+    ]
+    got = {c["level"]: c for c in choose_levels(levels)}
+    assert got["engine"]["sigma"] == 0.15 and got["engine"]["matched_on"] == "gap_abs_mean"
+    # 2e-4 is nearer 3e-4 than 1e-4 in log scale (1.5x against 2x)
+    assert got["r3_low"]["sigma"] == 0.15 and got["r3_high"]["sigma"] == 0.15
+    # 1.5e-3: 1e-3 (1.5x) and 2.5e-3 (1.67x): the nearer one
+    assert got["no_r3"]["sigma"] == 0.2 and got["no_r3"]["passes"]
+    assert got["strongest"]["sigma"] == 0.2
+    levels[3]["rollout_reward"] = 0.299  # below 0.30: the strongest drops to 0.15, no_r3 is not run
+    got = {c["level"]: c for c in choose_levels(levels)}
+    assert got["strongest"]["sigma"] == 0.15 and not got["no_r3"]["passes"]
+    (tmp_path / "calibration_603.jsonl").write_text("\n".join(json.dumps({"setting": "x", **lv}) for lv in levels))
+    text = write_report(tmp_path).read_text()
+    assert "| 0.25 | 6.00e-03 | 2.50e-03 | 2.50e-03 | 0.290 | 72% | **fails** | 8 |" in text
+    assert "| no_r3 | kl_k3 | 0.0015 | 0.2 | 0.001 | 0.299 | **fails** (not run) |" in text
