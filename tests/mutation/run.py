@@ -30,7 +30,8 @@ real-engine files (``REAL_ENGINE_TESTS``: each file and the source it covers). W
 is on this machine (``EPIC_SLIME_SGLANG_PYTHON`` or ``.ci/sglang_venv.sh``'s cached venv, found as
 tests/support/real_sglang.py finds it), a mutant of a file they cover that survives its own tests is run
 again against them, one such run at a time, with ``EPIC_SLIME_REQUIRE_REAL_SGLANG=1`` (a server that does
-not start fails, never skips) and its own limit (``--real-timeout``): "killed (real engine)". Without the
+not start fails, never skips) and its own limit (``--real-timeout``): "killed (real engine)"; a run whose
+servers did not start is an "error", never a kill. Without the
 venv the runner says so once and those files are not run (``--real-engine off`` does the same).
 
 Why not ``mutmut``: it generates its own operator mutants over whole modules and has no way to run a
@@ -180,7 +181,11 @@ def copy_tree(dest: Path) -> Path:
     return root
 
 
-def run_tests(root: Path, tests: list[str], timeout: float, extra_env: dict | None = None) -> tuple[int, float, str]:
+def run_tests(
+    root: Path, tests: list[str], timeout: float, extra_env: dict | None = None, unavailable: str | None = None
+) -> tuple[int, float, str]:
+    """pytest's exit status, seconds and last line; status 3 and the line naming ``unavailable`` when the
+    output holds it (the real engine did not start: neither a kill nor a survival)."""
     env = dict(os.environ) | (extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no stale .pyc: a same-size edit within a second would be missed
@@ -200,6 +205,9 @@ def run_tests(root: Path, tests: list[str], timeout: float, extra_env: dict | No
         rc, tail = -1, [f"timed out after {timeout:.0f}s (the mutant's whole test run)"]
     finally:
         _kill_group(p)  # whatever the tests left running
+    missing = [line for line in tail if unavailable and unavailable in line]
+    if missing:
+        rc, tail = 3, missing[:1]
     return rc, time.monotonic() - start, tail[-1] if tail else ""
 
 
@@ -241,9 +249,13 @@ class RealEngine:
         self.lock = threading.Lock()
         self.env = {"EPIC_SLIME_SGLANG_PYTHON": python or "", "EPIC_SLIME_REQUIRE_REAL_SGLANG": "1"}
 
+    # how a real-engine fixture reports a server that did not start, or no venv (tests/conftest.py): such a
+    # run is an error, not a kill (a loaded machine's slow start would otherwise count as a killed mutant)
+    UNAVAILABLE = "EPIC_SLIME_REQUIRE_REAL_SGLANG=1 and "
+
     def run(self, root: Path, tests: list[str], scale: float = 1.0) -> tuple[int, float, str]:
         with self.lock:
-            return run_tests(root, tests, self.timeout * scale, self.env)
+            return run_tests(root, tests, self.timeout * scale, self.env, unavailable=self.UNAVAILABLE)
 
 
 def check_one(root: Path, m: dict, timeout: float, real: RealEngine | None = None) -> dict:

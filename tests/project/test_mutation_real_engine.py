@@ -109,3 +109,24 @@ def test_killed_by_its_own_tests_or_without_the_venv_the_real_engine_is_not_run(
         real = run.RealEngine(python, timeout=900.0)
         monkeypatch.setattr(real, "run", must_not_run)
         assert run.check_one(tmp_path, m, timeout=10.0, real=real)["result"] == expected
+
+
+def test_a_real_engine_that_did_not_start_is_an_error_not_a_kill(tmp_path, monkeypatch):
+    """The real-engine fixtures fail (never skip) under EPIC_SLIME_REQUIRE_REAL_SGLANG=1 when the server does
+    not start, as a slow start on a loaded machine may: that run says nothing about the mutant."""
+    run = _runner()
+    (tmp_path / "test_no_server.py").write_text(
+        "import pytest\n\n\ndef test_needs_the_server():\n"
+        "    pytest.fail('EPIC_SLIME_REQUIRE_REAL_SGLANG=1 and could not launch the real SGLang server', pytrace=False)\n"
+    )
+    real = run.RealEngine("/venv/bin/python", timeout=120.0)
+    rc, _, last = real.run(tmp_path, ["test_no_server.py"])
+    assert rc == 3 and "could not launch" in last
+    m = _mutant_tree(tmp_path)
+    (tmp_path / "tests" / "test_own.py").write_text("def test_passes():\n    pass\n")  # the mutant survives it
+    monkeypatch.setattr(run, "real_engine_tests", lambda source, own: ["test_no_server.py"])
+    result = run.check_one(tmp_path, m, timeout=120.0, real=real)
+    assert result["result"] == "error" and "(real engine)" in result["why"], result
+    # an ordinary failure in the same run is a kill
+    (tmp_path / "test_no_server.py").write_text("def test_sees_the_mutant():\n    assert False\n")
+    assert real.run(tmp_path, ["test_no_server.py"])[0] == 1
