@@ -85,7 +85,7 @@ def test_a_survivor_of_its_own_tests_is_run_against_the_real_engine(tmp_path, mo
 
     def real_run(root, tests):
         seen.append((tests, (root / m["file"]).read_text()))
-        return 1, 2.0, "1 failed"
+        return (1, 2.0, "1 failed") if len(seen) == 1 else (0, 2.0, "3 passed")  # then the unmutated control
 
     monkeypatch.setattr(real, "run", real_run)
     result = run.check_one(tmp_path, m, timeout=10.0, real=real)
@@ -94,7 +94,26 @@ def test_a_survivor_of_its_own_tests_is_run_against_the_real_engine(tmp_path, mo
     assert seen and seen[0][1] == "DELAY = 0\n"
     assert seen[0][0] == run.real_engine_tests(m["file"], m["tests"])
     assert (tmp_path / m["file"]).read_text() == "DELAY = 2\n"  # restored
-    assert real.env == {"EPIC_SLIME_SGLANG_PYTHON": "/venv/bin/python", "EPIC_SLIME_REQUIRE_REAL_SGLANG": "1"}
+    assert real.env["EPIC_SLIME_SGLANG_PYTHON"] == "/venv/bin/python"
+    assert real.env["EPIC_SLIME_REQUIRE_REAL_SGLANG"] == "1"
+
+
+def test_a_real_engine_kill_counts_only_if_the_run_passes_without_the_mutant(tmp_path, monkeypatch):
+    run = _runner()
+    m = _mutant_tree(tmp_path)
+    monkeypatch.setattr(run, "run_tests", lambda root, tests, timeout, extra_env=None: (0, 1.0, "1 passed"))
+    real = run.RealEngine("/venv/bin/python", timeout=900.0)
+    for fails_unmutated, expected in ((False, "killed"), (True, "error")):
+        seen = []
+
+        def real_run(root, tests, fails_unmutated=fails_unmutated):
+            mutated = (root / m["file"]).read_text() == "DELAY = 0\n"
+            seen.append(mutated)
+            return (1, 2.0, "1 failed") if mutated or fails_unmutated else (0, 2.0, "3 passed")
+
+        monkeypatch.setattr(real, "run", real_run)
+        result = run.check_one(tmp_path, m, timeout=10.0, real=real)
+        assert seen == [True, False] and result["result"] == expected, (fails_unmutated, result)
 
 
 def test_killed_by_its_own_tests_or_without_the_venv_the_real_engine_is_not_run(tmp_path, monkeypatch):
