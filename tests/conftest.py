@@ -65,6 +65,8 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/slime_adapter/test_megatron_cpu_patches.py": 900,
     "tests/slime_adapter/test_megatron_loss.py": 1200,
     "tests/slime_adapter/test_megatron_r3.py": 1200,
+    # a TP 2 conversion worker, then pushes into the real server (plus its start when this file runs first)
+    "tests/slime_adapter/test_megatron_push.py": 1200,
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {

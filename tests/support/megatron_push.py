@@ -13,8 +13,8 @@ interface, each for a fact of this CPU build, both reported:
 - a tied model has no `output_layer` parameter, so slime's conversion yields no `lm_head.weight`,
   which SGLang's Qwen3-MoE loads as a tensor of its own: the embedding is sent under that name too.
 
-In the test process: `check_push_names`, the project's own check that a push names exactly the
-tensors the server loads (the real server answers success for names it cannot map, and loads nothing).
+The project's own check that a push names exactly the tensors the server loads (the real server answers
+success for names it cannot map, and loads nothing) is epic_slime.slime.served_weights.check_push_names.
 """
 
 from __future__ import annotations
@@ -69,21 +69,6 @@ def probe_ids() -> list[int]:
 
     tok = Tokenizer()
     return [tok.bos_id] + tok.encode("9-4+8=Answer:13")
-
-
-def check_push_names(tensors: dict, served: dict) -> None:
-    """A push must name exactly the tensors the server loads, with their shapes: SGLang answers
-    success for a name it cannot map and loads nothing, so a slip is seen only here."""
-    unknown = sorted(set(tensors) - set(served))
-    if unknown:
-        raise ValueError(f"the push names parameters the server does not load: {unknown}")
-    missing = sorted(set(served) - set(tensors))
-    if missing:
-        raise ValueError(f"the push leaves out parameters the server serves: {missing}")
-    shapes = {n: (tuple(t.shape), tuple(served[n].shape)) for n, t in tensors.items()}
-    wrong = {n: s for n, s in shapes.items() if s[0] != s[1]}
-    if wrong:
-        raise ValueError(f"the push's shapes differ from the served ones (pushed, served): {wrong}")
 
 
 def _probe_log_probs(logits, args, unconcat_tokens, total_lengths, response_lengths, **kwargs):
