@@ -67,6 +67,8 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/slime_adapter/test_megatron_r3.py": 1200,
     # a TP 2 conversion worker, then pushes into the real server (plus its start when this file runs first)
     "tests/slime_adapter/test_megatron_push.py": 1200,
+    # slime's actor: a train process and one without a patch, then a load process and one without a patch
+    "tests/slime_adapter/test_megatron_actor.py": 1500,
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {

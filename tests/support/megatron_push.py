@@ -32,6 +32,22 @@ def _slime_name(name: str) -> str:
     return re.sub(r"\.input_layernorm\.weight$", ".self_attention.linear_qkv.layer_norm_weight", name)
 
 
+def install_local_name_loader() -> None:
+    """slime's HF -> Megatron loader (`hf_to_megatron`, its `--load` of an HF folder) asks for the weights
+    under TransformerEngine's names too: the same adapter, at the loader's interface."""
+    from slime.backends.megatron_utils import hf_to_megatron
+
+    te_loader = hf_to_megatron._LOADERS["qwen3_moe"]
+    if getattr(te_loader, "local_names", False):
+        return
+
+    def local_names(name, reader, config):
+        return te_loader(_slime_name(name), reader, config)
+
+    local_names.local_names = True
+    hf_to_megatron._LOADERS["qwen3_moe"] = local_names
+
+
 def converter_args(cfg):
     from types import SimpleNamespace
 
