@@ -68,34 +68,51 @@ def runs(tmp_path_factory):
     )
     load = _result(loading, work, "load")
     no_opt = _result(unpatched_load, work, "load_no_patch")
-    return train, load, no_rng, no_opt
+    return train, load, no_rng, no_opt, work
 
 
 def test_the_actor_inits_trains_two_rollouts_and_saves(runs):
-    train, _, _, _ = runs
+    train, _, _, _, _ = runs
     assert train.get("error") is None, train.get("traceback")
     assert train["reached"][-4:] == ["init", "train 0", "train 1", "save"]
     assert train["start_rollout_id"] == 1  # slime: an HF checkpoint loads as iteration 0
+    # one step per rollout (global batch 4 = 2 prompts x 2 samples); the first step's trainer log-probs
+    # (slime forces bf16) are the float HF model's that sampled the rollout within the bf16 gap, mean
+    # |diff| per token < 0.01 (test_real_sglang.py's bound): slime's HF loader put the weights in place
+    assert [s["train/global_batch_size"] for s in train["steps"]] == [4, 4]
+    assert train["steps"][0]["train/train_rollout_logprob_abs_diff"] < 0.01
+    assert "train/policy/abs_z_mean" in train["steps"][0]  # EPIC's diagnostics out of slime's actor
     moved = [n for n, d in train["digest_saved"].items() if d != train["digest_at_init"][n]]
     assert moved, "two training steps must move the weights"
 
 
 def test_a_fresh_actor_loads_the_saved_weights_and_resumes_after_the_saved_rollout(runs):
-    train, load, _, _ = runs
+    train, load, _, _, _ = runs
     assert load.get("error") is None, load.get("traceback")
     assert load["start_rollout_id"] == 2  # saved at rollout 1
     assert load["digest_at_init"] == train["digest_saved"]  # exactly: the same bf16 values
 
 
 def test_the_checkpoint_needs_the_rng_state_patch(runs):
-    _, _, no_rng, _ = runs
+    _, _, no_rng, _, _ = runs
     assert no_rng["reached"][-1] == "train 1", no_rng["reached"]
     assert "Torch not compiled with CUDA enabled" in no_rng["error"]
     assert "get_rng_state" in no_rng["traceback"]
 
 
 def test_the_load_needs_the_optimizer_state_patch(runs):
-    _, _, _, no_opt = runs
+    _, _, _, no_opt, _ = runs
     assert no_opt["reached"][-1] == "constructed", no_opt["reached"]
     assert no_opt["error"] == "AssertionError: "  # distrib_optimizer.py's bare `assert len(steps) == 1`
     assert "assert len(steps) == 1" in no_opt["traceback"]
+
+
+def test_the_projects_checkpoint_marks_read_megatrons_own_save(runs):
+    """The resume rule (epic_slime.slime.checkpoint_marks) trusts Megatron's tracker for its own iteration:
+    megatron.training's real save writes it as the rule reads it."""
+    from epic_slime.slime.checkpoint_marks import megatron_tracker_iteration, model_checkpoint_complete
+
+    ckpt = str(runs[-1] / "ckpt")
+    assert megatron_tracker_iteration(ckpt) == 1
+    assert model_checkpoint_complete(ckpt, 1)
+    assert not model_checkpoint_complete(ckpt, 0) and not model_checkpoint_complete(ckpt, 2)

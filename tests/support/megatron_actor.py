@@ -218,6 +218,24 @@ def slime_train_data(args, samples, train_parallel_config, store):
     return manager._split_train_data_by_dp(me, data)
 
 
+def _logged_steps() -> list[dict]:
+    """slime's per-step training metrics as its model.py logs them ("step N: {...}", our own process's
+    log line), filled in as the steps run."""
+    import ast
+    import logging
+
+    steps: list[dict] = []
+
+    class Steps(logging.Handler):
+        def emit(self, record):
+            text = record.getMessage()
+            if text.startswith("step ") and ": {" in text:
+                steps.append(ast.literal_eval(text.split(": ", 1)[1]))
+
+    logging.getLogger("slime.backends.megatron_utils.model").addHandler(Steps())
+    return steps
+
+
 def weight_digest(actor) -> dict[str, list[float]]:
     """Per parameter (slime's global names): sum and sum of squares, float64."""
     from slime.backends.megatron_utils.update_weight.common import named_params_and_buffers
@@ -265,6 +283,8 @@ def main(argv: list[str]) -> int:
         result["digest_at_init"] = weight_digest(actor)
         if phase == "train":
             from support.slime_store import ObjectStoreStandIn
+
+            result["steps"] = _logged_steps()
 
             store = ObjectStoreStandIn()
             hf = hf_policy()
