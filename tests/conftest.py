@@ -65,6 +65,12 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/slime_adapter/test_megatron_cpu_patches.py": 900,
     "tests/slime_adapter/test_megatron_loss.py": 1200,
     "tests/slime_adapter/test_megatron_r3.py": 1200,
+    # a TP 2 conversion worker, then pushes into the real server (plus its start when this file runs first)
+    # [223-293 s the whole file at load average 25-60, 2026-12-07]
+    "tests/slime_adapter/test_megatron_push.py": 1200,
+    # slime's actor: a train process and one without a patch, then a load process and one without a patch
+    # [378 s at load average ~25, 625 s at 44-63, 2026-12-07]
+    "tests/slime_adapter/test_megatron_actor.py": 1500,
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {

@@ -10,6 +10,9 @@
   server (the prompt's own log-probs: no sampling, nothing random) and compares it with the pushed
   model's float forward: a push that loaded nothing leaves the old model's log-probs, which differ
   from the pushed model's by more than bf16 noise whenever the push changed the weights noticeably.
+- **The names.** ``check_push_names`` refuses, before anything is sent, a push whose names or shapes
+  are not exactly those of the checkpoint the server loaded (``checkpoint_shapes`` of its HF folder):
+  the server's success answer cannot be trusted for that.
 
 No slime import: the driver, the train ranks and the tests use this module.
 """
@@ -22,6 +25,43 @@ from typing import Any
 # bf16 serving against the float trainer: mean |gap| about 1e-3 per token on the tiny model
 # (tests/slime_adapter/test_real_sglang.py); a push that loaded nothing is off by tenths
 CONFIRM_MEAN_TOL = 0.01
+
+
+class PushNamesWrong(ValueError):
+    """A push names a tensor the server does not load, leaves one out, or has another shape."""
+
+
+def checkpoint_shapes(model_dir) -> dict[str, tuple[int, ...]]:
+    """name -> shape of every tensor in the HF checkpoint folder ``model_dir`` (what SGLang loads),
+    read from the safetensors headers."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"checkpoint_shapes: no *.safetensors in {model_dir}")
+    shapes = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+    return shapes
+
+
+def check_push_names(pushed: dict, served: dict) -> None:
+    """Raise ``PushNamesWrong`` unless ``pushed`` (name -> tensor or shape) names exactly the tensors of
+    ``served`` (name -> shape, ``checkpoint_shapes``) with their shapes."""
+    unknown = sorted(set(pushed) - set(served))
+    if unknown:
+        raise PushNamesWrong(f"the push names parameters the server does not load: {unknown}")
+    missing = sorted(set(served) - set(pushed))
+    if missing:
+        raise PushNamesWrong(f"the push leaves out parameters the server serves: {missing}")
+    shape_of = {n: tuple(getattr(v, "shape", v)) for n, v in pushed.items()}
+    wrong = {n: (shape_of[n], tuple(served[n])) for n in pushed if shape_of[n] != tuple(served[n])}
+    if wrong:
+        raise PushNamesWrong(f"the push's shapes differ from the served ones (pushed, served): {wrong}")
 
 
 class PushNotApplied(RuntimeError):

@@ -86,6 +86,11 @@ REAL_ENGINE_TESTS: dict[str, tuple[str, ...]] = {
         "epic_slime/slime/served_weights.py",
         "epic_slime/runtime/hf_export.py",
     ),
+    # Megatron's converted tensors pushed into the real server under each push mode
+    "tests/slime_adapter/test_megatron_push.py": (
+        "epic_slime/slime/push_mode.py",
+        "epic_slime/slime/served_weights.py",
+    ),
     "tests/slime_adapter/test_real_sglang_retract.py": (
         "epic_slime/slime/group_stream.py",
         "epic_slime/slime/push_mode.py",

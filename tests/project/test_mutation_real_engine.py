@@ -12,9 +12,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # what makes a test file need the real engines: their fixtures (tests/conftest.py), a test of the
 # conformance ``engine`` fixture (its real-server half; tests/slime_adapter/conftest.py provides it), or
-# the venv's own helper (the real router); a file with a fixture of its own named ``engine`` fakes one
+# the venv's own helpers (the real router, SGLang's offline engine; not a port helper such as free_port); a
+# file with a fixture of its own named ``engine`` fakes one
 _REAL = re.compile(
-    r"\breal_engines\b|\bvictim_server\b|from support import [^\n]*\breal_sglang\b|support\.real_sglang"
+    r"\breal_engines\b|\bvictim_server\b|\breal_sglang\.(?:required|sglang_python|RealRouter|RealServer)\b"
     r"|^def test_\w+\((?:[^)]*\W)?engine\b",
     re.M,
 )

@@ -248,6 +248,7 @@ def test_the_stream_takes_handed_back_groups_one_per_call_in_order_and_trains_ea
         engine["calls"].append(group_key(group))
         await asyncio.sleep(0.001)
         for sample in group:
+            sample.tokens = sample.tokens or [3]  # the prompt, as slime's generate sets it
             sample.append_response_tokens(
                 argparse.Namespace(partial_rollout=False),
                 tokens=[7],

@@ -45,6 +45,7 @@ async def generate(args, sample, sampling_params):
             await asyncio.sleep(0.002)
         sample.status = Sample.Status.ABORTED
         return sample
+    sample.tokens = sample.tokens or [3]  # the prompt, as slime's generate sets it (the sample check needs one)
     sample.append_response_tokens(
         args,
         tokens=[7, 8],

@@ -10,6 +10,7 @@ Pinned to megatron-core 0.16.1: the patches name its internals.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -24,6 +25,11 @@ PATCHES = {
     "te_general_gemm": "moe_utils.te_general_gemm undefined without TransformerEngine",
     "cuda_tensor_type": "optimizers / grad clipping assert param.grad.type() == 'torch.cuda.FloatTensor'",
     "sequence_parallel_norm": "TP > 1 with MoE needs SP; the local WrappedTorchNorm refuses SP",
+    "cuda_streams": "torch.cuda.Stream / stream / current_stream / synchronize: megatron.training's get_model (a "
+    "DDP side stream), the alltoall MoE dispatcher (slime's validate_args forces it) and the checkpoint writer",
+    "cuda_rng_state": "megatron.training's checkpoint save / load read and restore torch.cuda's RNG state",
+    "optimizer_load_state": "without Apex / TE, DistributedOptimizer.state_dict reads Adam's step from the inner "
+    "torch optimizer's state, empty in a fresh optimizer that a checkpoint load asks (distrib_optimizer.py:642)",
 }
 
 
@@ -103,7 +109,56 @@ def apply_patches() -> list[str]:
             applied.append("cuda_tensor_type")
     if patch_active("sequence_parallel_norm"):
         applied.append("sequence_parallel_norm")  # applied where the layer spec is built (`layer_spec`)
+    if patch_active("cuda_streams"):
+        torch.cuda.Stream = _HostStream
+        torch.cuda.current_stream = lambda device=None: _HOST_STREAM
+        torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
+        torch.cuda.synchronize = lambda device=None: None  # dist_checkpointing's save waits on the device
+        applied.append("cuda_streams")
+    if patch_active("cuda_rng_state"):
+        # no CUDA generator: the checkpoint's cuda entry holds the CPU one's state (also saved as its own)
+        torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+        torch.cuda.set_rng_state = lambda state, device="cuda": None
+        applied.append("cuda_rng_state")
+    if patch_active("optimizer_load_state"):
+        _optimizer_state_before_load()
+        applied.append("optimizer_load_state")
     return applied
+
+
+def _optimizer_state_before_load() -> None:
+    """A fresh DistributedOptimizer asked for its state dict to load into gets its optimizer states made
+    first, by megatron-core's own `_init_optimizer_states_with_dummy_values` (its FSDP path does so); the
+    load then overwrites them in place."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    plain = DistributedOptimizer.sharded_state_dict
+
+    def sharded_state_dict(self, model_sharded_state_dict, is_loading=False, *args, **kwargs):
+        if is_loading and not self.optimizer.state:
+            self._init_optimizer_states_with_dummy_values()
+        return plain(self, model_sharded_state_dict, is_loading, *args, **kwargs)
+
+    DistributedOptimizer.sharded_state_dict = sharded_state_dict
+
+
+class _HostStream:
+    """A CUDA stream on the CPU: work is ordered already, so waiting and events are no-ops."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def record_event(self, event=None):
+        return self  # its synchronize() is the event's
+
+
+_HOST_STREAM = _HostStream()
 
 
 def install_cpu_accelerator() -> None:

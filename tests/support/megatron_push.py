@@ -13,8 +13,8 @@ interface, each for a fact of this CPU build, both reported:
 - a tied model has no `output_layer` parameter, so slime's conversion yields no `lm_head.weight`,
   which SGLang's Qwen3-MoE loads as a tensor of its own: the embedding is sent under that name too.
 
-In the test process: `check_push_names`, the project's own check that a push names exactly the
-tensors the server loads (the real server answers success for names it cannot map, and loads nothing).
+The project's own check that a push names exactly the tensors the server loads (the real server answers
+success for names it cannot map, and loads nothing) is epic_slime.slime.served_weights.check_push_names.
 """
 
 from __future__ import annotations
@@ -30,6 +30,22 @@ def _slime_name(name: str) -> str:
     name = re.sub(r"mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$", r"mlp.experts.\2.weight\1", name)
     # megatron-core's own key map for the local spec (its sharded_state_dict_keys_map): TE fuses this norm
     return re.sub(r"\.input_layernorm\.weight$", ".self_attention.linear_qkv.layer_norm_weight", name)
+
+
+def install_local_name_loader() -> None:
+    """slime's HF -> Megatron loader (`hf_to_megatron`, its `--load` of an HF folder) asks for the weights
+    under TransformerEngine's names too: the same adapter, at the loader's interface."""
+    from slime.backends.megatron_utils import hf_to_megatron
+
+    te_loader = hf_to_megatron._LOADERS["qwen3_moe"]
+    if getattr(te_loader, "local_names", False):
+        return
+
+    def local_names(name, reader, config):
+        return te_loader(_slime_name(name), reader, config)
+
+    local_names.local_names = True
+    hf_to_megatron._LOADERS["qwen3_moe"] = local_names
 
 
 def converter_args(cfg):
@@ -69,21 +85,6 @@ def probe_ids() -> list[int]:
 
     tok = Tokenizer()
     return [tok.bos_id] + tok.encode("9-4+8=Answer:13")
-
-
-def check_push_names(tensors: dict, served: dict) -> None:
-    """A push must name exactly the tensors the server loads, with their shapes: SGLang answers
-    success for a name it cannot map and loads nothing, so a slip is seen only here."""
-    unknown = sorted(set(tensors) - set(served))
-    if unknown:
-        raise ValueError(f"the push names parameters the server does not load: {unknown}")
-    missing = sorted(set(served) - set(tensors))
-    if missing:
-        raise ValueError(f"the push leaves out parameters the server serves: {missing}")
-    shapes = {n: (tuple(t.shape), tuple(served[n].shape)) for n, t in tensors.items()}
-    wrong = {n: s for n, s in shapes.items() if s[0] != s[1]}
-    if wrong:
-        raise ValueError(f"the push's shapes differ from the served ones (pushed, served): {wrong}")
 
 
 def _probe_log_probs(logits, args, unconcat_tokens, total_lengths, response_lengths, **kwargs):

@@ -10,6 +10,8 @@ top-k logits, which equals HF's softmax over all experts renormalised over the t
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from epic_slime.runtime.model import build_policy
@@ -20,6 +22,7 @@ from epic_slime.runtime.task import Tokenizer
 # 20 (Megatron-LM pads the vocabulary to a multiple of TP the same way). Both models hold the same 20 rows.
 VOCAB = 20
 SEED = 7
+DISPATCHER_ENV = "EPIC_SLIME_MEGATRON_DISPATCHER"
 
 
 def hf_policy():
@@ -50,7 +53,8 @@ def transformer_config(cfg: ModelConfig, tp: int, hf_config):
         moe_router_pre_softmax=False,
         moe_router_load_balancing_type="none",
         moe_aux_loss_coeff=0.0,
-        moe_token_dispatcher_type="allgather",  # the alltoall dispatcher makes a torch.cuda.Stream
+        # allgather needs no patch; the patch test runs alltoall (slime's actor forces it) to show its patch needed
+        moe_token_dispatcher_type=os.environ.get(DISPATCHER_ENV, "allgather"),
         tensor_model_parallel_size=tp,
         sequence_parallel=tp > 1,  # Megatron requires SP for MoE under TP
         hidden_dropout=0.0,

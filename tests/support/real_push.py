@@ -17,8 +17,9 @@ from support.real_sglang import free_port
 GROUP = "epic_test_push"
 
 
-def push_distributed(server, tensors: dict[str, torch.Tensor], version: str) -> dict:
-    """Push ``tensors`` (name -> tensor) to ``server`` (a ``RealServer``) in one bucket; SGLang's answer."""
+def push_distributed(server, tensors: dict[str, torch.Tensor], version: str, flush_cache: bool = True) -> dict:
+    """Push ``tensors`` (name -> tensor) to ``server`` (a ``RealServer``) in one bucket; SGLang's answer.
+    ``flush_cache`` false for a push while generation is paused in place or retracted (push_mode.py)."""
     import torch.distributed as dist
 
     from slime.utils.distributed_utils import init_process_group
@@ -58,7 +59,7 @@ def push_distributed(server, tensors: dict[str, torch.Tensor], version: str) -> 
                     "dtypes": [str(tensors[n].dtype).replace("torch.", "") for n in names],
                     "shapes": [list(tensors[n].shape) for n in names],
                     "group_name": GROUP,
-                    "flush_cache": True,
+                    "flush_cache": flush_cache,
                     "weight_version": version,
                 },
             )
