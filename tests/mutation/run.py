@@ -25,6 +25,16 @@ killed / (killed + survived); equivalent mutants are run and reported but not co
 mutants, the covering test files are run once unmutated: a file failing there would make every
 mutant look killed, so the run stops (``--no-baseline`` skips that check).
 
+The real engine: paths that only the real SGLang server or router reaches are covered by the
+real-engine files (``REAL_ENGINE_TESTS``: each file and the source it covers). When the real SGLang venv
+is on this machine (``EPIC_SLIME_SGLANG_PYTHON`` or ``.ci/sglang_venv.sh``'s cached venv, found as
+tests/support/real_sglang.py finds it), a mutant of a file they cover that survives its own tests is run
+again against them, one such run at a time, with ``EPIC_SLIME_REQUIRE_REAL_SGLANG=1`` (a server that does
+not start fails, never skips) and its own limit (``--real-timeout``): "killed (real engine)"; a run whose
+servers did not start is an "error", never a kill, and a real-engine kill counts only when the same run
+passes right after with the mutant taken out (a slow start on a loaded machine is no kill). Without the
+venv the runner says so once and those files are not run (``--real-engine off`` does the same).
+
 Why not ``mutmut``: it generates its own operator mutants over whole modules and has no way to run a
 fixed, reviewed list of specific one-line changes, which is what this check is.
 
@@ -42,6 +52,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -50,6 +61,69 @@ import yaml
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 REQUIRED = ("id", "file", "original", "replacement", "tests", "user_meets")
+
+# The real-engine files (they need the real SGLang venv) and the source each one reaches: a file, or a
+# folder ending in "/". tests/project/test_mutation_list.py checks every real-engine file is listed here.
+REAL_ENGINE_TESTS: dict[str, tuple[str, ...]] = {
+    "tests/slime_adapter/test_engine_faults_real.py": (
+        "epic_slime/slime/engine_faults.py",
+        "epic_slime/slime/group_stream.py",
+        "epic_slime/slime/data_source.py",
+        "epic_slime/slime/rollout.py",
+        "epic_slime/slime/served_weights.py",
+    ),
+    "tests/slime_adapter/test_real_router_driver_faults.py": (
+        "epic_slime/slime/engine_faults.py",
+        "epic_slime/slime/group_stream.py",
+        "epic_slime/slime/data_source.py",
+        "epic_slime/slime/rollout.py",
+        "epic_slime/slime/push_recovery.py",
+        "epic_slime/slime/checkpoint_marks.py",
+    ),
+    "tests/slime_adapter/test_real_sglang_pushes.py": (
+        "epic_slime/slime/push_mode.py",
+        "epic_slime/slime/tensor_push.py",
+        "epic_slime/slime/served_weights.py",
+        "epic_slime/runtime/hf_export.py",
+    ),
+    # Megatron's converted tensors pushed into the real server under each push mode
+    "tests/slime_adapter/test_megatron_push.py": (
+        "epic_slime/slime/push_mode.py",
+        "epic_slime/slime/served_weights.py",
+    ),
+    "tests/slime_adapter/test_real_sglang_retract.py": (
+        "epic_slime/slime/group_stream.py",
+        "epic_slime/slime/push_mode.py",
+    ),
+    "tests/slime_adapter/test_real_sglang.py": ("epic_slime/runtime/hf_export.py", "epic_slime/runtime/task.py"),
+    "tests/slime_adapter/test_sglang_conformance.py": ("epic_slime/runtime/task.py",),
+    "tests/slime_adapter/test_sglang_conformance_weights.py": ("epic_slime/runtime/hf_export.py",),
+    # a whole slime session (rollout, stream, push, loss) against the real server and router
+    "tests/slime_adapter/test_slime_e2e_real.py": ("epic_slime/slime/", "epic_slime/losses/"),
+    "tests/evaluation/test_evaluate_real_sglang.py": ("epic_slime/evaluation/",),
+    # these check the stand-ins and the server's own behaviour: no project source of theirs to mutate
+    "tests/slime_adapter/test_router_conformance.py": (),
+    "tests/slime_adapter/test_real_sglang_idle.py": (),
+}
+
+
+def real_engine_tests(source: str, own: list[str]) -> list[str]:
+    """The real-engine files that reach ``source``, less those the mutant already names."""
+    return [
+        test
+        for test, covered in REAL_ENGINE_TESTS.items()
+        if test not in own and any(source == c or (c.endswith("/") and source.startswith(c)) for c in covered)
+    ]
+
+
+def sglang_python() -> str | None:
+    """The real SGLang venv's python, found as the tests find it (tests/support/real_sglang.py)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from support import real_sglang
+    finally:
+        sys.path.remove(str(REPO / "tests"))
+    return real_sglang.sglang_python()
 
 
 def load_mutants(path: Path) -> list[dict]:
@@ -113,8 +187,12 @@ def copy_tree(dest: Path) -> Path:
     return root
 
 
-def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[int, float, str]:
-    env = dict(os.environ)
+def run_tests(
+    root: Path, tests: list[str], timeout: float, extra_env: dict | None = None, unavailable: str | None = None
+) -> tuple[int, float, str]:
+    """pytest's exit status, seconds and last line; status 3 and the line naming ``unavailable`` when the
+    output holds it (the real engine did not start: neither a kill nor a survival)."""
+    env = dict(os.environ) | (extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no stale .pyc: a same-size edit within a second would be missed
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -133,6 +211,9 @@ def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[int, float,
         rc, tail = -1, [f"timed out after {timeout:.0f}s (the mutant's whole test run)"]
     finally:
         _kill_group(p)  # whatever the tests left running
+    missing = [line for line in tail if unavailable and unavailable in line]
+    if missing:
+        rc, tail = 3, missing[:1]
     return rc, time.monotonic() - start, tail[-1] if tail else ""
 
 
@@ -165,7 +246,28 @@ def check_imports_from(root: Path) -> None:
         raise SystemExit(f"the temporary copy imports epic_slime from {got}, not from {root}: mutants would not apply")
 
 
-def check_one(root: Path, m: dict, timeout: float) -> dict:
+class RealEngine:
+    """Where the real-engine files run: the venv's python (None: not run), one run at a time (each
+    starts its own servers), and their limit."""
+
+    def __init__(self, python: str | None, timeout: float):
+        self.python, self.timeout = python, timeout
+        self.lock = threading.Lock()
+        self.env = {"EPIC_SLIME_SGLANG_PYTHON": python or "", "EPIC_SLIME_REQUIRE_REAL_SGLANG": "1"}
+        # alone, a real-engine file's first test waits for the whole server start, which the full suite
+        # overlaps with the tests before it: its limit is scaled (tests/conftest.py) unless one is set
+        self.env["EPIC_SLIME_TEST_TIMEOUT_SCALE"] = os.environ.get("EPIC_SLIME_TEST_TIMEOUT_SCALE") or "4"
+
+    # how a real-engine fixture reports a server that did not start, or no venv (tests/conftest.py): such a
+    # run is an error, not a kill (a loaded machine's slow start would otherwise count as a killed mutant)
+    UNAVAILABLE = "EPIC_SLIME_REQUIRE_REAL_SGLANG=1 and "
+
+    def run(self, root: Path, tests: list[str], scale: float = 1.0) -> tuple[int, float, str]:
+        with self.lock:
+            return run_tests(root, tests, self.timeout * scale, self.env, unavailable=self.UNAVAILABLE)
+
+
+def check_one(root: Path, m: dict, timeout: float, real: RealEngine | None = None) -> dict:
     path = root / m["file"]
     if not path.is_file():
         return {"result": "not applicable", "why": f"{m['file']} does not exist", "seconds": 0.0}
@@ -179,6 +281,17 @@ def check_one(root: Path, m: dict, timeout: float) -> dict:
     try:
         path.write_text(mutated)
         rc, seconds, last = run_tests(root, m["tests"], timeout)
+        extra = real_engine_tests(m["file"], m["tests"]) if real is not None and real.python else []
+        if rc == 0 and extra:  # survived its own tests: the real engine's turn
+            rc, more, last = real.run(root, extra)
+            seconds += more
+            last = f"(real engine) {last}"
+            if rc not in (0, 3):  # a kill only if the same run passes without the mutant (not a slow start)
+                path.write_text(text)
+                control, more, control_last = real.run(root, extra)
+                seconds += more
+                if control != 0:
+                    rc, last = 3, f"(real engine) fails without the mutant too: {control_last}"
     finally:
         path.write_text(text)
     if rc == 0:
@@ -200,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per mutant's test run")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of the covering tests")
     parser.add_argument("--list", action="store_true", help="print the list and exit")
+    parser.add_argument("--real-engine", choices=("auto", "off"), default="auto", help="run REAL_ENGINE_TESTS")
+    parser.add_argument("--real-timeout", type=float, default=1800.0, help="seconds per real-engine run")
     args = parser.parse_args(argv)
 
     mutants = load_mutants(args.mutants)
@@ -215,6 +330,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'':32s} user meets: {m['user_meets']}")
         return 0
 
+    real = RealEngine(sglang_python() if args.real_engine == "auto" else None, args.real_timeout)
+    reached = sorted({t for m in mutants for t in real_engine_tests(m["file"], m["tests"])})
+    if reached and real.python:
+        print(f"real engine: {real.python}; a survivor is run again against {len(reached)} real-engine file(s)")
+    elif reached:
+        why = "--real-engine off" if args.real_engine == "off" else "the real SGLang venv is not on this machine"
+        print(f"real engine: not run ({why}); {len(reached)} real-engine file(s) would cover these mutants")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="epic-mutation-") as tmp:
         roots = [copy_tree(Path(tmp) / f"job{j}") for j in range(max(1, args.jobs))]
@@ -224,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             tests = sorted({t for m in mutants for t in m["tests"]})
             rc, seconds, last = run_tests(roots[0], tests, args.timeout * 3)
             print(f"baseline (unmutated, {len(tests)} test files): rc={rc} in {seconds:.0f}s: {last}", flush=True)
+            if rc == 0 and reached and real.python:
+                rc, seconds, last = real.run(roots[0], reached, scale=3)  # every real-engine file at once
+                print(f"baseline (unmutated, {len(reached)} real-engine files): rc={rc} in {seconds:.0f}s: {last}")
             if rc != 0:
                 print("the covering tests fail without any mutant: fix that first (or --no-baseline)")
                 return 1
@@ -235,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             while queue or pending:
                 while queue and free:
                     m, root = queue.pop(0), free.pop()
-                    pending[pool.submit(check_one, root, m, args.timeout)] = (m, root)
+                    pending[pool.submit(check_one, root, m, args.timeout, real)] = (m, root)
                 done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
                 for fut in done:
                     m, root = pending.pop(fut)
