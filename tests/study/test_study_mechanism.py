@@ -275,3 +275,19 @@ def test_the_contrast_across_two_study_directories_pairs_seeds_by_setting(tmp_pa
     assert out["seeds"] == [1, 2] and out["per_seed"] == pytest.approx([0.2, 0.4]) and out["mean"] == pytest.approx(0.3)
     with pytest.raises(SystemExit):
         main(["--target", str(tmp_path / "ext"), "s", "--reference", str(tmp_path / "main"), "s"])
+
+
+def test_a_contrast_interval_of_exactly_zero_is_not_resolved():
+    """Boundary of the verdict: the same per-seed difference in both settings on every seed (c_s = 0
+    exactly, sd 0: the interval is [0, 0]) supports nothing; a positive lower bound is needed."""
+    from epic_slime.study.contrast import contrast_for
+
+    results = [
+        {"setting": st, "method": m, "seed": s, "test_at_final": v}
+        for st in ("long_mis", "short_none")
+        for m, v in (("epic", 0.5), ("grpo", 0.25))
+        for s in (1, 2, 3)
+    ]
+    c = contrast_for(results, "epic", "grpo", "long_mis", "short_none")
+    assert (c["mean"], c["low"], c["high"]) == (0.0, 0.0, 0.0)
+    assert c["verdict"] == "not resolved (interval spans 0)"
