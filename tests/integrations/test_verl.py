@@ -154,6 +154,24 @@ def test_parameters_from_the_environment(monkeypatch):
         core_algos.get_policy_loss_fn("epic")(old, new, advantages, mask, "token-mean")
 
 
+def test_the_environment_parameters_override_those_a_loss_was_made_with(monkeypatch):
+    """EPIC_SLIME_LOSS_PARAMS is read at every call (docs/integrations.md) and is the last word: over the
+    parameters given to make_policy_loss, key by key (a key it does not name keeps the made value)."""
+    old = torch.full((2, 4), -0.2, dtype=torch.float64)
+    new = (old + 0.08).requires_grad_()
+    advantages, mask = torch.ones(2, 4, dtype=torch.float64), torch.ones(2, 4, dtype=torch.bool)
+    made = adapter.make_policy_loss("epic", delta_high=1e-4, delta_low=1e-3)
+    monkeypatch.setenv(PARAMS_ENV, json.dumps({"delta_high": 3e-3}))
+    _, metrics = made(old, new, advantages, mask, "token-mean")
+    want = compute_policy_loss(
+        "epic", new, old, advantages, mask, aggregation="token-mean", delta_high=3e-3, delta_low=1e-3
+    )
+    made_only = compute_policy_loss(
+        "epic", new, old, advantages, mask, aggregation="token-mean", delta_high=1e-4, delta_low=1e-3
+    )
+    assert metrics["actor/pg_clipfrac"] == want.metrics["clipfrac"].item() < made_only.metrics["clipfrac"].item()
+
+
 def test_bad_parameters_are_refused_when_the_loss_is_made():
     with pytest.raises(PolicyLossInputError, match="delta_high=-1"):
         adapter.make_policy_loss("epic", delta_high=-1)

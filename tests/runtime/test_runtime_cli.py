@@ -492,3 +492,24 @@ def test_ray_keeps_its_auth_mode_and_only_the_notice_is_quieted(monkeypatch, pre
     driver._init_ray(1)
     assert seen["mode"] == preset
     assert not notice.isEnabledFor(logging.WARNING)
+
+
+def test_resuming_keeps_the_earlier_runs_files_and_overwrite_clears_them(tmp_path):
+    """prepare_output_dir with --load (no --overwrite) changes nothing: the resumed run appends to its
+    metrics; only --overwrite (without --load) clears the earlier run's own files."""
+    from epic_slime.runtime.config import parse_config
+    from epic_slime.runtime.run_files import METRICS_FILE, SUMMARY_FILE, prepare_output_dir
+
+    out = tmp_path / "run"
+    ckpt = out / "checkpoints" / "step_2"
+    ckpt.mkdir(parents=True)
+    (out / METRICS_FILE).write_text('{"step": 1}\n{"step": 2}\n')
+    (out / SUMMARY_FILE).write_text("{}")
+    other = out / "notes.txt"
+    other.write_text("mine")
+    cfg = parse_config(["--output-dir", str(out), "--load", str(ckpt)])
+    prepare_output_dir(cfg, resume_path=ckpt)
+    assert (out / METRICS_FILE).read_text() == '{"step": 1}\n{"step": 2}\n' and (out / SUMMARY_FILE).exists()
+    prepare_output_dir(parse_config(["--output-dir", str(out), "--overwrite"]), resume_path=None)
+    assert not (out / METRICS_FILE).exists() and not (out / SUMMARY_FILE).exists() and not ckpt.exists()
+    assert other.read_text() == "mine"  # nothing but the runtime's own files

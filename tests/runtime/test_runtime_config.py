@@ -7,6 +7,9 @@ import pytest
 from epic_slime.runtime.cli import train_main
 from epic_slime.losses import LOSS_MODES
 from epic_slime.runtime.config import ConfigError, parse_config
+from epic_slime.runtime.task import VOCAB
+
+VOCAB_SIZE = len(VOCAB)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -242,3 +245,57 @@ def test_every_option_is_a_yaml_key_read_as_its_type(tmp_path):
     for name, opt in FIELDS.items():
         value = getattr(cfg, name)
         assert value == opt.default and type(value) is type(opt.default), (name, value)
+
+
+@pytest.mark.parametrize(
+    "ok,refused,match",
+    [
+        # rollout_lag may equal max_staleness (every batch exactly K behind); one more drops every batch
+        (
+            ["--rollout-mode", "sync", "--rollout-lag", "2", "--max-staleness", "2"],
+            ["--rollout-mode", "sync", "--rollout-lag", "3", "--max-staleness", "2"],
+            "rollout_lag=3 exceeds max_staleness=2",
+        ),
+        # the longest sequence, 1 + 3 * max operands + response, may fill the model's positions exactly
+        (
+            ["--task-max-operands", "3", "--rollout-max-response-len", "54", "--model-max-positions", "64"],
+            ["--task-max-operands", "3", "--rollout-max-response-len", "55", "--model-max-positions", "64"],
+            "rollout_max_response_len=55 with task_max_operands=3 exceeds the model's 64 positions",
+        ),
+        # Top-K over the whole vocabulary is allowed, one more is not
+        (
+            ["--policy-loss-topk", str(VOCAB_SIZE)],
+            ["--policy-loss-topk", str(VOCAB_SIZE + 1)],
+            f"policy_loss_topk={VOCAB_SIZE + 1} exceeds the vocabulary size {VOCAB_SIZE}",
+        ),
+        # a fixed operand count (min == max) is a task; min above max is not
+        (
+            ["--task-min-operands", "3", "--task-max-operands", "3"],
+            ["--task-min-operands", "4", "--task-max-operands", "3"],
+            r"task_min_operands \(4\) > task_max_operands \(3\)",
+        ),
+        # answer noise is a share in [0, 1): all answers wrong would teach nothing
+        (
+            ["--warm-start-answer-noise", "0.99"],
+            ["--warm-start-answer-noise", "1.0"],
+            r"warm_start_answer_noise: invalid value 1.0: must be a number in \[0, 1\)",
+        ),
+    ],
+    ids=["lag_equals_staleness", "positions_filled", "topk_whole_vocab", "fixed_operands", "answer_noise"],
+)
+def test_cross_option_rules_at_their_boundary(ok, refused, match):
+    parse_config(ok)
+    with pytest.raises(ConfigError, match=match):
+        parse_config(refused)
+
+
+@pytest.mark.parametrize("mode", ["dppo_topk_tv", "dppo_topk_kl"])
+def test_tis_is_refused_with_each_top_k_mode(mode):
+    with pytest.raises(ConfigError, match=f"use_tis with policy_loss={mode}"):
+        parse_config(["--use-tis", "--policy-loss", mode])
+
+
+def test_a_yaml_integer_may_be_written_as_a_whole_float_but_not_a_fraction(tmp_path):
+    assert parse_config(["--config", _yaml(tmp_path, "num_rollout: 3.0\n")]).num_rollout == 3
+    with pytest.raises(ConfigError, match=r"num_rollout must be an integer, got 2.5"):
+        parse_config(["--config", _yaml(tmp_path, "num_rollout: 2.5\n")])

@@ -206,3 +206,29 @@ def test_fib_warm_start_slips_carry_on_with_exact_copies():
     steps = slipped.split(";")[:-1]
     for prev, cur in zip(steps, steps[1:]):  # each step copies b and c of the step before
         assert cur[0] == prev[2] and cur[2] == prev[4]
+
+
+def test_router_noise_has_the_configured_standard_deviation():
+    """The rollout's router logits get sigma * N(0, 1) from the run's generator: against the same draws made
+    independently, at two sigmas (a noise not scaled by sigma would be N(0, 1) at any setting)."""
+    import types
+
+    from epic_slime.runtime.mismatch import _noisy_router_forward
+
+    torch.manual_seed(0)
+    hidden, experts = 8, 4
+    weight = torch.randn(experts, hidden)
+    h = torch.randn(5, hidden)
+    clean = h @ weight.T
+    for sigma in (0.05, 0.5):
+        router = types.SimpleNamespace(
+            hidden_dim=hidden,
+            weight=weight,
+            top_k=2,
+            norm_topk_prob=True,
+            router_noise_sigma=sigma,
+            router_noise_generator=torch.Generator().manual_seed(7),
+        )
+        logits, _, _ = _noisy_router_forward(router, h)
+        draws = torch.randn(clean.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float32)
+        torch.testing.assert_close(logits, clean + sigma * draws, rtol=0, atol=1e-6)

@@ -39,7 +39,7 @@ class CharTokenizer:
 
 class ScriptedEngine:
     """Answers each call with the next (text, finish, version); a finish of "abort" after n tokens is
-    given as ("abort", n)."""
+    given as ("abort", n); a version of None is left out of the answer."""
 
     def __init__(self, script):
         self.script = list(script)
@@ -55,7 +55,9 @@ class ScriptedEngine:
             text, finish = text[:room], "length"
         ids = [ord(c) for c in text]
         entries = [[-0.01 * (i + 1), t, None] for i, t in enumerate(ids)]
-        meta = {"output_token_logprobs": entries, "finish_reason": {"type": finish}, "weight_version": str(version)}
+        meta = {"output_token_logprobs": entries, "finish_reason": {"type": finish}}
+        if version is not None:  # None: an engine that reports no weight version
+            meta["weight_version"] = str(version)
         return {"text": text, "meta_info": meta}
 
 
@@ -204,6 +206,43 @@ def test_make_generate_has_slimes_signature():
     generate = make_generate(AgentConfig(max_turns=2))
     assert list(inspect.signature(generate).parameters) == ["args", "sample", "sampling_params", "evaluation"]
     assert asyncio.iscoroutinefunction(generate)
+
+
+def test_an_observation_that_exactly_fills_the_room_ends_the_trajectory_without_another_call():
+    """The cap met exactly by a tool's output (nothing cut): length_cap, TRUNCATED, and no engine call
+    with max_new_tokens 0 (the next script entry would be taken by one)."""
+    turn = "<calc>6*7</calc>"
+    cap = len(turn) + len("\n<result>42</result>\n")
+    engine = ScriptedEngine([(turn, "stop", 0), ("never sent", "stop", 0)])
+    sample = _run(engine, max_new_tokens=cap)
+    assert len(engine.requests) == 1 and sample.response_length == cap
+    assert sample.status == Sample.Status.TRUNCATED
+    log = _check_alignment(sample)
+    assert log.stop_reason == "length_cap" and log.spans[-1] == ["tool", None, cap - len(turn)]
+
+
+def test_the_runs_own_stop_strings_are_kept_beside_the_tools():
+    engine = ScriptedEngine([("Answer: 7", "stop", 0)])
+    params = {"max_new_tokens": 50, "temperature": 1.0, "stop": ["###"]}
+    asyncio.run(run_agent(_args(), _sample(), params, ToolRegistry(), tokenizer=CharTokenizer(), post=engine))
+    assert engine.requests[0]["sampling_params"]["stop"] == ["###", "</calc>"]
+    assert params["stop"] == ["###"]  # the caller's dict is not changed
+
+
+def test_a_call_without_a_reported_version_is_not_given_the_previous_calls():
+    """An engine that reports no weight version for a call: that call's tokens have version None (unknown),
+    not the version an earlier call reported."""
+    engine = ScriptedEngine([("<calc>1+1</calc>", "stop", 3), ("two", "stop", None)])
+    sample = _run(engine)
+    assert sample.weight_versions == ["3"]
+    log = _check_alignment(sample)
+    assert [(kind, version) for kind, version, _ in log.spans] == [("model", 3), ("tool", None), ("model", None)]
+
+
+def test_tool_errors_of_one_kind_are_counted_each_time():
+    engine = ScriptedEngine([("<calc>1/0</calc>", "stop", 0), ("<calc>x</calc>", "stop", 0), ("ok", "stop", 0)])
+    log = _check_alignment(_run(engine))
+    assert (log.tool_calls, log.tool_errors) == (2, {"refused": 2})
 
 
 class RoutingEngine(ScriptedEngine):

@@ -262,3 +262,30 @@ def test_groups_a_failed_rollout_had_taken_stay_accounted_for():
     assert ledger.undelivered() == ledger.consumed >= 2 and not ledger.delivered
     ledger.check(worker_in_flight=stream.accounted())
     assert stream.accounted() != stream.held() + len(stream.data_source._returned)
+
+
+def test_a_success_restarts_the_fault_clock_of_its_group(monkeypatch):
+    """The deadline runs from the first failure *in a row*: a group that failed, then succeeded, and is
+    regenerated long after (here: requeued as too stale) gets the whole deadline again when it fails
+    once more. A clock kept from the earlier failure would end a healthy run."""
+    monkeypatch.setattr(engine_faults, "FT_MARGIN_S", 0.0)  # deadline 0 + 0.2 + 0.2 = 0.4 s
+    engine = Engine(raises=lambda key, call: key == 0 and call in (0, 2))
+    stream = _stream(engine, **_ft_args())
+    assert stream.faults.deadline_s == pytest.approx(0.4)
+
+    async def go():
+        stream.start_rollout(1)
+        await _settle(stream)
+        first = stream.pop(2)
+        assert [g[0].group_index for g in first] == [0, 1] and stream.faults.first_failure == {}
+        await asyncio.sleep(0.6)  # past the deadline since group 0's first failure
+        assert stream.requeue(first[0])  # regenerated once the cap has room: call 2 fails, call 3 succeeds
+        stream.release(first[1])
+        await _settle(stream)
+        later = stream.pop(2)  # groups 2 and 3 (started while 0 and 1 were taken) make room for 0
+        await _settle(stream)
+        return later + stream.pop(1)
+
+    again = run(go())
+    assert [g[0].group_index for g in again] == [2, 3, 0] and engine.calls.count(0) == 4
+    assert stream.faults.metrics()["rollout/faults/fault_retries"] == 2

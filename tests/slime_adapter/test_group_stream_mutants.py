@@ -101,3 +101,33 @@ def test_a_requeued_prompt_waiting_to_start_counts_against_the_cap():
     assert waiting == 1
     assert len(stream.to_start) == 1 and stream.held() == 4  # the requeued prompt still waits
     assert engine.calls.count(0) == 1 and len(engine.calls) == 6
+
+
+def test_a_taken_group_leaves_the_taken_set_on_each_exit_and_is_accounted_once():
+    """Issue 46, pattern 3: a group pop() handed to the collector is owed until it leaves: requeued (too
+    stale, regenerated), dropped (requeue limit reached) or delivered. On each exit it leaves ``taken``,
+    so ``accounted()`` (what the ledger check compares with its undelivered count) names it once, and a
+    group handed back to the data source is named too."""
+    engine = Engine()
+    stream = _stream(engine, cap=4)
+
+    async def go():
+        stream.start_rollout(1)
+        await _settle(stream)
+        taken = stream.pop(3)
+        keys = [group_stream.group_key(g) for g in taken]
+        assert stream.taken == set(keys) and stream.accounted() == stream.held() + 3
+        assert stream.requeue(taken[0])  # exit 1: requeued, a new start
+        assert keys[0] not in stream.taken and stream.accounted() == stream.held() + 2
+        stream.requeues[keys[1]] = stream.max_requeues
+        assert not stream.requeue(taken[1])  # exit 2: dropped at the requeue limit
+        assert keys[1] not in stream.taken and stream.accounted() == stream.held() + 1
+        stream.release(taken[2])  # exit 3: delivered to its rollout
+        assert stream.taken == set() and stream.accounted() == stream.held()
+        await _settle(stream)
+        handed_back = stream.pop(1)
+        stream.release(handed_back[0])
+        stream.data_source._returned.append(handed_back[0])  # slime handed it back: still owed
+        assert stream.accounted() == stream.held() + 1
+
+    run(go())

@@ -252,3 +252,19 @@ def test_rollout_hook_keys_each_group_submission_and_each_eval(monkeypatch):
     assert len(set(keys[:3])) == 1 and len(set(keys[3:5])) == 1 and len(set(keys[5:8])) == 1
     assert len({keys[0], keys[3], keys[5], keys[8]}) == 4 and all(k.startswith(push_mode.KEY_PREFIX) for k in keys[:9])
     assert keys[9] is None  # not a /generate request
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_distributed"]
+)
+def test_every_weight_update_endpoint_is_sent_without_a_cache_flush(endpoint):
+    """SGLang flushes the cache after a weight update by default, which kills a server holding a request
+    in place: each of the three update endpoints (disk, tensor, distributed) goes with flush_cache false."""
+    payload = {"weight_version": "3"}
+    assert push_mode.no_flush(endpoint, payload) == {"weight_version": "3", "flush_cache": False}
+    assert payload == {"weight_version": "3"}  # the caller's payload is not changed
+
+
+def test_other_endpoints_keep_their_payload():
+    assert push_mode.no_flush("pause_generation", {"mode": "in_place"}) == {"mode": "in_place"}
+    assert push_mode.no_flush("flush_cache", None) == {}

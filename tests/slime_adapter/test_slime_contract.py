@@ -393,8 +393,14 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
         out.metrics["rollout/accounting/dropped_groups"] == 1
         and out.metrics["rollout/accounting/in_flight_groups"] == 5
     )
+    # a rollout with nothing dropped: the run's totals keep the earlier drop (they add up, never reset)
+    stream.add([group(20, 3), group(21, 3)])
+    out = rollout.generate_rollout(args, 5, data_source=stream.data_source)
+    assert out.metrics["rollout/staleness/dropped_groups"] == 0.0
+    assert out.metrics["rollout/staleness/total_dropped_samples"] == 2.0
+    assert out.metrics["rollout/staleness/total_dropped_groups"] == 1.0
     with pytest.raises(ValueError, match="--data-source-path"):
-        rollout.generate_rollout(args, 5, data_source=object())
+        rollout.generate_rollout(args, 6, data_source=object())
 
     # the same stale group with a stream that can regenerate it: requeued, nothing dropped, still in flight
     stream = FakeStream([group(5, 1), group(1, 1), group(7, 0), group(2, 1)], can_requeue=True)

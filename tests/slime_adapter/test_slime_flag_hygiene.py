@@ -251,3 +251,23 @@ def test_the_refused_value_is_one_of_slimes_choices():
         if keyword.arg == "choices"
     ]
     assert choices == [["full", "delta"]]
+
+
+@pytest.mark.parametrize(
+    "mode, refused", [(None, True), ("full", True), ("delta", False)], ids=["mode_unset", "full", "delta"]
+)
+def test_ci_test_with_a_full_disk_reload_is_refused_when_the_mode_is_left_at_its_default(mode, refused):
+    """slime's --update-weight-mode defaults to full: a namespace where it is unset (None) is the full
+    mode, so --ci-test with disk transport is refused there too (slime's 404 version check would end the
+    first push). Delta has its own refusal, elsewhere."""
+    import argparse
+
+    from epic_slime.slime.checks import ProjectFlagError, check_disk_version_check
+
+    args = argparse.Namespace(ci_test=True, update_weight_transport="disk", update_weight_mode=mode)
+    if refused:
+        with pytest.raises(ProjectFlagError, match="--ci-test with --update-weight-transport disk"):
+            check_disk_version_check(args)
+    else:
+        check_disk_version_check(args)
+    check_disk_version_check(argparse.Namespace(ci_test=False, update_weight_transport="disk"))

@@ -31,3 +31,39 @@ def test_a_wrong_operand_is_a_copy_error_and_a_broken_step_ends_the_check():
     assert v["copy"] == 1 and v["arith"] == 0 and v["steps"] == 3  # 7+1 should have been 7+0
     v = bench.check_chain("3+7=", "3+7=0;7+0=7;Answer:7", 8)
     assert v["steps"] == 2 and v["format"] == 1
+
+
+def test_a_warm_start_slip_is_always_a_wrong_result():
+    """step_noise = 1: every step of the warm start's target slips, and a slip is off by 1..9 mod 10,
+    never by 0 (a 'slip' equal to the right result would be a right step counted as noise)."""
+    import random
+
+    from epic_slime.runtime.task_fib import slipped_solution
+
+    rng = random.Random(0)
+    steps_seen = 0
+    for a in range(10):
+        for op in "+-":
+            for b in range(10):
+                target = slipped_solution(make_fib_problem(a, op, b, 4), rng, step_noise=1.0)
+                v = bench.check_chain(f"{a}{op}{b}=", target, 4)
+                assert (v["steps"], v["copy"], v["arith"], v["format"]) == (4, 0, 4, 0), target
+                steps_seen += v["steps"]
+    assert steps_seen == 800
+    assert (
+        slipped_solution(make_fib_problem(3, "+", 7, 4), rng, step_noise=0.0) == make_fib_problem(3, "+", 7, 4).solution
+    )
+
+
+def test_the_warm_start_uses_the_fib_tasks_own_slips():
+    """warm_start_target with the task's slipper (what warm_start_data passes for fib): the target is a fib
+    chain whose every step slipped, not the generic arithmetic slipper's reading of a fib prompt."""
+    import random
+
+    from epic_slime.runtime import task_fib
+    from epic_slime.runtime.warmstart import warm_start_target
+
+    problem = make_fib_problem(3, "+", 7, 4)
+    target = warm_start_target(problem, random.Random(1), 0.0, 1.0, None, task_fib.slipped_solution)
+    v = bench.check_chain(problem.prompt, target, 4)
+    assert (v["steps"], v["copy"], v["arith"], v["format"]) == (4, 0, 4, 0), target

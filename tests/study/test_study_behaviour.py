@@ -195,3 +195,29 @@ def test_choose_levels_matches_each_target_in_log_scale_and_stops_at_the_first_f
     text = write_report(tmp_path).read_text()
     assert "| 0.25 | 6.00e-03 | 2.50e-03 | 2.50e-03 | 0.290 | 72% | **fails** | 8 |" in text
     assert "| no_r3 | kl_k3 | 0.0015 | 0.2 | 0.001 | 0.299 | **fails** (not run) |" in text
+
+
+def test_gain_needs_a_warm_start_score_for_every_seed_of_the_cell(cfg):
+    """A warm start scored on seed 1 only: the cell's runs on seeds 1 and 2 get no gain (a partial pairing
+    would report one seed's difference as the cell's)."""
+    rewards = {("a_none", "epic", 1): [0.4, 0.5], ("a_none", "epic", 2): [0.5, 0.6]}
+    metrics = {k: _rows(v) for k, v in rewards.items()}
+    results = [{"setting": s, "method": m, "seed": sd, "test_at_final": 0.5} for (s, m, sd) in rewards]
+    partial = {"by_setting": {"a_none": {"test_by_seed": {"1": 0.3}}}}
+    assert "gain" not in rollout_reward_cells(cfg, metrics, results, partial)["a_none"]["methods"]["epic"]
+    full = {"by_setting": {"a_none": {"test_by_seed": {"1": 0.3, "2": 0.4, "3": 0.9}}}}  # extra seeds are fine
+    gain = rollout_reward_cells(cfg, metrics, results, full)["a_none"]["methods"]["epic"]["gain"]
+    assert gain["n"] == 2 and gain["mean"] == pytest.approx(0.15)
+
+
+def test_choose_levels_breaks_a_tie_towards_the_smaller_sigma():
+    from epic_slime.study.calibration import choose_levels
+
+    levels = [
+        _level(0.0, 0.0, 0.0, 0.40),
+        _level(0.2, 0.001, 3e-4, 0.40),  # the same measured values at two sigmas: an exact tie
+        _level(0.1, 0.001, 3e-4, 0.40),
+    ]
+    got = {c["level"]: c for c in choose_levels(levels)}
+    assert got["engine"]["sigma"] == 0.1 and got["r3_low"]["sigma"] == 0.1
+    assert got["strongest"]["sigma"] == 0.2

@@ -275,3 +275,70 @@ def test_the_contrast_across_two_study_directories_pairs_seeds_by_setting(tmp_pa
     assert out["seeds"] == [1, 2] and out["per_seed"] == pytest.approx([0.2, 0.4]) and out["mean"] == pytest.approx(0.3)
     with pytest.raises(SystemExit):
         main(["--target", str(tmp_path / "ext"), "s", "--reference", str(tmp_path / "main"), "s"])
+
+
+def test_a_contrast_interval_of_exactly_zero_is_not_resolved():
+    """Boundary of the verdict: the same per-seed difference in both settings on every seed (c_s = 0
+    exactly, sd 0: the interval is [0, 0]) supports nothing; a positive lower bound is needed."""
+    from epic_slime.study.contrast import contrast_for
+
+    results = [
+        {"setting": st, "method": m, "seed": s, "test_at_final": v}
+        for st in ("long_mis", "short_none")
+        for m, v in (("epic", 0.5), ("grpo", 0.25))
+        for s in (1, 2, 3)
+    ]
+    c = contrast_for(results, "epic", "grpo", "long_mis", "short_none")
+    assert (c["mean"], c["low"], c["high"]) == (0.0, 0.0, 0.0)
+    assert c["verdict"] == "not resolved (interval spans 0)"
+
+
+def test_a_contrast_over_two_seeds_has_its_interval_and_verdict():
+    """Two seeds with all four runs are enough for an interval (df 1): not 'pending'."""
+    from epic_slime.study.contrast import contrast_for
+
+    results = [
+        {"setting": st, "method": m, "seed": s, "test_at_final": v + (0.01 * s if st == "long_mis" else 0)}
+        for st in ("long_mis", "short_none")
+        for m, v in (("epic", 0.5), ("grpo", 0.25))
+        for s in (1, 2)
+    ]
+    c = contrast_for(results, "epic", "grpo", "long_mis", "short_none")
+    assert c["n"] == 2 and "sd" in c and not c["verdict"].startswith("pending")
+
+
+_GATE_STUDY = """
+seeds: [1, 2]
+methods: [epic]
+settings:
+  - {name: a}
+test_prompts: 8
+train: {task_name: fib, task_min_operands: 4, task_max_operands: 4, num_rollout: 2}
+"""
+
+
+@pytest.mark.parametrize("test_mean, code", [(0.05, 3), (0.5, 0)], ids=["at_chance", "testable"])
+def test_the_gate_command_exits_by_the_verdict_and_measures_missing_seeds(tmp_path, monkeypatch, test_mean, code):
+    """`python -m epic_slime.study.gate`: exit 3 for a warm start within the margin of chance, 0 above it;
+    a warm_start.json lacking one of the config's seeds is measured again before the verdict."""
+    from epic_slime.study import files, gate, run
+
+    config = tmp_path / "study.yaml"
+    config.write_text(_GATE_STUDY)
+    measured = []
+
+    def measure(cfg, out, previous=None):
+        measured.append(sorted(previous["test_by_seed"]))
+        return {"test_by_seed": {"1": 0.3, "2": 0.3}, "by_setting": {}}
+
+    def by_setting(cfg, out, record, settings, train):
+        for s in settings:
+            record["by_setting"][s] = {"test_mean": test_mean, "chance": 0.1, "test_by_seed": {"1": test_mean}}
+
+    monkeypatch.setattr(files, "read_warm_start", lambda out: {"test_by_seed": {"1": 0.3}, "by_setting": {}})
+    monkeypatch.setattr(run, "measure_warm_start", measure)
+    monkeypatch.setattr(run, "warm_starts_by_setting", by_setting)
+    argv = ["--config", str(config), "--output-dir", str(tmp_path / "out"), "--setting", "a"]
+    assert gate.main(argv) == code
+    assert measured == [["1"]]  # seed 2 was missing: measured again
+    assert gate.main([*argv[:-1], "nope"]) == 2

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from epic_slime.tools.agent import AgentConfig, ToolRegistry, TrajectoryLog
-from epic_slime.tools.calc import MAX_CHARS, MAX_INT_BITS, CalcError, calc, evaluate
+from epic_slime.tools.calc import MAX_CHARS, MAX_EXPONENT, MAX_INT_BITS, CalcError, calc, evaluate
 
 
 @pytest.mark.parametrize(
@@ -75,6 +75,15 @@ def test_refused_inputs_name_their_reason_quickly(text, reason):
     assert time.perf_counter() - start < 0.05
 
 
+def test_the_exponent_limit_holds_both_ways():
+    """|exponent| <= MAX_EXPONENT: a huge negative exponent is refused like a huge positive one (it would
+    underflow to 0 silently)."""
+    assert evaluate(f"2**-{MAX_EXPONENT}") == 2.0**-MAX_EXPONENT
+    for text in (f"2**{MAX_EXPONENT + 1}", f"2**-{MAX_EXPONENT + 1}", "2**-100000"):
+        with pytest.raises(CalcError, match="exponent"):
+            evaluate(text)
+
+
 def test_the_bit_limit_is_a_boundary():
     assert evaluate(f"{2**MAX_INT_BITS - 1} + 0") == 2**MAX_INT_BITS - 1
     with pytest.raises(CalcError, match="too large"):
@@ -118,6 +127,12 @@ def test_tool_failures_come_back_as_observations():
     assert _run(registry.run("calc", "1+" * 30 + "1"))[1] == "input_too_long"
 
 
+def test_the_tool_input_limit_is_a_boundary():
+    registry = ToolRegistry(AgentConfig(max_call_chars=9))
+    assert _run(registry.run("calc", "1+2+3+4+5")) == ("15", None)  # exactly 9 characters: read
+    assert _run(registry.run("calc", "1+2+3+4+50")) == ("error: tool input longer than 9 characters", "input_too_long")
+
+
 def test_registry_and_config_refuse_bad_settings():
     with pytest.raises(ValueError, match="max_turns must be an int >= 1"):
         AgentConfig(max_turns=0)
@@ -143,3 +158,6 @@ def test_trajectory_log_round_trips_and_merges_spans():
     metadata = {}
     log.save(metadata)
     assert TrajectoryLog.of(metadata) == log
+    log.add_model_tokens(5, 2)  # a push between two calls of one turn: a new span, not merged into 4
+    assert log.spans[-2:] == [["model", 4, 1], ["model", 5, 2]]
+    assert log.token_versions()[-3:] == [4, 5, 5]
