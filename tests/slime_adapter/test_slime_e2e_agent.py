@@ -112,6 +112,14 @@ def _trained(run):
     return [e for e in run["events"] if e["event"] == "train"]
 
 
+def _oldest(a: dict) -> int:
+    """The stream's oldest version of a trajectory; the synchronous rollout (K = 0) records none, and
+    its trajectories are on one version (check_session)."""
+    if a["oldest"] is not None:
+        return a["oldest"]
+    return min(v for kind, v, _ in a["spans"] if kind == "model")
+
+
 def summarize(run) -> dict:
     """Prompts trained once, turns, tool spans, resumed turns and the lag of each turn's tokens."""
     trains = _trained(run)
@@ -122,7 +130,7 @@ def summarize(run) -> dict:
         per_group = len(e["agent"]) // len(e["pids"])
         for g, staleness in enumerate(e["staleness"]):
             logs = e["agent"][g * per_group : (g + 1) * per_group]
-            trainer_version = staleness + min(a["oldest"] for a in logs)
+            trainer_version = staleness + min(_oldest(a) for a in logs)
             for a in logs:
                 turns.append(a["turns"])
                 spanning += len({v for kind, v, _ in a["spans"] if kind == "model"}) > 1
@@ -172,7 +180,9 @@ def check_session(run) -> dict:
             for i, (kind, _, n) in enumerate(a["spans"]):  # the tool's 2 tokens, or what fits at the cap
                 last_at_cap = i == len(a["spans"]) - 1 and a["response_length"] == h.ROLLOUT_MAX_RESPONSE_LEN
                 assert kind == "model" or n == 2 or (n == 1 and last_at_cap), a["spans"]
-            if mode == "abort" or k == 0:  # the stream's oldest version is the oldest model token's
+            if k == 0:  # the synchronous rollout (no stream, no push during it): one version per trajectory
+                assert len(set(model_versions)) == 1
+            elif mode == "abort":  # the stream's oldest version is the oldest model token's
                 assert a["oldest"] == min(model_versions)
             else:  # held across pushes: the version known at submission, never newer
                 assert a["oldest"] <= min(model_versions)
