@@ -77,6 +77,8 @@ SLOW_TEST_TIMEOUT_S: dict[str, float] = {
     "tests/study/test_study_runner.py::test_quick_ladder_end_to_end": 1500,  # [378 s; ~15 min at load 5-11]
     # a fresh process of verl's own venv importing verl, torch and Hydra's compose [30-48 s at load 17-23]
     "tests/integrations/test_verl_user_path.py::test_verl_installed_as_the_page_says_loads_the_plugin_and_reads_the_setting": 300,
+    # the real server's start (when this test is the first to ask for it) and a 3-rollout multi-turn session
+    "tests/slime_adapter/test_slime_e2e_agent.py::test_multi_turn_trajectories_on_the_real_server": 1200,
 }
 TIMEOUT_SCALE_ENV = "EPIC_SLIME_TEST_TIMEOUT_SCALE"
 

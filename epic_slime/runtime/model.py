@@ -116,8 +116,11 @@ def sample(
     pad_id: int,
     generator: torch.Generator,
     topk: int = 0,
+    stop_ids: tuple[int, ...] = (),
 ) -> list[dict]:
     """Sample one response per prompt with the model's KV cache (our own loop, not `generate`).
+    ``stop_ids``: tokens that end a response besides <eos>, kept in it (a tool call's last token, for
+    the agent task's turns); such a response's status is "stopped".
 
     Returns per prompt: response ids (including <eos> when emitted), behavior_log_probs (see module
     doc), sampling_log_probs (exact top-p distribution), status "completed" | "truncated"; with
@@ -154,6 +157,8 @@ def sample(
             out_topk_ids.append(top.indices)
         out_tokens[-1] = torch.where(done, torch.full_like(tok, -1), tok)  # -1 marks "after eos"
         done = done | (tok == eos_id)
+        for stop in stop_ids:
+            done = done | (tok == stop)
         if bool(done.all()):
             break
         attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long)], dim=1)
@@ -180,7 +185,11 @@ def sample(
                 "response_ids": resp,
                 "behavior_log_probs": blp[i, :n].tolist(),
                 "sampling_log_probs": slp[i, :n].tolist(),
-                "status": "completed" if resp and resp[-1] == eos_id else "truncated",
+                "status": "completed"
+                if resp and resp[-1] == eos_id
+                else "stopped"
+                if resp and resp[-1] in stop_ids
+                else "truncated",
             }
         )
     return results

@@ -97,6 +97,9 @@ async def run_agent(
     while True:
         room = cap - sample.response_length
         if room <= 0:
+            if log.turn_open:  # a turn aborted on the budget's last token ends here
+                log.turn_open = False
+                log.turns += 1
             log.stop_reason = STOP_LENGTH_CAP
             sample.status = Sample.Status.TRUNCATED
             break

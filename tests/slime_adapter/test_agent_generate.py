@@ -177,6 +177,20 @@ def test_abort_mid_turn_keeps_the_finished_turns_and_continues_the_turn():
     assert engine.requests[2]["input_ids"] == sample.tokens[: -len("nswer is 42")]
 
 
+def test_an_abort_that_lands_on_the_last_token_of_the_budget_ends_the_turn_at_the_cap():
+    """Seen on the real server: a push aborts a turn just as it reaches the response-length cap (the
+    answer's finish is "abort", with every token of the room). Resubmitted, no room is left: the open
+    turn counts as a turn and ends there (truncated at the length cap), with no engine call."""
+    cap = len("<calc>6*7</calc>\n<result>42</result>\n") + 5
+    engine = ScriptedEngine([("<calc>6*7</calc>", "stop", 1), ("The a", ("abort", 5), 1)])
+    sample = _run(engine, max_new_tokens=cap)
+    assert sample.status == Sample.Status.ABORTED and sample.response_length == cap
+    sample = _run(engine, sample=sample, max_new_tokens=cap)
+    assert sample.status == Sample.Status.TRUNCATED and len(engine.requests) == 2
+    log = _check_alignment(sample)
+    assert (log.turns, log.turn_open, log.stop_reason) == (2, False, "length_cap")
+
+
 def test_tool_that_hangs_or_raises_is_an_observation_and_the_trajectory_goes_on():
     async def hang(_):
         await asyncio.sleep(30)

@@ -67,6 +67,15 @@ class RolloutManagerStandIn:
             setattr(self, name, _Method(self._pool, getattr(self, f"_{name}")))
 
     def _generate(self, rollout_id):
+        from support.slime_e2e_train import TRAIN_WINDOW
+
+        TRAIN_WINDOW["collecting"] = True  # a batch is being collected (support/slime_e2e_agent.py's tool)
+        try:
+            return self._collect(rollout_id)
+        finally:
+            TRAIN_WINDOW["collecting"] = False
+
+    def _collect(self, rollout_id):
         """slime's ``generate`` without its logging and debug dumps (wandb): the rollout function
         through ``call_rollout_fn``, slime's flattening, conversion and per-DP split; returns one
         ``Box`` per DP rank."""

@@ -45,13 +45,22 @@ EVAL_PROMPTS = 4  # x 4 samples = 16 eval samples every rollout
 SESSION_TIMEOUT_S = 900
 
 
-def run(engines, name: str, workdir: str | None = None, num_rollout: int = NUM_ROLLOUT) -> dict:
-    """One e2e session of ``RUNS[name]`` against ``engines`` (a ready ``RealEngines``); its trace and summary."""
+def run(
+    engines,
+    name: str,
+    workdir: str | None = None,
+    num_rollout: int = NUM_ROLLOUT,
+    spec: dict | None = None,
+    eval_prompts: int = EVAL_PROMPTS,
+) -> dict:
+    """One e2e session of ``RUNS[name]`` (or of ``spec``, named ``name``: the multi-turn agent's runs in
+    tests/slime_adapter/test_slime_e2e_agent.py) against ``engines`` (a ready ``RealEngines``); its trace
+    and summary."""
     from epic_slime.slime.served_weights import confirm_push, model_logprobs, served_logprobs, served_weight_version
 
-    spec = RUNS[name]
+    spec = spec or RUNS[name]
     workdir = workdir or tempfile.mkdtemp(prefix=f"slime_e2e_real_{name}_")
-    h.prepare_workdir(workdir, train_prompts=100, eval_prompts=EVAL_PROMPTS)
+    h.prepare_workdir(workdir, train_prompts=100, eval_prompts=eval_prompts)
     trace = os.path.join(workdir, "trace.jsonl")
     found_version = served_weight_version(engines.server.url)
     started = time.time()

@@ -13,6 +13,11 @@ from pathlib import Path
 import torch
 
 PUSH_MODES = ("distributed", "disk-unserialised")
+# the session's schedule as its own rollout side sees it (one process; support/slime_e2e_agent.py's tool
+# reads it): a train step is running and its push has not landed; pushes done; the manager is collecting
+# a batch (the driver asks for batch r + 1 before training r, and push r waits behind that call)
+TRAIN_WINDOW = {"training": False, "pushes": 0, "collecting": False, "parked": 0, "hold_pushes": False}
+HOLD_PUSH_S = 60.0  # the longest a push waits for a parked tool call (hold_pushes)
 KILL_BUCKET = 2  # kill_during_push: in the last of the push's 3 buckets (two loaded, lm_head's not)
 
 
@@ -95,6 +100,7 @@ class CpuTrainGroup:
 
     # -- driver interface
     def async_train(self, rollout_id, data_refs):
+        TRAIN_WINDOW["training"] = True  # until the push after it (a multi-turn tool may wait for that push)
         before = dict(self.forwards)
         self.last_trained = rollout_id
         ranks, fetched = self._fetch(data_refs)
@@ -186,6 +192,7 @@ class CpuTrainGroup:
             from support.slime_push import EngineActorStandIn, make_updater
 
             self.manager.get_updatable_engines_and_lock.remote().result()
+            self._hold_push_for_a_parked_tool_call()
             if self.updater is None:
                 self.updater = make_updater(
                     self.args,
@@ -200,6 +207,7 @@ class CpuTrainGroup:
             if self.real_engines:  # what the engines serve now, for the caller's final check
                 self.last_pushed = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             self.trace.write("update_weights", self.weight_version, confirmed_gap=confirmed)
+            TRAIN_WINDOW.update(training=False, pushes=TRAIN_WINDOW["pushes"] + 1)
             return
         self.weight_version += 1
         s = _session()
@@ -216,6 +224,19 @@ class CpuTrainGroup:
         os.remove(path)
         s.post(f"{self.url}/continue_generation", json={}).raise_for_status()
         self.trace.write("update_weights", self.weight_version)
+        TRAIN_WINDOW.update(training=False, pushes=TRAIN_WINDOW["pushes"] + 1)
+
+    def _hold_push_for_a_parked_tool_call(self) -> None:
+        """With the slow agent tool (``TRAIN_WINDOW["hold_pushes"]``, support/slime_e2e_agent.py): the push
+        after train r, when a later batch can still train what is in flight, waits (at most ``HOLD_PUSH_S``)
+        until a trajectory in flight is inside a tool call, so that it lands between two of its turns.
+        Batch r + 1 is already collected here (the push waited behind it): no parked call belongs to it."""
+        last = self.last_trained
+        if not TRAIN_WINDOW["hold_pushes"] or last is None or last + 2 >= self.args.num_rollout:
+            return
+        deadline = time.monotonic() + HOLD_PUSH_S
+        while TRAIN_WINDOW["parked"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _maybe_kill_in_push(self, bucket: int, index: int, of: int) -> None:
         if self.kill_during_push is None or self.last_trained != self.kill_during_push:
@@ -255,17 +276,27 @@ class CpuTrainGroup:
     def _rollout_mismatch(self, ranks) -> dict:
         """mean |log pi_train - log mu_engine| per response token before the first step: the trainer's
         float32 forward against the log-probs the engine sampled with (its serving precision)."""
-        gaps = []
+        gaps, masks = [], []
         with torch.no_grad():
             for data in ranks:
-                for ids, n, rollout in zip(data["tokens"], data["response_lengths"], data["rollout_log_probs"]):
+                rows = zip(data["tokens"], data["response_lengths"], data["rollout_log_probs"], data["loss_masks"])
+                for ids, n, rollout, mask in rows:
                     n = int(n)
                     logits = self.model(input_ids=torch.as_tensor(ids)[None], use_cache=False).logits[0].double()
                     lp = torch.log_softmax(logits[-n - 1 : -1] / self.args.rollout_temperature, -1)
                     own = lp.gather(1, torch.as_tensor(ids)[-n:, None]).squeeze(1)
                     gaps.append((own - torch.as_tensor(rollout, dtype=torch.float64)).abs())
-        every = torch.cat(gaps)
-        return {"mean": float(every.mean()), "max": float(every.max()), "tokens": int(every.numel())}
+                    masks.append(torch.as_tensor(mask, dtype=torch.bool))
+        every, model = torch.cat(gaps), torch.cat(masks)
+        out = {"mean": float(every.mean()), "max": float(every.max()), "tokens": int(every.numel())}
+        if not bool(model.all()):  # tool spans (loss mask 0, placeholder 0.0): the model's tokens alone
+            out["model_tokens"] = {
+                "mean": float(every[model].mean()),
+                "max": float(every[model].max()),
+                "tokens": int(model.sum()),
+                "tool_tokens": int((~model).sum()),
+            }
+        return out
 
     # -- training
     def _logits(self, data, rows):
