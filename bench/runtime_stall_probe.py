@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     import epic_slime
     from epic_slime.runtime import driver
     from epic_slime.runtime.config import parse_config
-    from epic_slime.staleness import trainable_groups
+    from epic_slime.runtime.batches import trainable_groups
 
     tree = Path(epic_slime.__file__).resolve().parents[1]
     _instrument(driver.Run, trainable_groups)

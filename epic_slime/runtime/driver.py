@@ -28,8 +28,9 @@ from pathlib import Path
 
 from epic_slime import metric_names as names
 from epic_slime.provenance import resident_memory_mib
-from epic_slime.staleness import Accounting, AdmissionBudget, Group, select_batch, trainable_groups
+from epic_slime.admission import AdmissionBudget
 from . import checkpoint
+from .batches import Accounting, Group, select_batch, trainable_groups
 from .config import RuntimeConfig
 from .progress import Progress, say
 from .run_files import (
@@ -94,10 +95,9 @@ class Run:
         self.step = 0  # finished rollout steps
         self.version = 0  # trainer weight version (= step)
         self.next_group_id = 0  # data position
-        # groups started since the run began and not discarded (dropped, lost with a worker): the
-        # admission budget's live_started (derived again on resume: trained + buffered)
-        self.live_started = 0
-        self.budget = AdmissionBudget(cfg.rollout_batch_size, cfg.max_staleness)
+        # the admission budget counts the live groups (derived again on resume: trained + buffered);
+        # this runtime trains its first batch on the initial weights, version 0
+        self.budget = AdmissionBudget(cfg.rollout_batch_size, cfg.max_staleness, first_train_version=0)
         self.trained_group_ids: list[int] = []
         self.dropped_group_ids: list[int] = []
         self.killed_once = False
@@ -196,16 +196,15 @@ class Run:
         return send, (self.version if send else self.worker_versions[i])
 
     def _room(self, i: int) -> int:
-        """The admission budget (``AdmissionBudget``: group n in start order trains at step floor(n / B)
-        at version floor(n / B), so it may start at version g only while n < (g + K + 1) B: slime's
-        rule with this runtime's versions, one lower) and, on top, the memory cap
-        (``rollout_buffer_batches``)."""
+        """The admission budget (``AdmissionBudget``, first_train_version 0: group n in start order
+        trains at step floor(n / B) at version floor(n / B), so it may start at version g only while
+        n < (g + K + 1) B) and, on top, the memory cap (``rollout_buffer_batches``)."""
         cap = self.cfg.rollout_buffer_batches * self.cfg.samples_per_step
         request = self.prompts_per_request * self.cfg.n_samples_per_prompt
         if self._buffered_samples() + self._pending_samples() + request > cap:
             return 0
         _, version = self._submit_version(i)
-        return min(self.prompts_per_request, self.budget.room(version + 1, self.live_started))
+        return min(self.prompts_per_request, self.budget.room(version))
 
     def _first_unfinished(self) -> int | None:
         """The oldest group still generating: a batch in start order waits for it."""
@@ -217,7 +216,7 @@ class Run:
         send, version = self._submit_version(i)
         weights = (self.weights_by_version[version] if self.cfg.rollout_lag else self.weights_ref) if send else None
         reqs = self._next_requests(count)
-        self.live_started += len(reqs)
+        self.budget.start(len(reqs))
         fut = self.workers[i].generate.remote(reqs, weights, version, self._sampling())
         self.pending_gen[fut] = (i, reqs, version)
         if send:
@@ -247,7 +246,7 @@ class Run:
             self.acc.generated += len(g)
 
     def _restart_worker(self, i: int, lost_samples: int, error) -> None:
-        self.live_started -= lost_samples // self.cfg.n_samples_per_prompt  # lost groups leave the budget
+        self.budget.discard(lost_samples // self.cfg.n_samples_per_prompt)  # lost groups leave the budget
         self.acc.lost += lost_samples
         self.acc.worker_restarts += 1
         if self.acc.worker_restarts > MAX_WORKER_RESTARTS:
@@ -290,7 +289,7 @@ class Run:
             self.cfg.stale_policy,
             first_unfinished=self._first_unfinished(),
         )
-        self.live_started -= len(sel.dropped)
+        self.budget.discard(len(sel.dropped))
         for g in sel.dropped:
             self.acc.dropped += len(g)
             self.dropped_group_ids.append(g.group_id)
@@ -449,7 +448,7 @@ class Run:
         self.dropped_group_ids = list(state["dropped_group_ids"])
         self.killed_once = state["killed_once"]
         # a checkpoint is quiescent (nothing generating or training): live = trained + buffered
-        self.live_started = len(self.trained_group_ids) + len(self.buffer)
+        self.budget.restore(len(self.trained_group_ids) + len(self.buffer))
 
     # ---------------- metrics ----------------
     def _write_metrics(self, m: dict) -> None:

@@ -4,7 +4,7 @@ seconds (issue 35 item 6: these slips were caught only by the ~2-minute end-to-e
 No Ray: the workers are stand-ins whose ``generate.remote`` returns a token, and ``ray.get`` of a
 dead worker's token raises Ray's own ``RayActorError``, as the driver meets it. The tiny config:
 B = 4 groups per batch, 2 workers x 2 prompts per request, 4 samples per prompt, K = 1, so at
-version g the runtime admits live_started < (g + K + 1) * B groups.
+version g the runtime admits live groups < (g + K + 1) * B (``AdmissionBudget``, first_train_version 0).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections import deque
 
 import pytest
 
-from epic_slime.staleness import Accounting, Group
+from epic_slime.runtime.batches import Accounting, Group
 
 ray = pytest.importorskip("ray")
 
@@ -66,32 +66,32 @@ def test_a_restarted_worker_gives_back_exactly_its_lost_groups_slots(tmp_path, m
     made, get = _with_workers(run, dead)
     monkeypatch.setattr(ray, "get", get)
     run._fill_workers()
-    assert run.live_started == 4 and len(run.pending_gen) == 2
+    assert run.budget.live == 4 and len(run.pending_gen) == 2
     # worker 0 dies with its request of 2 prompts (8 samples): its 2 groups leave the budget
     (fut0,) = [f for f, (i, _, _) in run.pending_gen.items() if i == 0]
     dead.add(fut0)
     run.version = 1  # a step was trained meanwhile
     run._collect_generation(fut0)
     assert made == [0] and run.acc.lost == 2 * n and run.acc.worker_restarts == 1
-    assert run.live_started == 2  # 4 started - 2 lost, not - 8 samples, not - 0
+    assert run.budget.live == 2  # 4 started - 2 lost, not - 8 samples, not - 0
     assert "rollout worker 0 died" in capsys.readouterr().err
     # the new worker was built with the current weights: its next request carries none
     assert run.worker_versions[0] == 1 and run._submit_version(0) == (False, 1)
     # at version 1 the limit is (1 + 1 + 1) * 4 = 12 live groups: a full request fits again
     assert run._room(0) == 2
     run._fill_workers()
-    assert run.live_started == 4 and run.workers[0].requests == [([4, 5], False, 1)]
+    assert run.budget.live == 4 and run.workers[0].requests == [([4, 5], False, 1)]
     # a second death at the limit's edge: the budget binds before the memory cap
-    run.live_started = 12 - 1 + 2  # 1 slot short of the limit, plus worker 0's 2 in flight
+    run.budget.restore(12 - 1 + 2)  # 1 slot short of the limit, plus worker 0's 2 in flight
     (fut0,) = [f for f, (i, _, _) in run.pending_gen.items() if i == 0]
     dead.add(fut0)
     run._collect_generation(fut0)
-    assert run.live_started == 11 and run.acc.worker_restarts == 2
+    assert run.budget.live == 11 and run.acc.worker_restarts == 2
     assert run._room(0) == 1  # the memory cap would allow 2
 
 
 def test_a_resume_counts_the_buffered_groups_against_the_budget(tmp_path, monkeypatch):
-    """live_started after a resume = trained + buffered (a checkpoint is quiescent): with one slot
+    """The live count after a resume = trained + buffered (a checkpoint is quiescent): with one slot
     left under the limit the budget binds before the memory cap."""
     monkeypatch.setattr(ray, "get", lambda ref: ref)
 
@@ -116,7 +116,7 @@ def test_a_resume_counts_the_buffered_groups_against_the_budget(tmp_path, monkey
     resumed.trainer = Trainer()
     resumed._check_resume()
     resumed._restore(path)
-    assert resumed.live_started == 19
+    assert resumed.budget.live == 19
     resumed.worker_versions = [3, 3]
     # limit at version 3: (3 + 1 + 1) * 4 = 20; the memory cap (2 batches = 32 samples; 8 buffered) allows 2
     assert resumed._room(0) == 1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from epic_slime.staleness import Accounting, Group, select_batch
+from epic_slime.runtime.batches import Accounting, Group, select_batch
 
 
 def _groups(versions, n=2):
@@ -188,26 +188,27 @@ def test_runtime_admission_follows_the_budget_in_its_own_versions(tmp_path):
     run = _run(tmp_path, "--max-staleness", "1")
     b, ppr = run.cfg.rollout_batch_size, run.prompts_per_request
     run.worker_versions = [0, 0]
-    run.live_started = 2 * b - 1
+    run.budget.restore(2 * b - 1)
     assert run._room(0) == 1  # (0 + 1 + 1) * B = 2B: one group left
-    run.live_started = 2 * b
+    run.budget.restore(2 * b)
     assert run._room(0) == 0
     run.version, run.worker_versions = 1, [-1, -1]  # the worker gets version 1 with its next request
     assert run._room(0) == min(ppr, b)
     assert b == 4 and ppr == 2
-    run.live_started = 4 * b - 1  # at version 1 the limit is 3B: over it, no room
+    run.budget.restore(4 * b - 1)  # at version 1 the limit is 3B: over it, no room
     assert run._room(0) == 0
-    run.version, run.live_started = 3, 10
+    run.version = 3
+    run.budget.restore(10)
     run.buffer = _groups([0, 0, 3], n=run.cfg.n_samples_per_prompt)  # two groups 3 versions old (> K)
     run.pending_gen = {}
     sel = run._take_batch()
-    assert sel.batch is None and len(sel.dropped) == 2 and run.live_started == 8
+    assert sel.batch is None and len(sel.dropped) == 2 and run.budget.live == 8
 
 
 def _room_states(max_staleness: int, tmp_path):
     """(cap's room, budget-and-cap room) of worker 0 over the reachable states of the default config:
     version 5, a batch training or not, 0..2B groups buffered, 0..2B requested (what the cap admits);
-    live_started = trained + training + buffered + pending (nothing dropped)."""
+    live = trained + training + buffered + pending (nothing dropped)."""
     from epic_slime.runtime.config import parse_config
     from epic_slime.runtime.driver import Run
 
@@ -230,7 +231,7 @@ def _room_states(max_staleness: int, tmp_path):
             for pending in range(0, cap - buffered + 1, 8):
                 run.buffer = deque(Group(g, 5, [{}] * n) for g in range(buffered))
                 run.pending_gen = {object(): (1, [(g, None) for g in range(pending)], 5)} if pending else {}
-                run.live_started = 5 * batch + training + buffered + pending
+                run.budget.restore(5 * batch + training + buffered + pending)
                 yield (request if buffered + pending + request <= cap else 0), run._room(0)
 
 
