@@ -171,15 +171,15 @@ def main(argv=None) -> int:
     rounds = [build_round(seed) for seed in range(args.repeats)]
     responses, labels = rounds[0]
     n = len(responses)
-    fast = sum(judge(r, l)[0] is not None for r, l in zip(responses, labels))
+    fast = sum(judge(r, label)[0] is not None for r, label in zip(responses, labels))
     print(
         f"{len(rounds)} rounds (median reported) of {n} responses, mean {sum(map(len, responses)) / n:.0f} chars, "
         f"{fast} decided by the fast path, {n - fast} need math-verify; cpu_count={os.cpu_count()}"
     )
     with RewardPool(num_workers=args.workers) as pool:
         math_rewards(responses[:8], labels[:8], pool=pool)  # workers are started; touch them once
-        t_ours, ours, cold_ours = timed(lambda r, l: math_rewards(r, l, pool=pool), rounds)
-        t_forced, forced, cold_forced = timed(lambda r, l: forced_through_pool(pool, r, l), rounds)
+        t_ours, ours, cold_ours = timed(lambda r, gold: math_rewards(r, gold, pool=pool), rounds)
+        t_forced, forced, cold_forced = timed(lambda r, gold: forced_through_pool(pool, r, gold), rounds)
         pool_stats = pool.stats()
     t_base, base, cold_base = timed(baseline_in_process, rounds)
     disagreements = sum(a != b for a, b in zip(ours, base))

@@ -61,7 +61,6 @@ The collection poll of ``collect_admitted_groups`` is 0.05 s in slime; here it i
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -224,7 +223,7 @@ def _run(a, tp: dict) -> int:
     if a.command == "plan":
         base = PRESETS["paper"](oversample_ratio=float(a.oversample_ratio), **tp)
         p = preset_for(a.model, a.gpus, a.gpu, a.batch, a.lengths, base)
-        result = plan(p, a.max_staleness, a.push_mode, a.gpus_per_node, a.rollouts)
+        result = plan(p, a.max_staleness, a.push_mode, a.gpus_per_node, a.rollouts, log=lambda s: print(s, flush=True))
         print(format_plan(result))
         if a.json:
             Path(a.json).write_text(json.dumps(result, indent=1))

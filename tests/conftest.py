@@ -36,6 +36,7 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/runtime/test_runtime_e2e.py": 300,  # [20 s idle; the issue's loaded run: 122 s]
     "tests/slime_adapter/test_slime_e2e.py": 300,  # [98 s the two-engine run through the router]
     "tests/slime_adapter/test_slime_e2e_deciles.py": 300,  # one 8-rollout K = 2 session
+    "tests/slime_adapter/test_slime_e2e_agent.py": 600,  # [142 s a 4-rollout multi-turn session at load ~10]
     "tests/study/test_study_runner.py": 600,  # [116 s the tiny study]
     "tests/evaluation/test_evaluation_cli.py": 300,  # [11 s]
     "tests/evaluation/test_reward_isolation.py": 300,  # [9 s]
@@ -59,6 +60,11 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/slime_adapter/test_real_router_driver_faults.py": 1500,
     # a second real server's start (when this file runs first), a restart of one, rollouts across faults
     "tests/slime_adapter/test_engine_faults_real.py": 900,
+    # Megatron-core on CPU in worker processes of their own (tests/support/megatron_worker.py):
+    # [measured below, idle and at load]
+    "tests/slime_adapter/test_megatron_cpu_patches.py": 900,
+    "tests/slime_adapter/test_megatron_loss.py": 1200,
+    "tests/slime_adapter/test_megatron_r3.py": 1200,
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {
@@ -89,6 +95,52 @@ def time_limit_s(item, default_s: float) -> float:
     name = item.nodeid.split("::", 1)[1].split("[")[0] if "::" in item.nodeid else ""
     own = SLOW_TEST_TIMEOUT_S.get(f"{path}::{name}")
     return (own or SLOW_FILE_TIMEOUT_S.get(path, default_s)) * _timeout_scale()
+
+
+# ---- the test tiers ----
+#
+# The list above that sets a slow file's time limit also sets its tier: each of its tests is marked `slow`
+# (`-m "not slow"` is the fast tier). A test that needs the real SGLang server is also `real_sglang`, and
+# one whose module imports slime's own code (or calls support.slime_env.require_slime) is `needs_slime`.
+# Markers are added before -m deselects (tryfirst), so `-m` sees them.
+TIER_MARKERS = ("slow", "real_sglang", "needs_slime")
+
+
+def tier_markers(item) -> list[str]:
+    """The tier markers this test gets from the lists and its fixtures (in TIER_MARKERS' order)."""
+    path = _test_file(item)
+    own = SLOW_TEST_TIMEOUT_S.get(f"{path}::{item.nodeid.split('::', 1)[-1].split('[')[0]}")
+    tiers = []
+    if path in SLOW_FILE_TIMEOUT_S or own is not None:
+        tiers.append("slow")
+    if _needs_real_engines(item) or "victim_server" in getattr(item, "fixturenames", ()):
+        tiers.append("real_sglang")
+    if _imports_slime(getattr(item, "module", None)):
+        tiers.append("needs_slime")
+    return tiers
+
+
+def _imports_slime(module) -> bool:
+    """The test module holds one of slime's own modules, or a function or class from one (imported at
+    its top: a module that would skip without slime has already skipped at collection)."""
+    if module is None:
+        return False
+    if getattr(module, "NEEDS_SLIME", False):
+        return True
+    for value in vars(module).values():
+        name = getattr(value, "__name__", "") if isinstance(value, type(sys)) else getattr(value, "__module__", "")
+        if isinstance(name, str) and (name == "slime" or name.startswith("slime.")):
+            return True
+    return False
+
+
+class _TierMarkers:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, config, items):
+        for item in items:
+            for name in tier_markers(item):
+                if item.get_closest_marker(name) is None:
+                    item.add_marker(getattr(pytest.mark, name))
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection: no server for tests not run
@@ -142,6 +194,41 @@ _REPORTER: dict = {}
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     _REPORTER["tr"] = config.pluginmanager.get_plugin("terminalreporter")
+    if not config.pluginmanager.has_plugin("epic-slime-tiers"):
+        config.pluginmanager.register(_TierMarkers(), "epic-slime-tiers")
+    durations = os.environ.get(DURATIONS_ENV)
+    if durations and not config.pluginmanager.has_plugin("epic-slime-durations"):
+        config.pluginmanager.register(_DurationsFile(pathlib.Path(durations)), "epic-slime-durations")
+
+
+# ---- each test's duration, as data ----
+#
+# With EPIC_SLIME_TEST_DURATIONS=<file> (.ci/run sets it), every test's set-up + call + tear-down time is
+# written there as a tab-separated line: seconds, outcome, tier markers, node id, slowest first.
+# `python .ci/durations.py <file>` sums it by tier (the slow share of the suite).
+DURATIONS_ENV = "EPIC_SLIME_TEST_DURATIONS"
+
+
+class _DurationsFile:
+    def __init__(self, path: pathlib.Path):
+        self.path, self.rows, self.tiers = path, {}, {}
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        self.tiers = {item.nodeid: [m for m in TIER_MARKERS if item.get_closest_marker(m)] for item in items}
+
+    def pytest_runtest_logreport(self, report):
+        seconds, outcome = self.rows.get(report.nodeid, (0.0, "passed"))
+        if report.outcome != "passed" and outcome == "passed":
+            outcome = report.outcome
+        self.rows[report.nodeid] = (seconds + report.duration, outcome)
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lines = ["seconds\toutcome\ttiers\tnodeid"]
+        for nodeid, (seconds, outcome) in sorted(self.rows.items(), key=lambda kv: -kv[1][0]):
+            lines.append(f"{seconds:.3f}\t{outcome}\t{','.join(self.tiers.get(nodeid, [])) or '-'}\t{nodeid}")
+        self.path.write_text("\n".join(lines) + "\n")
 
 
 # ---- the real SGLang server and sglang-router (tests/support/real_sglang.py) ----
@@ -163,12 +250,12 @@ def _needs_real_engines(item) -> bool:
 
 
 def _launch_real_engines_if_needed(items) -> None:
+    if _REAL or not any(_needs_real_engines(item) for item in items):
+        return
     import tempfile
 
     from support import real_sglang
 
-    if _REAL or not any(_needs_real_engines(item) for item in items):
-        return
     reason = real_sglang.unavailable_reason()
     if reason is not None:
         _REAL["reason"] = reason

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .presets import Preset
 from .report import best_line, best_row, format_deciles, format_frontier, summary
-from .schedules import simulate
+from .schedules import simulate, steady_window
 
 KS = (1, 2, 3, 4, 8)
 PUSH_MODES = ("abort", "in_place", "retract")
@@ -80,9 +80,8 @@ def frontier(
         for push in pushes:
             q = split_preset(p, train, gpe, push)
             for k in ks:
-                # steady state: past the warm-up in which the budget starts up to K batches ahead
-                warmup = max(2, k + 2)
-                r = simulate(q, f"async K={k}", max(rollouts, warmup + 10), warmup=warmup)
+                n, warmup = steady_window(f"async K={k}", rollouts)
+                r = simulate(q, f"async K={k}", n, warmup=warmup)
                 rows.append(summary(q, r, sync["s_per_rollout"], warmup))
                 if log:
                     log(format_frontier(rows[-1:]).splitlines()[-1])

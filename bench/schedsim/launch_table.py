@@ -94,7 +94,6 @@ def build(rollouts: int = 10, gpus_per_node: int = 8, frontier_json: Path | None
             if int(r["split"].split(":")[1]) % gpus_per_node == 0
         }
     )
-    specs = {}  # price key -> (preset, schedule, warmup) for the band
     for train, gpe in splits:
         q = split_preset(base, train, gpe, "abort")
         tenth = dataclasses.replace(q, oversample_ratio=0.1)

@@ -10,7 +10,7 @@ from .band import Band, band_text, format_cells, ranges_text
 from .frontier import best_sync, frontier, split_preset
 from .presets import Preset, paper_preset
 from .report import best_row, format_table
-from .schedules import run_preset, simulate, split_heading
+from .schedules import run_preset, simulate_steady, split_heading, steady_window
 
 HEADLINE_PREFIX = "headline: async K=2 / sync colocated at its best engine size:"
 
@@ -40,8 +40,8 @@ def sensitivity(p: Preset, rollouts: int = 8, speeds=(0.5, 1.0, 2.0), sigmas=(0.
         for sigma in sigmas:
             q = dataclasses.replace(p, decode_speed=speed, length_sigma=sigma)
             sync = best_sync(q, rollouts)["s_per_rollout"]
-            split = simulate(q, "sync split", rollouts)["s_per_rollout"]
-            k2 = simulate(q, "async K=2", rollouts)["s_per_rollout"]
+            split = simulate_steady(q, "sync split", rollouts)["s_per_rollout"]
+            k2 = simulate_steady(q, "async K=2", rollouts)["s_per_rollout"]
             cells.append(f"{sync / k2:.2f} ({split / k2:.2f})".center(15))
         lines.append(f"{speed:8.1f} | " + " | ".join(cells))
     return "\n".join(lines)
@@ -68,7 +68,8 @@ def default_run(rollouts: int, oversample_ratio: float, with_sensitivity: bool, 
     band = Band(base, rollouts)
     say(f"== band: each input at each end of its range, the baseline re-simulated under it ({ranges_text(base)}) ==")
     k2 = sync["s_per_rollout"] / by["async K=2"]["s_per_rollout"]
-    b = band.row(p, "async K=2", warmup=2, rollouts=rollouts)
+    n, warmup = steady_window("async K=2", rollouts)
+    b = band.row(p, "async K=2", warmup=warmup, rollouts=n)
     say(f"   {format_cells(b)}")
     report["headline"] = f"{HEADLINE_PREFIX} {band_text(k2, b)}"
     report["headline_band"] = b
@@ -81,9 +82,8 @@ def default_run(rollouts: int, oversample_ratio: float, with_sensitivity: bool, 
     _, front = frontier(base, rollouts, splits=((p.train_gpus_split, p.gpus_per_engine),), sync=sync)
     top = best_row(front)
     k = int(top["schedule"].split("=")[-1])
-    tb = band.row(
-        split_preset(base, p.train_gpus_split, p.gpus_per_engine, top["push"]), top["schedule"], warmup=max(2, k + 2)
-    )
+    n, warmup = steady_window(top["schedule"], rollouts)
+    tb = band.row(split_preset(base, p.train_gpus_split, p.gpus_per_engine, top["push"]), top["schedule"], warmup, n)
     report["best"] = (
         f"best at the launcher's split: K={k} push={top['push']} split={top['split']}x{top['gpe']}: "
         f"{band_text(top['ratio'], tb)} ({top['share']:.0%} of bound)"

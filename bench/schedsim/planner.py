@@ -8,12 +8,13 @@ docs/cluster.md) with nothing dropped or requeued. Arithmetic on a model: no sli
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from .bound import throughput_bound
 from .frontier import MIN_TRAIN_GPUS, best_sync, split_preset
 from .presets import GPUS, MODELS, Preset, kv_capacity
 from .report import STEADY_SHARE_MAX
-from .schedules import simulate
+from .schedules import simulate, steady_window
 
 ENGINE_SIZES = (4, 8)
 
@@ -55,13 +56,25 @@ def candidates(p: Preset, gpus_per_node: int) -> list[tuple[int, int]]:
     return out
 
 
-def plan(p: Preset, k: int, push_mode: str, gpus_per_node: int = 8, rollouts: int = 10) -> dict:
+def plan(p: Preset, k: int, push_mode: str, gpus_per_node: int = 8, rollouts: int = 10, log=None) -> dict:
+    """``log``: called with one line per simulation as it ends (its result and seconds), after a first
+    line that says how many there are: the whole plan takes minutes, and a silent one looks hung."""
+    say = log or (lambda line: None)
+    splits = candidates(p, gpus_per_node)
+    total = 1 + len(splits)
+    say(f"[plan] {total} simulations of {rollouts}+ rollouts: the sync colocated baseline, then {len(splits)} splits")
+    t0 = time.monotonic()
     sync = best_sync(p, rollouts)
+    say(
+        f"[plan] 1/{total} sync colocated: {sync['s_per_rollout']:.1f} s/rollout at its best engine size "
+        f"({sync['gpus_per_engine']} GPUs) ({time.monotonic() - t0:.0f} s)"
+    )
     rows = []
-    for train, gpe in candidates(p, gpus_per_node):
+    for i, (train, gpe) in enumerate(splits, start=2):
+        t0 = time.monotonic()
         q = split_preset(p, train, gpe, push_mode)
-        warmup = max(2, k + 2)  # past the budget's start-up (up to K batches ahead)
-        r = simulate(q, f"async K={k}", max(rollouts, warmup + 8), warmup=warmup)
+        n, warmup = steady_window(f"async K={k}", rollouts)  # the frontier's window: one setting, one price
+        r = simulate(q, f"async K={k}", n, warmup=warmup)
         b = throughput_bound(q, p.total_gpus - train, train, q.push_s_split)
         rows.append(
             dict(
@@ -75,6 +88,10 @@ def plan(p: Preset, k: int, push_mode: str, gpus_per_node: int = 8, rollouts: in
                 dropped=r["dropped_groups"],
                 requeued=r["requeued_groups"],
             )
+        )
+        say(
+            f"[plan] {i}/{total} train {train} GPUs, {gpe}-GPU engines: {r['s_per_rollout']:.1f} s/rollout "
+            f"({time.monotonic() - t0:.0f} s)"
         )
     if not rows:
         raise ValueError(f"no split of {p.total_gpus} GPUs leaves {MIN_TRAIN_GPUS}+ train GPUs and a rollout node")

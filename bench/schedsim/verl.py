@@ -161,7 +161,7 @@ def verl_comparison(rollouts: int = 8, ks=(1, 2, 4), log=None, sensitivity=(0.15
         _row("gen", sync["gen"], VERL_SYNC_128["gen"]),
         _row("old_log_prob + ref + update_actor", sync["train"], VERL_TRAIN_S[128]),
         _row("step", sync["step"], VERL_SYNC_128["step"]),
-        f"   sync colocated by GPUs per engine: "
+        "   sync colocated by GPUs per engine: "
         + ", ".join(f"{g}: {t:.1f} s" for g, t in by_engine.items())
         + f"; the baseline below is the best, {best_gpe}-GPU engines ({base_step:.1f} s/step)",
     ]

@@ -26,7 +26,6 @@ PAPER_PROTOCOL = EvalProtocol()
 # The EPIC authors' re-evaluation of finished runs: 32 samples per prompt (temperature 1.0, top-p 0.7
 # and 1.0); AIME scored over all 32 samples, AMC and HMMT over the first 16 (`report --reeval-protocol`).
 REEVAL_SAMPLES_PER_PROMPT = 32
-REEVAL_TOP_PS = (0.7, 1.0)
 REEVAL_K: dict[str, int] = {"aime_2024": 32, "aime_2025": 32, "amc_2023": 16, "hmmt_feb_2025": 16}
 
 

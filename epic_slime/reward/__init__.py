@@ -15,7 +15,7 @@ from typing import Sequence
 
 from epic_slime.reward.extract import extract_final_answer, last_boxed
 from epic_slime.reward.normalize import as_plain_number, is_multi_value, normalize_answer
-from epic_slime.reward.pool import RewardPool, RewardWorkerError, default_num_workers
+from epic_slime.reward.pool import RewardPool, RewardWorkerError
 
 __all__ = [
     "math_reward",

@@ -8,7 +8,7 @@ import sys
 from . import checkpoint
 from .checkpoint import has_checkpoint
 from .config import ConfigError, RuntimeConfig, parse_config
-from .run_files import check_output_dir
+from .run_files import RunFolderTaken, check_output_dir
 
 EXIT_INTERRUPTED = 130  # the shell's convention for a run ended by SIGINT
 _NOTHING_SAVED = (
@@ -34,6 +34,10 @@ def _fmt(v, spec=".3f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+def _step(v) -> str:
+    return "n/a" if v is None else str(v)
+
+
 def end_of_run_lines(summary: dict, cfg: RuntimeConfig) -> list[str]:
     """What a person wants to know when a run ends (or was interrupted)."""
     out = summary["output_dir"]
@@ -43,8 +47,9 @@ def end_of_run_lines(summary: dict, cfg: RuntimeConfig) -> list[str]:
         f"{summary['steps']} of {cfg.num_rollout}) in {summary['loop_s']:.1f}s "
         f"({summary['trained_samples_per_s']:.1f} trained samples/s)",
         f"  training reward {_fmt(first)} (first {n} steps) -> {_fmt(last)} (last {n})",
-        f"  held-out {summary['eval_key'].split('/')[-1]}: {_fmt(summary['eval_start'])} at start, best "
-        f"{_fmt(summary['eval_best'])} at step {summary['eval_best_step'] if summary['eval_best_step'] is not None else 'n/a'}",
+        f"  held-out {summary['eval_key'].split('/')[-1]}: {_fmt(summary['eval_start'])} at start, "
+        f"{_fmt(summary['eval_final'])} at the last eval (step {_step(summary['eval_final_step'])}), "
+        f"best {_fmt(summary['eval_best'])} at step {_step(summary['eval_best_step'])}",
         f"  staleness max {summary['staleness_max']} (K={cfg.max_staleness}); samples dropped "
         f"{summary['accounting/dropped']}, lost {summary['accounting/lost']}; bad tokens skipped "
         f"{summary['bad_tokens']}, optimizer steps skipped {summary['skipped_steps']}",
@@ -70,6 +75,11 @@ def resume_command(argv: list[str], cfg: RuntimeConfig) -> str:
     return shlex.join(["epic-slime", "train", *kept, "--load", str(cfg.checkpoint_dir)])
 
 
+def loss_values_given(cfg: RuntimeConfig) -> bool:
+    """Whether the command sets a loss parameter's value (the quick pass leaves those unchecked)."""
+    return any(v is not None for k, v in cfg.loss_args.items() if k not in ("policy_loss", "policy_loss_aggregation"))
+
+
 def refuse_before_start(cfg: RuntimeConfig) -> None:
     """The refusals that need no torch or Ray: a --load without a checkpoint or from another run's
     config, an output directory holding another run. The driver checks them again when it starts (the
@@ -86,7 +96,15 @@ def refuse_before_start(cfg: RuntimeConfig) -> None:
 def train_main(argv: list[str]) -> int:
     try:
         # refusals (and --help) before torch's and Ray's imports: at once, not after a start-up banner
-        refuse_before_start(parse_config(list(argv), quick=True))
+        quick = parse_config(list(argv), quick=True)
+        try:
+            refuse_before_start(quick)
+        except RunFolderTaken:
+            # a bad value outranks a taken folder, and only the full pass (torch) checks the loss
+            # parameters' values: when one is set, that pass runs first (raising its own error)
+            if loss_values_given(quick):
+                parse_config(list(argv))
+            raise
         cfg = parse_config(list(argv))
     except (ConfigError, FileNotFoundError) as e:
         print(f"epic-slime train: error: {e}", file=sys.stderr)

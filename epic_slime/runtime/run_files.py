@@ -29,6 +29,11 @@ STEP_FILES = (METRICS_FILE, BATCHES_FILE, EVAL_METRICS_FILE, EVAL_RECORDS_FILE) 
 RUN_FILES = (*STEP_FILES, SUMMARY_FILE, CONFIG_FILE)
 
 
+class RunFolderTaken(ConfigError):
+    """--output-dir holds another run: a ConfigError that `epic-slime train` reports only after the
+    config itself has passed every check (a bad value is the thing to fix first)."""
+
+
 def existing_run(cfg: RuntimeConfig) -> list[Path]:
     """The files of an earlier run in cfg's output directory (and its checkpoints), if any."""
     out, ckpt = Path(cfg.output_dir), cfg.checkpoint_dir
@@ -62,7 +67,7 @@ def check_output_dir(cfg: RuntimeConfig, resume_path: Path | None) -> list[Path]
     elif resume_path is None:
         listed = ", ".join(p.name for p in found)
         hint = f"--load {ckpt} to resume it, " if ckpt in found else ""
-        raise ConfigError(
+        raise RunFolderTaken(
             f"--output-dir {out} already holds a run ({listed}): pass {hint}--overwrite to replace "
             "it, or choose another --output-dir (e.g. --output-dir runs/check)"
         )
@@ -198,6 +203,7 @@ def run_outcome(out: Path, cfg: RuntimeConfig) -> dict:
     rewards = [r[names.REWARD_MEAN] for r in rows]
     n = max(1, min(10, len(rewards) // 2))
     best = max(evals, key=lambda e: (e[1], -e[0])) if evals else None  # earliest step on ties
+    final = sorted(evals, key=lambda e: e[0])[-1] if evals else None  # the latest version, last written
     return {
         "reward_first": statistics.fmean(rewards[:n]) if rewards else None,
         "reward_last": statistics.fmean(rewards[-n:]) if rewards else None,
@@ -206,6 +212,8 @@ def run_outcome(out: Path, cfg: RuntimeConfig) -> dict:
         "eval_start": evals[0][1] if evals else None,
         "eval_best": best[1] if best else None,
         "eval_best_step": best[0] if best else None,
+        "eval_final": final[1] if final else None,
+        "eval_final_step": final[0] if final else None,
         "staleness_max": max((r[names.STALENESS_MAX] for r in rows), default=None),
         "bad_tokens": sum(r.get(names.BAD_TOKENS, 0) for r in rows),
         "skipped_steps": sum(r.get(names.SKIPPED_STEPS, 0) for r in rows),

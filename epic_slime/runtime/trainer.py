@@ -88,6 +88,24 @@ def topk_loss_inputs(
     return {"behavior_topk_log_probs": behavior_topk, "current_topk_log_probs": current, "topk_mask": topk_mask}
 
 
+def loss_mask_rows(samples: list[dict], width: int) -> torch.Tensor:
+    """[B, width] bool: each sample's optional ``loss_mask`` (1 on model tokens, 0 on tool tokens of a
+    multi-turn response; absent: every response token), padded with True (padding is masked anyway)."""
+    rows = torch.ones((len(samples), width), dtype=torch.bool)
+    for i, sample in enumerate(samples):
+        values = sample.get("loss_mask")
+        if values is None:
+            continue
+        n = len(sample["response_ids"])
+        if len(values) != n:
+            raise ValueError(f"sample {i}: loss_mask has {len(values)} entries for {n} response tokens")
+        bad = next((v for v in values if v not in (0, 1)), None)
+        if bad is not None:
+            raise ValueError(f"sample {i}: loss_mask holds {bad!r}; it must be 0 or 1 per response token")
+        rows[i, :n] = torch.tensor([bool(v) for v in values])
+    return rows
+
+
 def mean_token_entropy(log_probs_all: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over valid tokens of the policy's entropy -sum_v p_v log p_v ([B, T, V] log-softmax, [B, T] mask)."""
     p_log_p = torch.where(log_probs_all > -torch.inf, log_probs_all.exp() * log_probs_all, 0.0)
@@ -238,6 +256,7 @@ class PolicyTrainer:
                 self.model, prompts, responses, self.temperature, self.tok.pad_id, return_all=True
             )
             T = log_probs.shape[1]
+            mask = mask & loss_mask_rows(mb, T)  # tool tokens (loss mask 0) count nowhere below
             behavior = pad_rows([s["behavior_log_probs"] for s in mb], T)
             weights = None
             if self.use_tis:  # the loss's ratio is to pi_old (this step's start); mu only weights the tokens

@@ -37,7 +37,7 @@ from torch.nn.utils.rnn import pad_sequence
 from epic_slime.metric_names import POLICY_PREFIX, SLIME_LOG_PREFIX
 from epic_slime.slime.cp import Gather, gather_full_responses, with_live_local_entries, zigzag_response_positions
 from epic_slime.slime.flags import TOKEN_MEAN, resolve_behavior_logprobs
-from epic_slime.slime.tis import TisSettings, local_tis_weights, tis_ratio_base, tis_settings_from_args
+from epic_slime.slime.tis import TisSettings, local_tis_weights, local_valid, tis_ratio_base, tis_settings_from_args
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
 # slime logs a loss metric "x" as "train/x": "policy/x" becomes the shared name train/policy/x
@@ -312,11 +312,13 @@ def slime_policy_loss_from_log_probs(
 
     lp = _cat(log_probs, log_probs[0])
     mu = _cat(behavior_lp, lp).to(lp)
-    keep = None
-    if result.bad is not None:  # skipped bad tokens must not reach the KL / diagnostics as NaN either
-        keep = ~_cat(result.bad, lp).bool()
-        lp = torch.where(keep, lp, 0.0)
-        mu = torch.where(keep, mu, 0.0)
+    # Only loss-mask tokens reach the KL, the entropy and the diagnostics: slime's reducer multiplies by
+    # the mask, and 0 * inf is NaN (a tool token's placeholder or a skipped bad token would leak).
+    keep = _cat(local_valid(loss_masks, positions), lp).to(lp.device)
+    if result.bad is not None:
+        keep = keep & ~_cat(result.bad, lp).bool()
+    lp = torch.where(keep, lp, 0.0)
+    mu = torch.where(keep, mu, 0.0)
     pg_tokens = _cat(result.per_token_loss, lp)
     if settings.tis is not None:
         tis_w = _cat(local_tis_weights(settings.tis, behavior_lp, tis_mu, loss_masks, positions, result.bad), lp).to(lp)
@@ -336,7 +338,7 @@ def slime_policy_loss_from_log_probs(
     metrics: dict[str, torch.Tensor] = {}
     ppo_kl = sum_of_sample_mean(mu - lp.detach())
     if entropy is not None and len(entropy):
-        entropy_loss = sum_of_sample_mean(_cat(entropy, lp))
+        entropy_loss = sum_of_sample_mean(torch.where(keep, _cat(entropy, lp), 0.0))
         loss = loss - args.entropy_coef * entropy_loss
     else:
         entropy_loss = lp.new_zeros(())
@@ -344,7 +346,7 @@ def slime_policy_loss_from_log_probs(
         ref = batch.get("ref_log_probs")
         if not ref:
             raise ValueError("--use-kl-loss: the batch has no ref_log_probs (pass --ref-load)")
-        ref_lp = _cat(ref, lp) if keep is None else torch.where(keep, _cat(ref, lp), 0.0)
+        ref_lp = torch.where(keep, _cat(ref, lp), 0.0)
         kl = approx_kl(lp, ref_lp, args.kl_loss_type)
         if getattr(args, "use_unbiased_kl", False):
             old = (
@@ -352,9 +354,7 @@ def slime_policy_loss_from_log_probs(
                 if getattr(args, "use_rollout_logprobs", False)
                 else batch.get("log_probs")
             )
-            old = _cat(old, lp) if old else lp.detach()
-            if keep is not None:
-                old = torch.where(keep, old, 0.0)
+            old = torch.where(keep, _cat(old, lp), 0.0) if old else lp.detach()
             kl = torch.exp(lp - old) * kl
         kl_loss = sum_of_sample_mean(kl)
         loss = loss + args.kl_loss_coef * kl_loss
@@ -397,9 +397,7 @@ def slime_policy_loss_from_log_probs(
         recomputed = batch.get("log_probs")
         compare = lp if (getattr(args, "use_rollout_logprobs", False) or not recomputed) else _cat(recomputed, lp)
         gap = (compare.detach() - _cat(rollout, lp)).abs()
-        reported["train_rollout_logprob_abs_diff"] = sum_of_sample_mean(
-            gap if keep is None else torch.where(keep, gap, 0.0)
-        )
+        reported["train_rollout_logprob_abs_diff"] = sum_of_sample_mean(torch.where(keep, gap, 0.0))
     if settings.tis is not None:  # sample means of the weight and of the tokens truncated at --tis-clip
         reported["tis_weight_mean"] = sum_of_sample_mean(tis_w)
         reported["tis_truncated_frac"] = sum_of_sample_mean((tis_w >= settings.tis.clip).to(lp.dtype))

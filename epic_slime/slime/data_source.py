@@ -22,7 +22,7 @@ from collections import deque
 from epic_slime.slime.checkpoint_marks import MEGATRON_TRACKER, MODEL_DONE_FILE, model_checkpoint_complete
 from epic_slime.slime.ledger import GroupLedger
 
-logger = logging.getLogger("epic_slime.slime.data_source")
+logger = logging.getLogger(__name__)
 
 PENDING_FILE = "rollout/epic_pending_groups_{rollout_id}.pt"
 DATA_STATE_FILE = "rollout/global_dataset_state_dict_{rollout_id}.pt"  # slime's RolloutDataSource.save

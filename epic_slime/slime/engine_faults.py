@@ -31,7 +31,7 @@ import asyncio
 import logging
 import time
 
-logger = logging.getLogger("epic_slime.slime.engine_faults")
+logger = logging.getLogger(__name__)
 
 MAX_GROUP_ATTEMPTS = 3  # without fault tolerance, when no engine is found dead
 FT_MARGIN_S = 30.0  # on top of slime's health-check first wait + interval + timeout

@@ -25,7 +25,7 @@ from epic_slime.slime.engine_faults import MAX_GROUP_ATTEMPTS, EngineFailedError
 from epic_slime.admission import AdmissionBudget
 from epic_slime.slime.gate import parse_weight_version, sample_oldest_version
 
-logger = logging.getLogger("epic_slime.slime.group_stream")
+logger = logging.getLogger(__name__)
 
 __all__ = ["MAX_GROUP_ATTEMPTS", "AbortLoopError", "GroupStream", "abort_limit"]
 # A group aborted this many times in a row (each abort resubmits its partial response) fails the

@@ -28,7 +28,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-logger = logging.getLogger("epic_slime.slime.push_recovery")
+logger = logging.getLogger(__name__)
 
 _MARK = "_epic_stale_group_reset"
 

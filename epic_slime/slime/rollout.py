@@ -50,11 +50,10 @@ from __future__ import annotations
 import logging
 import threading
 
+from epic_slime.length_deciles import decile_metrics, format_deciles, length_deciles
 from epic_slime.metric_names import STALENESS_PREFIX
 from epic_slime.slime.data_source import StreamingDataSource, group_key
 from epic_slime.slime.flags import DATA_SOURCE_PATH
-from epic_slime.slime.group_stream import GroupStream
-from epic_slime.length_deciles import decile_metrics, format_deciles, length_deciles
 from epic_slime.slime.gate import (
     StalenessGate,
     annotate_group,
@@ -63,9 +62,11 @@ from epic_slime.slime.gate import (
     select_groups,
     trainer_version_for_rollout,
 )
+from epic_slime.slime.group_stream import GroupStream
+from epic_slime.slime.sample_checks import check_groups_alignment
 from epic_slime.staleness import over_limit
 
-logger = logging.getLogger("epic_slime.slime.rollout")
+logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _stream = None
@@ -123,6 +124,7 @@ async def _collect(
         requeue=stream.requeue if gate.stale_policy == "drop" else None,
         on_drop=stream.drop,
     )
+    check_groups_alignment(groups)  # a misaligned generate function stops the run before any delivery
     for group in groups:
         ledger.deliver(group_key(group), rollout_id)
         stream.release(group)
@@ -230,6 +232,7 @@ def generate_on_policy_rollout(args, rollout_id: int, data_source):
     # (slime's synchronous rollout hands back aborted groups through add_samples only with
     # --partial-rollout, which K = 0 rejects)
     ledger = data_source.ledger
+    check_groups_alignment(groups)
     for group in groups:
         ledger.deliver(group_key(group), rollout_id)
     ledger.close_rollout(rollout_id - 1)

@@ -126,8 +126,31 @@ def finish_group_routing(args, group) -> None:
         if hasattr(sample, _PREFIX_ATTR):
             delattr(sample, _PREFIX_ATTR)
         if _r3_on(args) and routing is not None:
-            routing = compact_routing(args, routing, len(sample.tokens))
+            routing = compact_routing(args, with_trailing_tool_rows(args, sample, routing), len(sample.tokens))
         sample.rollout_routed_experts = routing
+
+
+def with_trailing_tool_rows(args, sample, routing):
+    """Routing rows for tool tokens no engine call ever read (a multi-turn trajectory that ends
+    with a tool's output: slime's ``append_response_tokens(..., trainable=False)`` records none).
+
+    Row p routes the trainer's forward at token p, which reaches only the logits at p and after;
+    the logit at p scores token p + 1. When every token from the first missing row's successor on
+    has loss mask 0, no trained log-prob depends on those rows, so any valid route replays the
+    same loss: experts 0..topk-1. Otherwise the rows are missing for real: left for
+    ``compact_routing`` to refuse, naming the shape."""
+    routing = torch.as_tensor(routing)
+    missing = len(sample.tokens) - 1 - routing.shape[0]
+    if missing <= 0 or routing.dim() != 3:
+        return routing
+    prompt = len(sample.tokens) - sample.response_length
+    first_scored = routing.shape[0] + 1 - prompt  # response index of the first token scored past the rows
+    mask = sample.loss_mask if sample.loss_mask is not None else [1] * sample.response_length
+    if first_scored < 0 or any(mask[max(first_scored, 0) :]):
+        return routing
+    _, topk, experts = _shape(args)
+    fill = torch.arange(topk, dtype=routing.dtype).expand(missing, routing.shape[1], topk) % experts
+    return torch.cat([routing, fill], dim=0)
 
 
 class RoutingStore:

@@ -57,8 +57,6 @@ def cpu_tensor_update(tensors: dict, weight_version: str | None = None, tp_size:
     """The ``/update_weights_from_tensor`` body for CPU ``tensors`` (name -> tensor), sent with
     ``flush_cache`` false (a flushing update kills the server while a request is held), and the shared
     copies to keep alive until the answer. The caller's tensors are copied, never moved to shared memory."""
-    import torch
-
     if any(t.device.type != "cpu" for t in tensors.values()):
         raise ValueError("cpu_tensor_update: every tensor must be on the CPU (GPU pushes go by CUDA IPC)")
     named = [(name, t.detach().to(copy=True).contiguous()) for name, t in tensors.items()]

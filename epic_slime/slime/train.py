@@ -38,7 +38,7 @@ from epic_slime.slime.checks import validate_project_args
 from epic_slime.slime.command_line import read_command_line
 from epic_slime.slime.flags import ProjectFlagError, add_project_arguments
 
-logger = logging.getLogger("epic_slime.slime.train")
+logger = logging.getLogger(__name__)
 
 
 def log_driver_metrics(args: Any, rollout_id: int) -> dict[str, float]:

@@ -80,6 +80,27 @@ def minimum_detectable_difference(sd: float, n: int, power: float = POWER, alpha
     return float(optimize.brentq(lambda d: paired_t_power(d, sd, n, alpha) - power, 0.0, hi, xtol=1e-10))
 
 
+SIGN_FLIP_MAX_PAIRS = 20  # 2^20 patterns: exact enumeration stays cheap
+
+
+def sign_flip_p(diffs: list[float]) -> float:
+    """Exact two-sided sign-flip (randomisation) test of mean 0 for paired differences: the fraction of the
+    2^n sign patterns whose |mean| is at least the observed |mean|. The observed pattern and its mirror always
+    count, so p >= 2^(1-n); sums equal up to rounding count as ties."""
+    n = len(diffs)
+    if not 1 <= n <= SIGN_FLIP_MAX_PAIRS:
+        raise ValueError(f"sign_flip_p: needs 1 to {SIGN_FLIP_MAX_PAIRS} paired differences, got {n}")
+    if any(not math.isfinite(d) for d in diffs):
+        raise ValueError(f"sign_flip_p: differences must be finite, got {diffs!r}")
+    observed = abs(math.fsum(diffs))
+    tolerance = 1e-12 * max(1.0, math.fsum(abs(d) for d in diffs))  # sums equal up to rounding are ties
+    hits = 0
+    for pattern in range(1 << n):
+        total = math.fsum(-d if pattern >> i & 1 else d for i, d in enumerate(diffs))
+        hits += abs(total) >= observed - tolerance
+    return hits / (1 << n)
+
+
 def pairs_needed(delta: float, sd: float, power: float = POWER, alpha: float = ALPHA, most: int = 10_000) -> int | None:
     """The fewest pairs (seeds) that detect a true difference delta with the given power (None: > most)."""
     if sd <= 0:

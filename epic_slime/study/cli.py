@@ -34,6 +34,22 @@ from .plan import (
 )
 
 
+# (which study, --quick) -> (its config, its default study directory)
+STUDIES = {
+    ("table", False): (DEFAULT_CONFIG, "runs/study"),
+    ("table", True): (QUICK_CONFIG, "runs/study-quick"),
+    ("ladder", False): (LADDER_CONFIG, "runs/ladder"),
+    ("ladder", True): (LADDER_QUICK_CONFIG, "runs/ladder-quick"),
+    ("stress", False): (STRESS_CONFIG, "runs/stress"),
+    ("stress", True): (STRESS_QUICK_CONFIG, "runs/stress-quick"),
+}
+
+
+def study_of(quick: bool, ladder: bool, stress: bool) -> tuple[Path, str]:
+    """The options' study: its config and default study directory."""
+    return STUDIES[("ladder" if ladder else "stress" if stress else "table", quick)]
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from epic_slime.runtime.config import OneLineErrorParser  # train's: one-line errors with a "did you mean"
 
@@ -56,7 +72,8 @@ def _build_parser() -> argparse.ArgumentParser:
         f"with --quick: {STRESS_QUICK_CONFIG.relative_to(REPO)})",
     )
     p.add_argument("--config", default=None, help=f"study YAML (default: {DEFAULT_CONFIG.relative_to(REPO)})")
-    p.add_argument("--output-dir", default=None, help="study directory (default: runs/study or runs/study-quick)")
+    outs = ", ".join(out for _, out in STUDIES.values())
+    p.add_argument("--output-dir", default=None, help=f"study directory (default, by the options above: {outs})")
     p.add_argument("--analyze-only", action="store_true", help="only write tables and figures from finished runs")
     return p
 
@@ -69,16 +86,7 @@ def main(argv: list[str]) -> int:
     if args.ladder and args.stress:
         print("epic-slime study: error: --ladder and --stress exclude each other", file=sys.stderr)
         return 2
-    config_path, default_out = {
-        (False, False): (DEFAULT_CONFIG, "runs/study"),
-        (True, False): (QUICK_CONFIG, "runs/study-quick"),
-        (False, True): (LADDER_CONFIG, "runs/ladder"),
-        (True, True): (LADDER_QUICK_CONFIG, "runs/ladder-quick"),
-    }[(args.quick, args.ladder)]
-    if args.stress:
-        config_path, default_out = (
-            (STRESS_QUICK_CONFIG, "runs/stress-quick") if args.quick else (STRESS_CONFIG, "runs/stress")
-        )
+    config_path, default_out = study_of(args.quick, args.ladder, args.stress)
     config_path = args.config or config_path
     out = Path(args.output_dir or default_out)
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from .analysis import minimum_detectable_difference, paired_difference
+from .analysis import SIGN_FLIP_MAX_PAIRS, minimum_detectable_difference, paired_difference, sign_flip_p
 
 GAP_KEY = "train/logprob_abs_diff_step_start"
 
@@ -42,6 +42,8 @@ def contrast_for(results: list[dict], method: str, baseline: str, target: str, r
         return out
     sd = statistics.stdev(d["diffs"])
     out["sd"], out["mdd_80"] = sd, minimum_detectable_difference(sd, len(seeds))
+    if len(seeds) <= SIGN_FLIP_MAX_PAIRS:
+        out["sign_flip_p"] = sign_flip_p(d["diffs"])
     out["verdict"] = (
         "supported (interval above 0)"
         if d["low"] > 0
@@ -82,18 +84,19 @@ def contrast_section(cfg, results: list[dict], metrics: dict, summary: dict) -> 
         "test mean@k at the last checkpoint; 95% t interval over the seeds with all four runs. The first "
         "baseline is the primary test, the others secondary.",
         "",
-        "| baseline | seeds | contrast | 95% interval | simple effect at target | at reference | "
-        "smallest detectable (80%) | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "| baseline | seeds | contrast | 95% interval | sign-flip p (exact) | simple effect at target | "
+        "at reference | smallest detectable (80%) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "mean" not in r:
-            lines.append(f"| {r['baseline']} | 0 | | | | | | {r['verdict']} |")
+            lines.append(f"| {r['baseline']} | 0 | | | | | | | {r['verdict']} |")
             continue
         ci = f"[{r['low']:+.3f}, {r['high']:+.3f}]" if r.get("low") is not None else "n/a"
         mdd = f"{r['mdd_80']:.3f}" if r.get("mdd_80") is not None else "n/a"
+        flip = f"{r['sign_flip_p']:.4f}" if r.get("sign_flip_p") is not None else "n/a"
         lines.append(
-            f"| {r['baseline']} | {r['n']} | {r['mean']:+.3f} | {ci} | {r['simple_target']:+.3f} | "
+            f"| {r['baseline']} | {r['n']} | {r['mean']:+.3f} | {ci} | {flip} | {r['simple_target']:+.3f} | "
             f"{r['simple_reference']:+.3f} | {mdd} | {r['verdict']} |"
         )
     lines += [

@@ -295,6 +295,10 @@ def write_report(cfg, out: Path, results: list[dict], *, command: str, study_s: 
         from .contrast import contrast_section
 
         lines += contrast_section(cfg, results, metrics, summary)
+    if results:
+        from .behaviour import behaviour_section
+
+        lines += behaviour_section(cfg, metrics, results, summary, warm)
     for setting in [s["name"] for s in cfg.settings]:
         res = [r for r in results if r["setting"] == setting]
         if not res or not any(r["method"] == "epic" for r in res):

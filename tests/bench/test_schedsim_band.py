@@ -103,6 +103,35 @@ def test_the_plan_picks_the_fastest_steady_row_against_the_best_sync(monkeypatch
     assert "pick: none" in planner.format_plan(planner.plan(p, 2, "abort"))
 
 
+def test_the_plan_says_each_simulation_as_it_ends(monkeypatch):
+    """plan takes minutes: a line per simulation, each printed before the next one starts, after a line
+    with their count; without ``log`` it prints nothing and picks the same."""
+    p = planner.preset_for("qwen3-30b-a3b", 24, "H100", "8x4", "1000,0.6,2000", paper_preset())
+    events = []
+
+    def fake_sync(q, n):
+        events.append("simulate sync")
+        return dict(s_per_rollout=120.0, gpus_per_engine=4, by_engine={4: 120.0, 8: 130.0})
+
+    def fake_simulate(q, schedule, rollouts, warmup=2):
+        events.append(f"simulate {q.train_gpus_split}x{q.gpus_per_engine}")
+        return dict(s_per_rollout=100.0, dropped_groups=0, requeued_groups=0)
+
+    monkeypatch.setattr(planner, "best_sync", fake_sync)
+    monkeypatch.setattr(planner, "simulate", fake_simulate)
+    monkeypatch.setattr(planner, "throughput_bound", lambda q, r, t, push: dict(bound_s=60.0))
+    result = planner.plan(p, 2, "abort", log=events.append)
+    assert events[0] == "[plan] 5 simulations of 10+ rollouts: the sync colocated baseline, then 4 splits"
+    assert events[1] == "simulate sync" and events[2].startswith("[plan] 1/5 sync colocated: 120.0 s/rollout")
+    splits = [(8, 4), (8, 8), (16, 4), (16, 8)]
+    for i, (train, gpe) in enumerate(splits):  # each split's line comes right after its own simulation
+        assert events[3 + 2 * i] == f"simulate {train}x{gpe}"
+        assert events[4 + 2 * i].startswith(f"[plan] {i + 2}/5 train {train} GPUs, {gpe}-GPU engines: 100.0 s/rollout")
+    assert len(events) == 3 + 2 * len(splits)
+    events.clear()
+    assert planner.plan(p, 2, "abort") == result and not [e for e in events if e.startswith("[plan]")]
+
+
 def test_the_price_line_names_the_baseline_and_the_band(tmp_path):
     table = {
         "band_ranges": "tp_alpha 0.43-1, push 5-40 s",
@@ -167,3 +196,33 @@ def test_plan_runs_without_slime_and_summarises_group_errors():
     notes = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(notes) == 1 and "stand-in for slime's Sample" in notes[0], result.stderr
     assert "in a row" not in result.stdout + result.stderr
+
+
+def test_every_table_prices_a_setting_over_one_steady_window(monkeypatch):
+    """The default command once averaged async K=2 from rollout 2 (222.1 s, 1.42x) where the frontier and the
+    launcher averaged from rollout K + 2 = 4 (229.6 s, 1.38x). Now the default command's table and the frontier
+    both take their window from schedules.steady_window: K + 2 warm-up rollouts (at least 2), then at least 10."""
+    from schedsim import frontier, schedules
+
+    assert schedules.steady_window("sync colocated", 12) == (12, 2)  # K = 0: the floor of 2 warm-up rollouts
+    assert schedules.steady_window("async K=1", 12) == (13, 3)
+    assert schedules.steady_window("async K=2", 12) == (14, 4)
+    assert schedules.steady_window("async K=2", 20) == (20, 4)  # a longer run keeps its length
+    calls = []
+
+    def fake_simulate(q, schedule, rollouts=12, warmup=2, **kwargs):
+        calls.append((schedule, rollouts, warmup))
+        return dict(s_per_rollout=100.0)
+
+    monkeypatch.setattr(schedules, "simulate", fake_simulate)
+    monkeypatch.setattr(frontier, "simulate", fake_simulate)
+    monkeypatch.setattr(frontier, "summary", lambda q, r, sync_s, warmup: dict(r))
+    p = paper_preset()
+    schedules.run_preset(p, 12)
+    default_command = {schedule: (n, w) for schedule, n, w in calls}
+    assert default_command == {s: schedules.steady_window(s, 12) for s in schedules.SCHEDULES}
+    calls.clear()
+    frontier.frontier(p, 12, ks=(1, 2, 4), pushes=("abort",), splits=((8, 4),), sync=dict(s_per_rollout=300.0))
+    assert {schedule: (n, w) for schedule, n, w in calls} == {
+        s: default_command[s] for s in ("async K=1", "async K=2", "async K=4")
+    }

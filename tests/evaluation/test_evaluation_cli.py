@@ -165,7 +165,7 @@ def test_evaluate_drives_sglang_engine_through_its_interface(tmp_path, monkeypat
     # the chat template applied (independently: the template's own rendering), each prompt k = 8 times
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    AutoTokenizer.from_pretrained(model)  # the exported tokenizer loads (its template is checked below)
     expected = []
     for benchmark in BENCHMARK_FILES:
         for line in (tmp_path / "data" / "eval" / f"{benchmark}.jsonl").read_text().splitlines():

@@ -155,7 +155,7 @@ def test_every_gold_answer_in_equivalent_and_wrong_forms(pool):
         responses.append(f"Answer: {gold}"), labels.append(str(row["answer_raw"])), expected.append(1.0)
     assert seen_latex == set(LATEX_FORMS)  # every hand-written case is exercised
     got = math_rewards(responses, labels, pool=pool)
-    mismatches = [(r, l, e, g) for r, l, e, g in zip(responses, labels, expected, got) if e != g]
+    mismatches = [(r, gold, e, g) for r, gold, e, g in zip(responses, labels, expected, got) if e != g]
     assert not mismatches, mismatches[:10]
 
 
@@ -207,8 +207,8 @@ def test_batch_length_mismatch_is_an_error(pool):
 def test_slime_reward_hook_single_and_group(pool, monkeypatch):
     from epic_slime.reward import slime_rm
 
-    monkeypatch.setattr(slime_rm, "math_reward", lambda r, l, t: math_reward(r, l, t, pool=pool))
-    monkeypatch.setattr(slime_rm, "math_rewards", lambda r, l, t: math_rewards(r, l, t, pool=pool))
+    monkeypatch.setattr(slime_rm, "math_reward", lambda r, gold, t: math_reward(r, gold, t, pool=pool))
+    monkeypatch.setattr(slime_rm, "math_rewards", lambda r, gold, t: math_rewards(r, gold, t, pool=pool))
     args = types.SimpleNamespace(epic_reward_timeout=3)
     good = types.SimpleNamespace(response="work\nAnswer: \\frac{2}{4}", label="\\frac{1}{2}")
     bad = types.SimpleNamespace(response="work\nAnswer: 3", label="\\frac{1}{2}")

@@ -218,7 +218,7 @@ def test_bandpo_branches(generator):
     adv = _signs(*lp.shape)
     check("bandpo", lp, blp, adv, mask, topk, {"generator": generator})
     batch, terms, _ = terms_of(bandpo, lp, blp, adv, mask, topk, generator=generator)
-    valid, pos, neg = batch.valid, (adv > 0) & batch.valid, (adv < 0) & batch.valid
+    pos, neg = (adv > 0) & batch.valid, (adv < 0) & batch.valid
     inside = ~(terms.clipped_upper | terms.clipped_lower)
     assert (pos & terms.clipped_upper).any() and (pos & inside).any()
     assert (neg & terms.clipped_lower).any() and (neg & inside).any()

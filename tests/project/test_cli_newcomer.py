@@ -101,6 +101,8 @@ def test_end_of_run_files_line_lists_every_run_file(tmp_path):
         "eval_start": 0.1,
         "eval_best": 0.2,
         "eval_best_step": 2,
+        "eval_final": 0.15,
+        "eval_final_step": 4,
         "staleness_max": 1,
         "accounting/dropped": 0,
         "accounting/lost": 0,

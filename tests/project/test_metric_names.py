@@ -39,7 +39,10 @@ def test_both_paths_log_the_same_loss_names():
     slime = _slime_logged_names()
     for name in (names.TRAIN_LOSS, names.PG_LOSS, names.KL_LOSS, names.CLIPFRAC):
         assert name in runtime and name in slime, name
-    policy = lambda keys: {k[len(names.POLICY_PREFIX) :] for k in keys if k.startswith(names.POLICY_PREFIX)}
+
+    def policy(keys):
+        return {k[len(names.POLICY_PREFIX) :] for k in keys if k.startswith(names.POLICY_PREFIX)}
+
     assert len(policy(runtime) & policy(slime)) >= 20  # clipfrac_*, ratio_*, abs_z_mean, bounds, ...
     assert policy(runtime) - policy(slime) == RUNTIME_ONLY
     assert policy(slime) - policy(runtime) == SLIME_ONLY

@@ -1,6 +1,6 @@
-"""The simulator's figures in README.md, docs/results.md and docs/cluster.md are the committed simulator
-outputs' (bench/schedsim/paper_run.txt, frontier_paper.json, launch_predictions.json, verl_preset.txt):
-rerun the simulator and these fail until the prose follows, so the figures cannot go stale again."""
+"""The simulator's figures in docs/cluster.md are the committed simulator outputs' (frontier_paper.json,
+launch_predictions.json, verl_preset.txt): rerun the simulator and these fail until the prose follows.
+docs/results.md's are generated (bench/make_results.py, tests/project/test_results_doc.py)."""
 
 from __future__ import annotations
 
@@ -10,48 +10,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SIM = REPO / "bench" / "schedsim"
-HEADLINE = "headline: async K=2 / sync colocated at its best engine size: "
-BEST = "best at the launcher's split: "
-
-
-def _paper_run() -> dict:
-    lines = (SIM / "paper_run.txt").read_text().splitlines()
-    head = [line[len(HEADLINE) :] for line in lines if line.startswith(HEADLINE)]
-    best = [line[len(BEST) :] for line in lines if line.startswith(BEST)]
-    base = [
-        re.search(r"best engine size \((\d) GPUs\): (\d+\.\d) s/rollout", line)
-        for line in lines
-        if line.startswith("baseline: ")
-    ]
-    assert len(head) == len(best) == len(base) == 1 and base[0], "paper_run.txt lacks its headline, best or baseline"
-    return dict(headline=head[0], best=best[0], sync_gpe=base[0].group(1), sync_s=base[0].group(2))
-
-
-def _section(path: Path, heading: str) -> str:
-    text = path.read_text()
-    start = text.index(heading)
-    end = text.find("\n## ", start + len(heading))
-    return text[start : end if end > 0 else None]
 
 
 def _collapse(text: str) -> str:
     return re.sub(r"\s+", " ", text)
-
-
-def test_the_readme_results_line_is_the_default_commands_headline_and_best():
-    run = _paper_run()
-    text = _collapse((REPO / "README.md").read_text())
-    line = text[text.index("**Cluster scale, simulated**") :][:700]
-    assert f"K = 2 {run['headline']}" in line, (run["headline"], line)
-    assert run["best"] in line, (run["best"], line)
-    assert f"{run['sync_s']} s" in line
-
-
-def test_the_results_section_quotes_the_default_command():
-    run = _paper_run()
-    text = _collapse(_section(REPO / "docs" / "results.md", "## Schedules at cluster scale, simulated"))
-    assert run["headline"] in text and run["best"] in text
-    assert f"{run['sync_gpe']}-GPU engines, {run['sync_s']} s" in text
 
 
 def test_the_cluster_tables_rows_are_the_frontiers():

@@ -128,3 +128,74 @@ def test_the_slow_tail_says_what_is_running(monkeypatch):
         f"running {e2e} (3 tests of a slow file; limit {limit:.0f} s each)",
         f"running {e2e}::test_big_run (end-to-end; limit {limit:.0f} s)",
     ]
+
+
+# ---- the tiers: the slow list sets the marker too (tests/conftest.py, tier_markers) ----
+
+
+def _collected(*args: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode in (0, 5), done.stdout[-3000:] + done.stderr[-3000:]
+    return [line for line in done.stdout.splitlines() if "::" in line]
+
+
+def test_a_slow_files_tests_are_marked_slow_and_the_fast_tier_leaves_them_out():
+    path = "tests/bench/test_gpu_check.py"  # listed, and no `slow` marker of its own: the list marks it
+    assert path in conftest.SLOW_FILE_TIMEOUT_S and "mark.slow" not in (REPO / path).read_text()
+    every = _collected(path)
+    assert every and _collected(path, "-m", "slow") == every
+    assert _collected(path, "-m", "not slow") == []
+
+
+def test_a_fast_file_stays_in_the_fast_tier():
+    path = "tests/project/test_packaging.py"
+    assert path not in conftest.SLOW_FILE_TIMEOUT_S
+    every = _collected(path)
+    assert every and _collected(path, "-m", "not slow") == every and _collected(path, "-m", "slow") == []
+
+
+def test_only_the_real_server_half_of_a_conformance_test_is_real_sglang():
+    path = "tests/slime_adapter/test_sglang_conformance.py"
+    every = _collected(path)
+    if not every:
+        pytest.skip("the conformance file skipped at collection (aiohttp / requests absent)")
+    real = _collected(path, "-m", "real_sglang")
+    assert real and all("[real" in nodeid or "real]" in nodeid for nodeid in real)
+    assert set(_collected(path, "-m", "not real_sglang")) == set(every) - set(real)
+
+
+def test_a_module_that_imports_slime_is_needs_slime():
+    path = "tests/slime_adapter/test_engine_faults.py"
+    every = _collected(path)
+    if not every:
+        pytest.skip("slime is not importable here (SLIME_PATH): the file skipped at collection")
+    assert _collected(path, "-m", "needs_slime") == every
+    assert _collected("tests/project/test_packaging.py", "-m", "needs_slime") == []
+
+
+def test_a_marker_nobody_registered_is_refused(tmp_path):
+    (tmp_path / "test_typo.py").write_text("import pytest\n\n@pytest.mark.slwo\ndef test_x():\n    pass\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            str(REPO / "pyproject.toml"),
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "'slwo' not found in `markers`" in done.stdout + done.stderr

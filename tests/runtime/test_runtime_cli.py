@@ -149,12 +149,14 @@ def test_end_of_run_summary_names_reward_best_eval_staleness_and_files(tmp_path)
     evals = [
         {"step": 0, "eval/version": 0, "eval/heldout/mean@2": 0.2},
         {"step": 2, "eval/version": 2, "eval/heldout/mean@2": 0.4},
-        {"step": 4, "eval/version": 4, "eval/heldout/mean@2": 0.4},
+        {"step": 3, "eval/version": 3, "eval/heldout/mean@2": 0.4},
+        {"step": 4, "eval/version": 4, "eval/heldout/mean@2": 0.3},
     ]
     (out / "eval_metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
     outcome = run_outcome(out, cfg)
     assert outcome["reward_first"] == pytest.approx(0.2) and outcome["reward_last"] == pytest.approx(0.6)
     assert (outcome["eval_best"], outcome["eval_best_step"]) == (0.4, 2)  # earliest on ties
+    assert (outcome["eval_final"], outcome["eval_final_step"]) == (0.3, 4)  # the score the run ends with
     assert outcome["staleness_max"] == 1 and outcome["bad_tokens"] == 3
     summary = {
         **outcome,
@@ -171,7 +173,7 @@ def test_end_of_run_summary_names_reward_best_eval_staleness_and_files(tmp_path)
     for part in (
         "2 steps this run (steps 3..4 of 4)",
         "training reward 0.200 (first 2 steps) -> 0.600 (last 2)",
-        "best 0.400 at step 2",
+        "held-out mean@2: 0.200 at start, 0.300 at the last eval (step 4), best 0.400 at step 2",
         "staleness max 1 (K=2)",
         "dropped 16, lost 4",
         f"{out}/metrics.jsonl",
@@ -290,7 +292,7 @@ def test_the_warm_start_says_it_is_trained_once_and_cached_with_an_eta(tmp_path,
     out = capsys.readouterr().out
     path = provenance.split(":", 1)[1]
     assert provenance.startswith("trained:") and Path(path).exists()
-    assert f"training 20 supervised steps, once for this config" in out and f"later runs load it from {path}" in out
+    assert "training 20 supervised steps, once for this config" in out and f"later runs load it from {path}" in out
     assert "[warm start (trained once, then cached)] step 2/20" in out and "ETA" in out
     _, again = _tiny_warm_start(tmp_path, monkeypatch, seen)
     assert again == f"cache:{path}" and f"warm start: cached at {path}" in capsys.readouterr().out

@@ -110,7 +110,7 @@ def test_loss_parameter_of_another_mode_is_rejected():
 def test_cli_returns_2_with_a_message(tmp_path, capsys):
     assert train_main(["--config", str(tmp_path / "missing.yaml")]) == 2
     assert "file not found" in capsys.readouterr().err
-    assert train_main(["--update-depth", "5"]) == 2
+    assert train_main(["--update-depth", "5", "--output-dir", str(tmp_path / "run")]) == 2
     assert "update_depth=5" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train_main(["--max-staleness", "-x"])
@@ -175,7 +175,8 @@ def test_loss_parameters_on_the_command_line(flag, value, expected):
 
 def test_yaml_number_parameter_trains_through_the_cli(tmp_path, capsys):
     # the crash of the issue was an exit 1 with a traceback: now it is a config error naming the field
-    assert train_main(["--config", _yaml(tmp_path, "epic_delta_low: 0\n")]) == 2
+    # its own output folder: never the checkout's runs/local-default, which the README's command 1 fills
+    assert train_main(["--config", _yaml(tmp_path, "epic_delta_low: 0\n"), "--output-dir", str(tmp_path / "run")]) == 2
     assert "delta_low=0" in capsys.readouterr().err
 
 
@@ -187,3 +188,57 @@ def test_every_sweep_option_has_help_and_its_default():
     for a in actions:
         assert a.help and "default" in a.help, a.dest
     assert build_sweep_parser().parse_args([]).update_depths is None  # then the config's update_depth
+
+
+def test_every_option_has_help_and_a_rule_or_a_reason_for_none():
+    from epic_slime.runtime.config import FIELDS
+
+    assert len(FIELDS) >= 60  # the table is read from the dataclass: an empty read would pass the loop
+    for opt in FIELDS.values():
+        assert opt.help.strip(), f"{opt.name}: no help text"
+        checked = opt.rule is not None or opt.choices is not None or opt.type is bool  # bool: true or false
+        assert checked or opt.unchecked.strip(), f"{opt.name}: no rule, no choices and no reason for none"
+        assert not (checked and opt.unchecked), f"{opt.name}: a rule and a reason for none"
+        assert opt.nullable == (opt.default is None), f"{opt.name}: null allowed iff it is the default"
+
+
+def _help_entries(monkeypatch) -> dict[str, str]:
+    """--help as flag -> its whole entry on one line (a wide terminal: argparse wraps nothing)."""
+    from epic_slime.runtime.config import build_parser
+
+    monkeypatch.setenv("COLUMNS", "10000")
+    entries, current = {}, None
+    for line in build_parser().format_help().splitlines():
+        if line.startswith("  -"):
+            current = line.split()[0].rstrip(",")
+            entries[current] = line
+        elif current is not None and line.startswith("   "):
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def test_help_lists_every_option_with_its_default(monkeypatch):
+    from epic_slime.runtime.config import FIELDS
+
+    entries = _help_entries(monkeypatch)
+    for opt in FIELDS.values():
+        entry = entries.get(opt.flag)
+        assert entry is not None, f"{opt.flag} is not in --help"
+        assert opt.help in entry, opt.flag
+        if "default:" in opt.help:  # the text states its default itself (a derived one: <output-dir>/...)
+            assert entry.count("default:") == 1, entry
+        else:
+            assert entry.endswith(f"(default: {opt.default})"), entry
+
+
+def test_every_option_is_a_yaml_key_read_as_its_type(tmp_path):
+    """A file that sets every option to its default parses back to the defaults (the keys, the types)."""
+    import yaml
+
+    from epic_slime.runtime.config import FIELDS
+
+    text = yaml.safe_dump({name: opt.default for name, opt in FIELDS.items()})
+    cfg = parse_config(["--config", _yaml(tmp_path, text)])
+    for name, opt in FIELDS.items():
+        value = getattr(cfg, name)
+        assert value == opt.default and type(value) is type(opt.default), (name, value)

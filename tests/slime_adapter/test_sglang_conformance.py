@@ -20,9 +20,7 @@ if importlib.util.find_spec("aiohttp") is None or importlib.util.find_spec("requ
     pytest.skip("the SGLang stand-in needs aiohttp and requests", allow_module_level=True)
 
 from support.conformance import (  # noqa: E402
-    never_left_paused,
     LONG_NEW,
-    engine,
     forward_logprobs,
     loads,
     long_request,

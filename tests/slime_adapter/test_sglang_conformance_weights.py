@@ -21,11 +21,9 @@ if importlib.util.find_spec("aiohttp") is None or importlib.util.find_spec("requ
 import torch  # noqa: E402
 
 from support.conformance import (  # noqa: E402
-    never_left_paused,
     LONG_NEW,
     GlooPusher,
     TensorPayload,
-    engine,
     forward_logprobs,
     perturbed_checkpoint,
     reference_model,

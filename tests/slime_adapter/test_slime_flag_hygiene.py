@@ -186,13 +186,15 @@ def test_driver_exits_2_with_the_message_before_slime_is_needed(extra, message, 
 
 
 def test_dry_run_exits_2_naming_the_flag_and_reports_overrides():
-    run = lambda *a: subprocess.run(
-        [sys.executable, "-m", "epic_slime.slime.dry_run", *BASE, *a],  # noqa: E731
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    def run(*a):
+        return subprocess.run(
+            [sys.executable, "-m", "epic_slime.slime.dry_run", *BASE, *a],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
     bad = run("--num-rollouts", "3")
     assert bad.returncode == 2 and "unknown flag --num-rollouts" in bad.stderr and "--num-rollout?" in bad.stderr
     good = run("--num-rollout", "300", "--num-rollout", "3")

@@ -66,7 +66,6 @@ def float64_reference(mode, args, data, clip, clip_low):
         [d["mask"].tolist() for d in data],
         params,
     )
-    total_tokens = sum(len(valid) for valid, _ in rows)
     loss, grads = 0.0, []
     for d, (valid, terms) in zip(data, rows):
         grad = [0.0] * d["resp"]

@@ -316,3 +316,20 @@ def test_one_warm_start_recipe_trains_the_same_weights_twice():
         c = supervised_warm_start(model, task, steps=4, lr=3e-3, batch_size=8, seed=1, step_noise=0.1)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)  # the seed does reach the weights
+
+
+def test_each_study_option_picks_its_config_and_folder_and_the_help_names_them(monkeypatch):
+    from epic_slime.study import plan
+    from epic_slime.study.cli import _build_parser, study_of
+
+    assert study_of(False, False, False) == (plan.DEFAULT_CONFIG, "runs/study")
+    assert study_of(True, False, False) == (plan.QUICK_CONFIG, "runs/study-quick")
+    assert study_of(False, True, False) == (plan.LADDER_CONFIG, "runs/ladder")
+    assert study_of(True, True, False) == (plan.LADDER_QUICK_CONFIG, "runs/ladder-quick")
+    assert study_of(False, False, True) == (plan.STRESS_CONFIG, "runs/stress")
+    assert study_of(True, False, True) == (plan.STRESS_QUICK_CONFIG, "runs/stress-quick")
+    monkeypatch.setenv("COLUMNS", "10000")  # one line per option
+    (line,) = [ln for ln in _build_parser().format_help().splitlines() if "study directory" in ln]
+    for folder in ("runs/study,", "runs/study-quick", "runs/ladder,", "runs/ladder-quick", "runs/stress,"):
+        assert folder in line, folder
+    assert line.rstrip().endswith("runs/stress-quick)")

@@ -51,15 +51,7 @@ from pathlib import Path
 import torch
 
 # the harness's parts, in their own modules; their names stay importable from here
-from support.slime_args import (
-    REPO,
-    SLIME_SNAPSHOT,
-    TESTS,
-    build_args,
-    megatron_arguments,
-    slime_argument_parser,
-    slime_path,
-)  # noqa: F401
+from support.slime_args import REPO, TESTS, build_args, slime_argument_parser, slime_path  # noqa: F401
 from support.slime_e2e_manager import RolloutManagerStandIn  # noqa: F401
 from support.slime_e2e_setup import (  # noqa: F401
     EVAL_MAX_RESPONSE_LEN,

@@ -86,6 +86,15 @@ class RolloutManagerStandIn:
                 "staleness": int(s.metadata["epic_group_staleness"]),
                 "rollout_id": rollout_id,
             }
+            if "agent" in s.metadata:  # a multi-turn generate function's log (support/slime_e2e_agent.py)
+                self.sample_info[s.index]["agent"] = {
+                    **s.metadata["agent"],
+                    "oldest": s.metadata.get("oldest_weight_version"),
+                    "loss_mask": list(s.loss_mask or []),
+                    "rollout_log_probs": list(s.rollout_log_probs or []),
+                    "response_length": s.response_length,
+                    "status": s.status.value,
+                }
         data = self.slime_manager._convert_samples_to_train_data(self, samples)
         return self.slime_manager._split_train_data_by_dp(self, data)
 

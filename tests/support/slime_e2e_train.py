@@ -156,6 +156,7 @@ class CpuTrainGroup:
             "weight_versions": [s["weight_versions"] for s in info],
             "split_positions": sorted(by_position),
             "mixed_groups": sum(len({s["pid"] for s in g}) > 1 for g in groups),
+            **({"agent": [s["agent"] for s in info]} if any("agent" in s for s in info) else {}),
         }
 
     def clear_memory(self):

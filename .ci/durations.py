@@ -1,0 +1,39 @@
+"""Sum a durations file (tests/conftest.py, EPIC_SLIME_TEST_DURATIONS) by tier: how much of the suite's
+time each tier takes, and the fast tier (`-m "not slow"`) on its own.
+
+    python .ci/durations.py .ci-out/durations.tsv
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def summarize(path: Path) -> dict[str, tuple[int, float]]:
+    """tier -> (tests, seconds); "all" and "fast" (no `slow` marker) beside the markers' own tiers."""
+    out: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for line in path.read_text().splitlines()[1:]:
+        seconds, _outcome, tiers, _nodeid = line.split("\t", 3)
+        names = [t for t in tiers.split(",") if t != "-"]
+        for name in ["all", *names, *([] if "slow" in names else ["fast"])]:
+            out[name][0] += 1
+            out[name][1] += float(seconds)
+    return {k: (int(n), s) for k, (n, s) in out.items()}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    totals = summarize(Path(argv[0]))
+    whole = totals.get("all", (0, 0.0))[1] or 1.0
+    for name in ("all", "fast", "slow", "real_sglang", "needs_slime"):
+        n, s = totals.get(name, (0, 0.0))
+        print(f"durations: {name:<12} {n:5d} tests {s:8.1f} s ({100 * s / whole:5.1f}% of the suite's test time)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
