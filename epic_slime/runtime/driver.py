@@ -187,10 +187,9 @@ class Run:
         return True
 
     def _run(self, reuse_ray: bool, resume_path: Path | None) -> dict:
+        """Warm start, local Ray and the actors, the steps, then the summary; the actors stop either way."""
         import ray
 
-        from .actors import Trainer
-        from .trainer import trainer_settings
         from .warmstart import warm_start_for
 
         cfg = self.cfg
@@ -208,66 +207,93 @@ class Run:
             init_local_ray(num_cpus=cfg.num_rollout_workers + 2)
             self.stop.install()  # after ray.init, whatever handlers it set
         try:
-            t1 = time.time()
-            init_ref = ray.put(init_state)
-            self.trainer = Trainer.remote(init_ref, trainer_settings(cfg))
-            if resume_path:
-                self._restore(resume_path)
-                self.start_step = self.step
-                if cfg.progress:
-                    say(f"resuming from step {self.step} ({resume_path})")
-            self.pool.start(self.trainer.get_weights.remote())
-            self.evals.start_worker(init_ref)
-            ray.get([w.version.remote() for w in self.pool.workers] + [self.trainer.get_weights.remote()])
-            startup_s = time.time() - t1
-            if cfg.progress:
-                say(f"workers up in {startup_s:.1f} s; training steps {self.step + 1}..{cfg.num_rollout}")
+            startup_s = self._start_actors(init_state, resume_path)
             rss_start = resident_memory_mib()
-            self.log.open_files(self.step if resume_path else None)
-            self.clock.start(self.pool.acc.trained)
-            if not resume_path:
-                self.evals.due_now(self.pool.weights_ref, self.version)  # the warm-start level
-            bar = Progress(
-                cfg.num_rollout, initial=self.step, desc="epic-slime", enabled=cfg.progress, interval=cfg.log_interval
-            )
-            self.stop.begin_steps()  # before this a signal stops at once (signals.py): no step to finish
-            try:
-                if self.stop.requested:
-                    pass  # interrupted during start-up: nothing trained
-                elif cfg.rollout_mode == "async":
-                    self._loop_async(bar)
-                else:
-                    self._loop_sync(bar)
-            finally:
-                bar.close()
-                self.log.close_files()
-            loop_s = self.clock.loop_s()
-            summary = {
-                "steps": self.step,
-                "start_step": self.start_step,
-                "steps_this_run": self.step - self.start_step,
-                "interrupted": self.stop.signal_name,
-                "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
-                "loop_s": loop_s,
-                "warm_start_s": warm_s,
-                "warm_start": provenance,
-                "ray_startup_s": startup_s,
-                "trained_samples_per_s": self.clock.rate(self.pool.acc.trained, loop_s),
-                "generated_samples": self.pool.acc.generated,
-                "rss_mb_start": rss_start,
-                "rss_mb_end": resident_memory_mib(),
-                **{f"accounting/{k}": v for k, v in self.pool.acc.state().items()},
-                "buffered": self.pool.buffered_samples(),
-            }
+            self._steps(resume_path)
+            summary = self._summary(warm_s, provenance, startup_s, rss_start)
         finally:
-            if own_ray:
-                ray.shutdown()
-            else:
-                for actor in [*self.pool.workers, self.trainer, self.evals.worker]:
-                    if actor is not None:
-                        ray.kill(actor)
+            self._stop_actors(own_ray)
             self.log.close_mirrors()
         return summary
+
+    def _start_actors(self, init_state, resume_path: Path | None) -> float:
+        """The trainer (restored on --load), the rollout workers on its weights and the eval worker;
+        returns the seconds until all of them answered."""
+        import ray
+
+        from .actors import Trainer
+        from .trainer import trainer_settings
+
+        cfg = self.cfg
+        t1 = time.time()
+        init_ref = ray.put(init_state)
+        self.trainer = Trainer.remote(init_ref, trainer_settings(cfg))
+        if resume_path:
+            self._restore(resume_path)
+            self.start_step = self.step
+            if cfg.progress:
+                say(f"resuming from step {self.step} ({resume_path})")
+        self.pool.start(self.trainer.get_weights.remote())
+        self.evals.start_worker(init_ref)
+        ray.get([w.version.remote() for w in self.pool.workers] + [self.trainer.get_weights.remote()])
+        startup_s = time.time() - t1
+        if cfg.progress:
+            say(f"workers up in {startup_s:.1f} s; training steps {self.step + 1}..{cfg.num_rollout}")
+        return startup_s
+
+    def _steps(self, resume_path: Path | None) -> None:
+        """The training steps, asynchronous or synchronous, with the run's files and progress bar open."""
+        cfg = self.cfg
+        self.log.open_files(self.step if resume_path else None)
+        self.clock.start(self.pool.acc.trained)
+        if not resume_path:
+            self.evals.due_now(self.pool.weights_ref, self.version)  # the warm-start level
+        bar = Progress(
+            cfg.num_rollout, initial=self.step, desc="epic-slime", enabled=cfg.progress, interval=cfg.log_interval
+        )
+        self.stop.begin_steps()  # before this a signal stops at once (signals.py): no step to finish
+        try:
+            if self.stop.requested:
+                pass  # interrupted during start-up: nothing trained
+            elif cfg.rollout_mode == "async":
+                self._loop_async(bar)
+            else:
+                self._loop_sync(bar)
+        finally:
+            bar.close()
+            self.log.close_files()
+
+    def _summary(self, warm_s: float, provenance, startup_s: float, rss_start: float) -> dict:
+        loop_s = self.clock.loop_s()
+        acc = self.pool.acc
+        return {
+            "steps": self.step,
+            "start_step": self.start_step,
+            "steps_this_run": self.step - self.start_step,
+            "interrupted": self.stop.signal_name,
+            "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
+            "loop_s": loop_s,
+            "warm_start_s": warm_s,
+            "warm_start": provenance,
+            "ray_startup_s": startup_s,
+            "trained_samples_per_s": self.clock.rate(acc.trained, loop_s),
+            "generated_samples": acc.generated,
+            "rss_mb_start": rss_start,
+            "rss_mb_end": resident_memory_mib(),
+            **{f"accounting/{k}": v for k, v in acc.state().items()},
+            "buffered": self.pool.buffered_samples(),
+        }
+
+    def _stop_actors(self, own_ray: bool) -> None:
+        """A run's own Ray shuts down; in a shared one (tests, sweeps) only this run's actors are killed."""
+        import ray
+
+        if own_ray:
+            ray.shutdown()
+        else:
+            for actor in [*self.pool.workers, self.trainer, self.evals.worker]:
+                if actor is not None:
+                    ray.kill(actor)
 
     def _end_of_step(self, bar, m: dict) -> bool:
         """Eval / checkpoint / logging after a finished step. Returns True when the run is over."""
