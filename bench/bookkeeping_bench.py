@@ -3,7 +3,7 @@
     SLIME_PATH=... PYTHONPATH=.:$SLIME_PATH python bench/bookkeeping_bench.py [--prompts 64] [--samples 8]
         [--response-len 9000] [--rollouts 5] [--rollout-wall-s S]
 
-What is timed (the real functions of epic_slime/slime/rollout.py and epic_slime/staleness.py, on one
+What is timed (the real functions of epic_slime/slime/rollout.py, gate.py and ledger.py, on one
 thread, with synthetic slime ``Sample`` objects: token ids and per-token log-probs as Python lists, as
 slime holds them): per rollout, the RolloutManager's work outside generation:
   - ``StreamingDataSource``-style consumption: ``GroupLedger.consume`` with a deep copy of the fresh group
@@ -82,7 +82,8 @@ def time_bookkeeping(args, Sample) -> dict:
     from epic_slime.metric_names import STALENESS_PREFIX
     from epic_slime.slime.oversampling import groups_in_flight
     from epic_slime.slime.routing import finish_group_routing, remember_partial_routing
-    from epic_slime.staleness import GroupLedger, StalenessGate, collect_admitted_groups
+    from epic_slime.slime.gate import StalenessGate, collect_admitted_groups
+    from epic_slime.slime.ledger import GroupLedger
 
     rng = random.Random(0)
     capacity = groups_in_flight(args.prompts, args.oversample)

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from epic_slime.runtime.threads import set_torch_threads
     from epic_slime.runtime.trainer import PolicyTrainer, group_advantages, pad_rows
     from epic_slime.runtime.warmstart import warm_start_for
-    from epic_slime.staleness import select_batch
+    from epic_slime.runtime.batches import select_batch
 
     set_torch_threads(1)
     import epic_slime

@@ -6,7 +6,8 @@ Runs `epic-slime train` in async mode (default config, no eval, no checkpoints) 
 decisions observed, not changed, and counts, in whichever tree is on PYTHONPATH:
   - worker checks: each time the loop looked at an idle rollout worker, whether it started a request,
     or was held back by the memory cap (`rollout_buffer_batches`) or, with the cap leaving room, by the
-    admission budget alone, or got a smaller request from the budget (trees with the budget: `Run._room`);
+    admission budget alone, or got a smaller request from the budget (trees with the budget: `Run._room`,
+    or `RolloutPool.room` since the loop's generation side moved into `runtime/rollout_pool.py`);
   - start-order waits: `_take_batch` calls that found no batch although B trainable groups were buffered
     (the batch waited for the oldest group still generating), and their total wall time;
   - trainer idle: wall time between a step's end and the next step's start (the trainer is the
@@ -53,7 +54,69 @@ def _pids(self) -> dict:
     def pid(actor) -> int:
         return ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()))
 
-    return {"trainer": [pid(self.trainer)], "workers": [pid(w) for w in self.workers], "driver": [os.getpid()]}
+    workers = self.pool.workers if hasattr(self, "pool") else self.workers
+    return {"trainer": [pid(self.trainer)], "workers": [pid(w) for w in workers], "driver": [os.getpid()]}
+
+
+def _instrument_pool(driver, trainable_groups) -> None:
+    """The same observations in a tree whose generation side is ``RolloutPool`` (runtime/rollout_pool.py)
+    and whose step in flight is ``StepInFlight`` (runtime/train_step.py)."""
+    from epic_slime.runtime.rollout_pool import RolloutPool
+    from epic_slime.runtime.train_step import StepInFlight
+
+    Run = driver.Run
+    real_fill, real_take, real_start, real_finish = (
+        RolloutPool.fill,
+        Run._take_batch,
+        StepInFlight.start,
+        Run._finish_train,
+    )
+    state = {"wait_since": None, "finished_at": None}
+
+    def fill(pool):
+        cap = pool.cfg.rollout_buffer_batches * pool.cfg.samples_per_step
+        request = pool.prompts_per_request * pool.cfg.n_samples_per_prompt
+        for i in pool.idle_workers():  # the same tests as the real method, read before it runs
+            if pool.buffered_samples() + pool.pending_samples() + request > cap:
+                COUNTS["worker_held_by_cap"] += 1
+            elif pool.room(i) == 0:
+                COUNTS["worker_held_by_budget"] += 1
+            elif pool.room(i) < pool.prompts_per_request:
+                COUNTS["request_cut_by_budget"] += 1
+        before = len(pool.pending)
+        real_fill(pool)
+        COUNTS["worker_started"] += len(pool.pending) - before
+
+    def take(self):
+        pool = self.pool
+        ready = trainable_groups(pool.buffer, pool.version, self.cfg.max_staleness, self.cfg.stale_policy)
+        sel = real_take(self)
+        now = time.perf_counter()
+        if sel.batch is None and ready >= self.cfg.rollout_batch_size:
+            COUNTS["start_order_waits"] += 1
+            state["wait_since"] = state["wait_since"] or now
+        elif sel.batch is not None and state["wait_since"] is not None:
+            WALL["start_order_wait_s"] += now - state["wait_since"]
+            state["wait_since"] = None
+        return sel
+
+    def start(step, batch, version, trainer):
+        if state["finished_at"] is not None:
+            WALL["trainer_idle_s"].append(time.perf_counter() - state["finished_at"])
+        return real_start(step, batch, version, trainer)
+
+    def finish(self):
+        state["finished_at"] = time.perf_counter()
+        if "pids" not in state:
+            state["pids"] = _pids(self)
+        WALL.setdefault("cpu", []).append({k: sum(_cpu_s(p) for p in v) for k, v in state["pids"].items()})
+        m = real_finish(self)
+        WALL.setdefault("at_step_end", []).append(
+            (m["accounting/in_flight_requests"], m["accounting/buffered"] / self.cfg.samples_per_step)
+        )
+        return m
+
+    RolloutPool.fill, Run._take_batch, StepInFlight.start, Run._finish_train = fill, take, start, finish
 
 
 def _instrument(Run, trainable_groups) -> None:
@@ -121,10 +184,18 @@ def main(argv: list[str] | None = None) -> int:
     import epic_slime
     from epic_slime.runtime import driver
     from epic_slime.runtime.config import parse_config
-    from epic_slime.staleness import trainable_groups
+
+    try:
+        from epic_slime.runtime.batches import trainable_groups
+    except ImportError:  # a tree before the split of epic_slime/staleness.py
+        from epic_slime.staleness import trainable_groups
 
     tree = Path(epic_slime.__file__).resolve().parents[1]
-    _instrument(driver.Run, trainable_groups)
+    pool_shape = hasattr(driver.Run, "_take_and_train")
+    if pool_shape:
+        _instrument_pool(driver, trainable_groups)
+    else:
+        _instrument(driver.Run, trainable_groups)
     out = tempfile.mkdtemp(prefix="epic_slime_probe_")
     cfg = parse_config(
         [
@@ -148,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     driver.run_training(cfg)
     idle = WALL["trainer_idle_s"]
     ends = WALL.get("at_step_end", [])
-    print(f"tree {tree}, async, {args.steps} steps, budget in the runtime: {hasattr(driver.Run, '_room')}")
+    print(
+        f"tree {tree}, async, {args.steps} steps, budget in the runtime: {pool_shape or hasattr(driver.Run, '_room')}"
+    )
     print("worker checks: " + ", ".join(f"{k} {v}" for k, v in COUNTS.items() if k != "start_order_waits"))
     print(f"start-order waits: {COUNTS['start_order_waits']} ({WALL['start_order_wait_s'] * 1e3:.1f} ms in all)")
     print(

@@ -1,5 +1,5 @@
-"""Staleness, drops and requeues by response-length decile (pure Python; re-exported by
-``epic_slime.staleness``).
+"""Staleness, drops and requeues by response-length decile (pure Python; reported by
+``epic_slime.slime.rollout``).
 
 A schedule that favours short responses shows it here: long groups dropped, requeued, trained
 past K or staler than short ones. Each record is one group decision: (response length, lag,

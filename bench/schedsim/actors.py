@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from typing import Any
 
 from .engine import Sim
@@ -49,7 +48,7 @@ class SimRolloutManager:
 
     async def _generate(self, rollout_id: int):
         from epic_slime.slime import rollout as ro
-        from epic_slime.staleness import StalenessGate, select_groups, trainer_version_for_rollout, sample_version
+        from epic_slime.slime.gate import StalenessGate, select_groups, trainer_version_for_rollout, sample_version
 
         args, sim = self.args, self.sim
         t0 = sim.now()
@@ -111,7 +110,7 @@ class SimRolloutManager:
 def _trained_record(group, trainer_version: int) -> dict:
     """A trained group's lag as the gate saw it (the real code's oldest version) and as it was (the
     simulator's record of each call's first-token version)."""
-    from epic_slime import staleness
+    from epic_slime.slime import gate as staleness
 
     oldest = getattr(staleness, "sample_oldest_version", None)
     seen = [oldest(s) if oldest else staleness.sample_version(s.weight_versions, s.index) for s in group]
@@ -214,7 +213,7 @@ class SimDataSource:
     """StreamingDataSource's interface for the stream: numbered prompts, the real GroupLedger."""
 
     def __init__(self, sim: Sim, n_samples: int):
-        from epic_slime.staleness import GroupLedger
+        from epic_slime.slime.ledger import GroupLedger
 
         self.sim, self.n_samples = sim, n_samples
         self.ledger = GroupLedger()
@@ -226,7 +225,6 @@ class SimDataSource:
             real_drop(key)
 
         self.ledger.drop = drop
-        self._returned: deque = deque()
         self.next = 0
 
     def _fresh(self, key: int):
@@ -248,6 +246,9 @@ class SimDataSource:
         # the group's length for the per-decile report: its first draw (a requeue draws anew)
         self.sim.group_length.setdefault(key, sum(s.metadata["sim_target"] for s in group) / len(group))
         return group
+
+    def handed_back(self) -> int:  # the simulated stream never gives groups back
+        return 0
 
     def get_samples(self, n: int):
         out = []

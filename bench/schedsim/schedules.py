@@ -33,7 +33,7 @@ def schedule_spec(schedule: str) -> dict:
 
 
 def stream_has_budget() -> bool:
-    """Whether the GroupStream admits by the staleness budget (``epic_slime.staleness.AdmissionBudget``;
+    """Whether the GroupStream admits by the staleness budget (``epic_slime.admission.AdmissionBudget``;
     its cap on groups held is optional) or tops up to a fixed capacity (the stream before the budget)."""
     import inspect
 

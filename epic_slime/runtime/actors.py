@@ -64,13 +64,7 @@ class Trainer:
         self.trainer = PolicyTrainer(init_state=init_state, **trainer_kwargs)
 
     def train_step(self, groups):
-        from .trainer import group_advantages
-
-        samples = []
-        for g in groups:
-            for s, a in zip(g.samples, group_advantages([s["reward"] for s in g.samples])):
-                samples.append({**s, "advantage": a})
-        return self.trainer.train_step(samples)
+        return self.trainer.train_groups(groups)
 
     def get_weights(self):
         return self.trainer.get_weights()

@@ -12,26 +12,27 @@ buffer is topped up to one full batch, and the buffer itself is saved, so a resu
 on exactly the batch the uninterrupted run would have trained on next, and no sample is lost or
 trained twice.
 
-Beside it: `run_files` (the run directory and its files), `checkpoint` (what a checkpoint holds and
-when it may resume a run) and `signals` (SIGINT / SIGTERM).
+`Run` keeps the schedule; beside it: `rollout_pool` (the workers, the generations in flight, the
+buffer and the admission budget), `eval_queue` (the evaluations due and done), `train_step` (the
+step in flight and its metrics), `run_files` (the run directory and its files), `checkpoint` (what a
+checkpoint holds and when it may resume a run) and `signals` (SIGINT / SIGTERM).
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import statistics
-import sys
 import time
-from collections import deque
 from pathlib import Path
 
 from epic_slime import metric_names as names
 from epic_slime.provenance import resident_memory_mib
-from epic_slime.staleness import Accounting, AdmissionBudget, Group, select_batch, trainable_groups
+
 from . import checkpoint
+from .batches import Selection
 from .config import RuntimeConfig
+from .eval_queue import EvalQueue
+from .local_ray import init_local_ray
 from .progress import Progress, say
+from .rollout_pool import RolloutPool
 from .run_files import (
     HELDOUT,
     RunLog,
@@ -42,385 +43,87 @@ from .run_files import (
     write_summary,
 )
 from .signals import StopRequest
-from .task import Tokenizer
-from .tasks import eval_problems, train_problem
-
-MAX_WORKER_RESTARTS = 20
-RAY_AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
-
-
-def _init_ray(num_cpus: int) -> None:
-    """Local Ray only: no dashboard, loopback address, no runtime_env features that need the network."""
-    import ray
-
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # Ray 2.60 turns token authentication on for a new local cluster (RAY_AUTH_MODE unset) and logs a notice
-    # saying so on every run: keep Ray's choice (or the user's RAY_AUTH_MODE) and quiet only that notice.
-    # Setting RAY_AUTH_MODE=token here instead breaks the run: Ray read its config at import, so this
-    # process stays at 'disabled' while the cluster it starts demands a token.
-    logging.getLogger(RAY_AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
-    # workers must import this checkout's epic_slime (the project is not necessarily pip-installed)
-    root = str(Path(__file__).resolve().parents[2])
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        log_to_driver=True,
-        configure_logging=False,
-        logging_level="ERROR",
-        _node_ip_address="127.0.0.1",
-    )
+from .train_step import RunClock, StepInFlight, step_metrics
 
 
 class Run:
-    """One run: the rollout workers, the trainer and the eval worker, scheduled from this process."""
+    """One run's schedule: take a batch, train it, keep the rollout workers filled, wait for whatever
+    finishes first and collect it; evaluate and checkpoint between steps."""
 
     def __init__(self, cfg: RuntimeConfig):
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
-        self.tok = Tokenizer()
-        self.task = cfg.task
-        self.eval_set = eval_problems(self.task)
         self.log = RunLog(cfg)
         self.stop = StopRequest()
-        # data and staleness (what a checkpoint saves: checkpoint.DRIVER_STATE_KEYS)
-        self.buffer: deque[Group] = deque()
-        self.acc = Accounting()
-        self.step = 0  # finished rollout steps
-        self.version = 0  # trainer weight version (= step)
-        self.next_group_id = 0  # data position
-        # groups started since the run began and not discarded (dropped, lost with a worker): the
-        # admission budget's live_started (derived again on resume: trained + buffered)
-        self.live_started = 0
-        self.budget = AdmissionBudget(cfg.rollout_batch_size, cfg.max_staleness)
-        self.trained_group_ids: list[int] = []
-        self.dropped_group_ids: list[int] = []
-        self.killed_once = False
-        # actors and what is in flight
-        self.workers: list = []
+        self.pool = RolloutPool(cfg)  # workers, generations, buffer, budget, accounting
+        self.evals = EvalQueue(cfg, self.log)
         self.trainer = None
-        self.eval_worker = None
-        self.pending_gen: dict = {}  # future -> (worker index, requests, version)
-        self.worker_versions: list[int] = []
-        self.weights_ref = None
-        self.weights_by_version: dict = {}  # --rollout-lag: version -> weights ref (the L + 1 newest)
-        self.eval_future = None
-        self.eval_queue: deque = deque()  # (weights ref, version) due and not yet started
-        self.eval_future_version: int | None = None
-        self.eval_ready: list[dict] = []
-        # the step being trained: its batch and lags, and the groups dropped while choosing it
-        self._step_batch: list[Group] = []
-        self._step_lags: list[int] = []
-        self._step_dropped = 0
-        self._step_dropped_ids: list[int] = []
+        self.training = StepInFlight()
+        self.step = 0  # finished rollout steps (= the trainer's weight version)
+        self.killed_once = False  # --debug-kill-rollout-worker-at-step fired (saved: once per run)
         # this process's part of the run (a resumed run starts at the checkpoint's step)
-        self._resume_state: dict | None = None
         self.start_step = 0
         self.checkpoint_path: Path | None = None
-        self.t_start: float | None = None
-        self.step_t: float | None = None
-        self._trained_at_start = 0
+        self.clock = RunClock()
+        self._resume_state: dict | None = None
 
-    # ---------------- set-up ----------------
     @property
-    def prompts_per_request(self) -> int:
-        return max(1, self.cfg.rollout_batch_size // self.cfg.num_rollout_workers)
-
-    def _sampling(self) -> dict:
-        c = self.cfg
-        from epic_slime.losses import LOSS_MODES
-
-        topk = c.policy_loss_topk if LOSS_MODES[c.policy_loss].needs_topk else 0
-        return dict(
-            n_samples=c.n_samples_per_prompt,
-            temperature=c.rollout_temperature,
-            top_p=c.rollout_top_p,
-            max_new_tokens=c.rollout_max_response_len,
-            seed=c.seed,
-            topk=topk,
-        )
-
-    def _eval_sampling(self) -> dict:
-        c = self.cfg
-        return dict(
-            k=c.n_samples_per_eval_prompt,
-            temperature=c.eval_temperature,
-            top_p=c.eval_top_p,
-            max_new_tokens=c.rollout_max_response_len,
-            seed=c.seed,
-        )
-
-    def _new_worker(self, i: int):
-        from .actors import RolloutWorker
-
-        return RolloutWorker.options(num_cpus=1).remote(
-            i,
-            self.cfg.model,
-            self.weights_ref,
-            self.version,
-            self.cfg.rollout_dtype,
-            self.cfg.seed,
-            self.cfg.rollout_router_noise,
-        )
-
-    # ---------------- generation ----------------
-    def _next_requests(self, count: int | None = None) -> list:
-        reqs = []
-        for _ in range(self.prompts_per_request if count is None else count):
-            reqs.append((self.next_group_id, train_problem(self.next_group_id, self.cfg.seed, self.task)))
-            self.next_group_id += 1
-        return reqs
-
-    def _pending_samples(self) -> int:
-        return sum(len(r) for _, r, _ in self.pending_gen.values()) * self.cfg.n_samples_per_prompt
-
-    def _buffered_samples(self) -> int:
-        return sum(len(g) for g in self.buffer)
-
-    def _lagged_version(self) -> int:
-        """--rollout-lag L (sync): the version every batch is generated with, L behind the trainer (the
-        first L steps, before version L exists, start from version 0: lags 0, 1, ..., L - 1)."""
-        return max(0, self.version - self.cfg.rollout_lag)
-
-    def _submit_version(self, i: int) -> tuple[bool, int]:
-        """Whether worker i gets the newest weights with its next request, and the version it generates with."""
-        if self.cfg.rollout_lag:
-            target = self._lagged_version()
-            return self.worker_versions[i] != target, target
-        send = self.worker_versions[i] + self.cfg.update_weights_interval <= self.version or self.worker_versions[i] < 0
-        return send, (self.version if send else self.worker_versions[i])
-
-    def _room(self, i: int) -> int:
-        """The admission budget (``AdmissionBudget``: group n in start order trains at step floor(n / B)
-        at version floor(n / B), so it may start at version g only while n < (g + K + 1) B: slime's
-        rule with this runtime's versions, one lower) and, on top, the memory cap
-        (``rollout_buffer_batches``)."""
-        cap = self.cfg.rollout_buffer_batches * self.cfg.samples_per_step
-        request = self.prompts_per_request * self.cfg.n_samples_per_prompt
-        if self._buffered_samples() + self._pending_samples() + request > cap:
-            return 0
-        _, version = self._submit_version(i)
-        return min(self.prompts_per_request, self.budget.room(version + 1, self.live_started))
-
-    def _first_unfinished(self) -> int | None:
-        """The oldest group still generating: a batch in start order waits for it."""
-        ids = [gid for _, reqs, _ in self.pending_gen.values() for gid, _ in reqs]
-        return min(ids) if ids else None
-
-    def _submit(self, i: int, count: int | None = None) -> None:
-        """A request of ``count`` prompts (default ``prompts_per_request``) to worker i."""
-        send, version = self._submit_version(i)
-        weights = (self.weights_by_version[version] if self.cfg.rollout_lag else self.weights_ref) if send else None
-        reqs = self._next_requests(count)
-        self.live_started += len(reqs)
-        fut = self.workers[i].generate.remote(reqs, weights, version, self._sampling())
-        self.pending_gen[fut] = (i, reqs, version)
-        if send:
-            self.worker_versions[i] = version
-
-    def _idle_workers(self) -> list[int]:
-        busy = {i for i, _, _ in self.pending_gen.values()}
-        return [i for i in range(len(self.workers)) if i not in busy]
-
-    def _fill_workers(self) -> None:
-        for i in self._idle_workers():
-            room = self._room(i)  # the last request before the budget's limit may be smaller
-            if room > 0:
-                self._submit(i, room)
-
-    def _collect_generation(self, fut) -> None:
-        import ray
-
-        i, reqs, _version = self.pending_gen.pop(fut)
-        try:
-            groups = ray.get(fut)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.WorkerCrashedError) as e:
-            self._restart_worker(i, len(reqs) * self.cfg.n_samples_per_prompt, e)
-            return
-        for g in groups:
-            self.buffer.append(g)
-            self.acc.generated += len(g)
-
-    def _restart_worker(self, i: int, lost_samples: int, error) -> None:
-        self.live_started -= lost_samples // self.cfg.n_samples_per_prompt  # lost groups leave the budget
-        self.acc.lost += lost_samples
-        self.acc.worker_restarts += 1
-        if self.acc.worker_restarts > MAX_WORKER_RESTARTS:
-            raise RuntimeError(f"rollout workers died {self.acc.worker_restarts} times; giving up") from error
-        print(
-            f"[epic-slime] rollout worker {i} died ({type(error).__name__}); restarting it, "
-            f"{lost_samples} requested samples lost",
-            file=sys.stderr,
-        )
-        self.workers[i] = self._new_worker(i)
-        self.worker_versions[i] = self.version
-
-    def _drain(self) -> None:
-        import ray
-
-        while self.pending_gen:
-            ready, _ = ray.wait(list(self.pending_gen), num_returns=1)
-            self._collect_generation(ready[0])
-        if self.cfg.rollout_mode == "sync":
-            # requests finish in any order; the batch (and so each minibatch) must not depend on it
-            self.buffer = deque(sorted(self.buffer, key=lambda g: g.group_id))
-
-    def _trainable_groups(self) -> int:
-        return trainable_groups(self.buffer, self.version, self.cfg.max_staleness, self.cfg.stale_policy)
-
-    def _top_up(self) -> None:
-        """Generate (all workers, current weights) until the buffer holds one full trainable batch."""
-        while self._trainable_groups() < self.cfg.rollout_batch_size:
-            for i in range(len(self.workers)):
-                self._submit(i)
-            self._drain()
+    def version(self) -> int:
+        """The trainer's weight version (= step)."""
+        return self.pool.version
 
     # ---------------- training ----------------
-    def _take_batch(self):
-        sel = select_batch(
-            self.buffer,
-            self.version,
-            self.cfg.rollout_batch_size,
-            self.cfg.max_staleness,
-            self.cfg.stale_policy,
-            first_unfinished=self._first_unfinished(),
-        )
-        self.live_started -= len(sel.dropped)
-        for g in sel.dropped:
-            self.acc.dropped += len(g)
-            self.dropped_group_ids.append(g.group_id)
-        self._step_dropped += sum(len(g) for g in sel.dropped)
-        self._step_dropped_ids.extend(g.group_id for g in sel.dropped)
+    def _take_batch(self) -> Selection:
+        sel = self.pool.take_batch()
+        self.training.dropped(sel.dropped)
         return sel
 
-    def _start_train(self, sel):
-        lags = [self.version - g.version for g in sel.batch for _ in g.samples]
-        self._step_lags = lags
-        self._step_batch = sel.batch
-        self.acc.stale_kept += sel.stale_kept
-        return self.trainer.train_step.remote(sel.batch)
+    def _take_and_train(self) -> None:
+        sel = self._take_batch()
+        if sel.batch is not None:
+            self.training.start(sel.batch, self.version, self.trainer)
 
-    def _finish_train(self, train_metrics: dict) -> dict:
-        batch, lags = self._step_batch, self._step_lags
-        samples = [s for g in batch for s in g.samples]
-        self.acc.trained += len(samples)
-        for lag in lags:
-            self.acc.lag_hist[lag] += 1
-        self.trained_group_ids.extend(g.group_id for g in batch)
-        self.step += 1
-        self.version += 1
-        assert train_metrics["train/version"] == self.version, (train_metrics["train/version"], self.version)
-        self.weights_ref = self.trainer.get_weights.remote()
-        if self.cfg.rollout_lag:  # keep the L + 1 newest versions' weights for the lagged rollouts
-            self.weights_by_version[self.version] = self.weights_ref
-            for v in [v for v in self.weights_by_version if v < self.version - self.cfg.rollout_lag]:
-                del self.weights_by_version[v]
-        now = time.time()
-        rewards = [s["reward"] for s in samples]
-        m = {
-            "step": self.step,
-            "version": self.version,
-            names.REWARD_MEAN: statistics.fmean(rewards),
-            names.RESPONSE_LENGTH_MEAN: statistics.fmean(len(s["response_ids"]) for s in samples),
-            names.TRUNCATED_FRAC: statistics.fmean(s["status"] == "truncated" for s in samples),
-            "rollout/top_p_logprob_gap": statistics.fmean(
-                (b - q) for s in samples for b, q in zip(s["behavior_log_probs"], s["sampling_log_probs"])
-            ),
-            names.STALENESS_MEAN: statistics.fmean(lags),
-            names.STALENESS_MAX: max(lags),
-            names.STALENESS_PREFIX + "dropped_step": self._step_dropped,
-            names.STALENESS_PREFIX + "dropped_total": self.acc.dropped,
-            names.STALENESS_PREFIX + "stale_kept_total": self.acc.stale_kept,
-            "accounting/generated": self.acc.generated,
-            "accounting/trained": self.acc.trained,
-            "accounting/dropped": self.acc.dropped,
-            "accounting/buffered": self._buffered_samples(),
-            "accounting/in_flight_requests": self._pending_samples(),
-            "accounting/lost": self.acc.lost,
-            "accounting/worker_restarts": self.acc.worker_restarts,
-            "time/elapsed_s": now - self.t_start,
-            "time/step_s": now - self.step_t,
-            "perf/trained_samples_per_s": self._trained_since_start() / max(1e-9, now - self.t_start),
-            "driver/rss_mb": resident_memory_mib(),
-            **train_metrics,
-        }
-        self.step_t = now
-        self.log.batch(
-            self.step,
-            [g.group_id for g in batch],
-            self._step_dropped_ids,
-            [self.version - 1 - g.version for g in batch],
-        )
-        self._step_dropped = 0
-        self._step_dropped_ids = []
-        self.acc.check(self._buffered_samples())
-        return m
-
-    def _trained_since_start(self) -> int:
-        return self.acc.trained - self._trained_at_start
-
-    # ---------------- eval ----------------
-    def _maybe_submit_eval(self, force: bool = False) -> None:
-        """``force``: an evaluation is due now, on the current weights. Every due one is queued with
-        the weights it was due on and run in order on the one eval worker, so a slow evaluation
-        never lets a later version stand in for an earlier one (checkpoint selection compares
-        exactly the versions that were asked for)."""
-        if force and self.version not in self._eval_versions_pending():
-            self.eval_queue.append((self.weights_ref, self.version))
-        if self.eval_future is None and self.eval_queue:
-            weights_ref, version = self.eval_queue.popleft()
-            self.eval_future_version = version
-            self.eval_future = self.eval_worker.evaluate.remote(
-                weights_ref, version, self.eval_set, self._eval_sampling()
-            )
-
-    def _eval_versions_pending(self) -> set[int]:
-        pending = {version for _, version in self.eval_queue}
-        if self.eval_future is not None:
-            pending.add(self.eval_future_version)
-        return pending
-
-    def _collect_eval(self) -> None:
+    def _finish_train(self) -> dict:
         import ray
 
-        scored, correct = ray.get(self.eval_future)  # the version the eval worker held
-        version, self.eval_future = self.eval_future_version, None  # the version it was due on: its step
-        k = self.cfg.n_samples_per_eval_prompt
-        flat = [c for row in correct for c in row]
-        result = {
-            f"eval/{HELDOUT}/mean@{k}": statistics.fmean(flat),
-            f"eval/{HELDOUT}/pass@{k}": statistics.fmean(any(r) for r in correct),
-            "eval/version": version,
-        }
-        self.eval_ready.append(result)
-        self.log.evaluation(self.step, result, version, correct, weight_version=scored)
-        self._maybe_submit_eval()
+        done, self.training = self.training, StepInFlight()
+        train_metrics = ray.get(done.future)
+        pool = self.pool
+        pool.trained(done.batch, done.lags)
+        self.step += 1
+        pool.new_weights(self.version + 1, self.trainer.get_weights.remote())
+        assert train_metrics["train/version"] == self.version, (train_metrics["train/version"], self.version)
+        timing = self.clock.lap(pool.acc.trained)
+        m = step_metrics(
+            self.step, self.version, done, pool.acc, pool.buffered_samples(), pool.pending_samples(), timing
+        )
+        m.update(train_metrics)
+        lags_at_generation = [self.version - 1 - g.version for g in done.batch]
+        self.log.batch(self.step, [g.group_id for g in done.batch], done.dropped_ids, lags_at_generation)
+        pool.acc.check(pool.buffered_samples())
+        return m
+
+    def _write_metrics(self, m: dict) -> None:
+        # the newest evaluation goes on this step's line (EvalQueue.take_done)
+        m.update(self.evals.take_done())
+        self.log.metrics(m)
 
     # ---------------- checkpoints ----------------
     def _checkpoint(self, top_up: bool) -> Path:
         """Save at a quiescent point: nothing in flight and (top_up) one full trainable batch buffered."""
         import ray
 
-        self._drain()
+        self.pool.drain()
         if top_up:
-            self._top_up()
-        self.acc.check(self._buffered_samples())
+            self.pool.top_up()
+        self.pool.acc.check(self.pool.buffered_samples())
         d = checkpoint.step_dir(self.cfg.checkpoint_dir, self.step)
         d.mkdir(parents=True, exist_ok=True)
         ray.get(self.trainer.save_state.remote(str(d / checkpoint.TRAINER_STATE_FILE)))
         state = {
             "step": self.step,
             "version": self.version,
-            "next_group_id": self.next_group_id,
-            "buffer": list(self.buffer),
-            "accounting": self.acc.state(),
-            "trained_group_ids": self.trained_group_ids,
-            "dropped_group_ids": self.dropped_group_ids,
+            **self.pool.state(),
             "killed_once": self.killed_once,
             "config": self.cfg.to_dict(),
         }
@@ -441,24 +144,9 @@ class Run:
         state = self._resume_state
         version = ray.get(self.trainer.load_state.remote(str(path / checkpoint.TRAINER_STATE_FILE)))
         checkpoint.check_trainer_version(path, version, state)
-        self.step, self.version = state["step"], state["version"]
-        self.next_group_id = state["next_group_id"]
-        self.buffer = deque(state["buffer"])
-        self.acc = Accounting.from_state(state["accounting"])
-        self.trained_group_ids = list(state["trained_group_ids"])
-        self.dropped_group_ids = list(state["dropped_group_ids"])
+        self.step = state["step"]
+        self.pool.restore(state)
         self.killed_once = state["killed_once"]
-        # a checkpoint is quiescent (nothing generating or training): live = trained + buffered
-        self.live_started = len(self.trained_group_ids) + len(self.buffer)
-
-    # ---------------- metrics ----------------
-    def _write_metrics(self, m: dict) -> None:
-        # the newest evaluation goes on this step's line; eval_metrics.jsonl and eval_records.jsonl
-        # keep every one (two can finish within one step when evaluations queue up)
-        if self.eval_ready:
-            m.update(self.eval_ready[-1])
-        self.eval_ready = []
-        self.log.metrics(m)
 
     # ---------------- main ----------------
     def run(self, reuse_ray: bool = False) -> dict:
@@ -488,7 +176,7 @@ class Run:
         if cfg.plots:
             from .plots import write_plots
 
-            write_plots(self.out, self.acc.lag_hist)
+            write_plots(self.out, self.pool.acc.lag_hist)
         return summary
 
     def _discard_if_unsaved(self, resume_path: Path | None) -> bool:
@@ -499,9 +187,9 @@ class Run:
         return True
 
     def _run(self, reuse_ray: bool, resume_path: Path | None) -> dict:
+        """Warm start, local Ray and the actors, the steps, then the summary; the actors stop either way."""
         import ray
 
-        from .actors import EvalWorker, Trainer
         from .warmstart import warm_start_for
 
         cfg = self.cfg
@@ -516,96 +204,96 @@ class Run:
                 + f"{cfg.num_rollout_workers} rollout workers, 1 trainer, 1 eval worker ..."
             )
         if own_ray:
-            _init_ray(num_cpus=cfg.num_rollout_workers + 2)
+            init_local_ray(num_cpus=cfg.num_rollout_workers + 2)
             self.stop.install()  # after ray.init, whatever handlers it set
         try:
-            t1 = time.time()
-            init_ref = ray.put(init_state)
-            self.trainer = Trainer.remote(
-                init_ref,
-                dict(
-                    model_cfg=cfg.model,
-                    policy_loss=cfg.policy_loss,
-                    policy_loss_params=cfg.policy_loss_params,
-                    policy_loss_aggregation=cfg.policy_loss_aggregation,
-                    update_depth=cfg.update_depth,
-                    lr=cfg.lr,
-                    weight_decay=cfg.weight_decay,
-                    clip_grad=cfg.clip_grad,
-                    kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
-                    kl_loss_type=cfg.kl_loss_type,
-                    adam_beta2=cfg.adam_beta2,
-                    lr_warmup_steps=cfg.lr_warmup_steps,
-                    use_tis=cfg.use_tis,
-                    tis_clip=cfg.tis_clip,
-                    behavior_logprobs=cfg.behavior_logprobs,
-                    temperature=cfg.rollout_temperature,
-                    seed=cfg.seed,
-                    on_bad_tokens=cfg.on_bad_tokens,
-                    max_bad_token_frac=cfg.max_bad_token_frac,
-                ),
-            )
-            if resume_path:
-                self._restore(resume_path)
-                self.start_step = self.step
-                if cfg.progress:
-                    say(f"resuming from step {self.step} ({resume_path})")
-            self.weights_ref = self.trainer.get_weights.remote()
-            self.weights_by_version = {self.version: self.weights_ref}
-            self.workers = [self._new_worker(i) for i in range(cfg.num_rollout_workers)]
-            self.worker_versions = [self.version] * cfg.num_rollout_workers
-            self.eval_worker = EvalWorker.remote(cfg.model, init_ref, cfg.seed)
-            ray.get([w.version.remote() for w in self.workers] + [self.trainer.get_weights.remote()])
-            startup_s = time.time() - t1
-            if cfg.progress:
-                say(f"workers up in {startup_s:.1f} s; training steps {self.step + 1}..{cfg.num_rollout}")
+            startup_s = self._start_actors(init_state, resume_path)
             rss_start = resident_memory_mib()
-            self.log.open_files(self.step if resume_path else None)
-            self._trained_at_start = self.acc.trained
-            self.t_start = self.step_t = time.time()
-            if not resume_path:
-                self._maybe_submit_eval(force=True)  # the warm-start level
-            bar = Progress(
-                cfg.num_rollout, initial=self.step, desc="epic-slime", enabled=cfg.progress, interval=cfg.log_interval
-            )
-            self.stop.begin_steps()  # before this a signal stops at once (signals.py): no step to finish
-            try:
-                if self.stop.requested:
-                    pass  # interrupted during start-up: nothing trained
-                elif cfg.rollout_mode == "async":
-                    self._loop_async(bar)
-                else:
-                    self._loop_sync(bar)
-            finally:
-                bar.close()
-                self.log.close_files()
-            loop_s = time.time() - self.t_start
-            summary = {
-                "steps": self.step,
-                "start_step": self.start_step,
-                "steps_this_run": self.step - self.start_step,
-                "interrupted": self.stop.signal_name,
-                "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
-                "loop_s": loop_s,
-                "warm_start_s": warm_s,
-                "warm_start": provenance,
-                "ray_startup_s": startup_s,
-                "trained_samples_per_s": self._trained_since_start() / max(1e-9, loop_s),
-                "generated_samples": self.acc.generated,
-                "rss_mb_start": rss_start,
-                "rss_mb_end": resident_memory_mib(),
-                **{f"accounting/{k}": v for k, v in self.acc.state().items()},
-                "buffered": self._buffered_samples(),
-            }
+            self._steps(resume_path)
+            summary = self._summary(warm_s, provenance, startup_s, rss_start)
         finally:
-            if own_ray:
-                ray.shutdown()
-            else:
-                for actor in [*self.workers, self.trainer, self.eval_worker]:
-                    if actor is not None:
-                        ray.kill(actor)
+            self._stop_actors(own_ray)
             self.log.close_mirrors()
         return summary
+
+    def _start_actors(self, init_state, resume_path: Path | None) -> float:
+        """The trainer (restored on --load), the rollout workers on its weights and the eval worker;
+        returns the seconds until all of them answered."""
+        import ray
+
+        from .actors import Trainer
+        from .trainer import trainer_settings
+
+        cfg = self.cfg
+        t1 = time.time()
+        init_ref = ray.put(init_state)
+        self.trainer = Trainer.remote(init_ref, trainer_settings(cfg))
+        if resume_path:
+            self._restore(resume_path)
+            self.start_step = self.step
+            if cfg.progress:
+                say(f"resuming from step {self.step} ({resume_path})")
+        self.pool.start(self.trainer.get_weights.remote())
+        self.evals.start_worker(init_ref)
+        ray.get([w.version.remote() for w in self.pool.workers] + [self.trainer.get_weights.remote()])
+        startup_s = time.time() - t1
+        if cfg.progress:
+            say(f"workers up in {startup_s:.1f} s; training steps {self.step + 1}..{cfg.num_rollout}")
+        return startup_s
+
+    def _steps(self, resume_path: Path | None) -> None:
+        """The training steps, asynchronous or synchronous, with the run's files and progress bar open."""
+        cfg = self.cfg
+        self.log.open_files(self.step if resume_path else None)
+        self.clock.start(self.pool.acc.trained)
+        if not resume_path:
+            self.evals.due_now(self.pool.weights_ref, self.version)  # the warm-start level
+        bar = Progress(
+            cfg.num_rollout, initial=self.step, desc="epic-slime", enabled=cfg.progress, interval=cfg.log_interval
+        )
+        self.stop.begin_steps()  # before this a signal stops at once (signals.py): no step to finish
+        try:
+            if self.stop.requested:
+                pass  # interrupted during start-up: nothing trained
+            elif cfg.rollout_mode == "async":
+                self._loop_async(bar)
+            else:
+                self._loop_sync(bar)
+        finally:
+            bar.close()
+            self.log.close_files()
+
+    def _summary(self, warm_s: float, provenance, startup_s: float, rss_start: float) -> dict:
+        loop_s = self.clock.loop_s()
+        acc = self.pool.acc
+        return {
+            "steps": self.step,
+            "start_step": self.start_step,
+            "steps_this_run": self.step - self.start_step,
+            "interrupted": self.stop.signal_name,
+            "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
+            "loop_s": loop_s,
+            "warm_start_s": warm_s,
+            "warm_start": provenance,
+            "ray_startup_s": startup_s,
+            "trained_samples_per_s": self.clock.rate(acc.trained, loop_s),
+            "generated_samples": acc.generated,
+            "rss_mb_start": rss_start,
+            "rss_mb_end": resident_memory_mib(),
+            **{f"accounting/{k}": v for k, v in acc.state().items()},
+            "buffered": self.pool.buffered_samples(),
+        }
+
+    def _stop_actors(self, own_ray: bool) -> None:
+        """A run's own Ray shuts down; in a shared one (tests, sweeps) only this run's actors are killed."""
+        import ray
+
+        if own_ray:
+            ray.shutdown()
+        else:
+            for actor in [*self.pool.workers, self.trainer, self.evals.worker]:
+                if actor is not None:
+                    ray.kill(actor)
 
     def _end_of_step(self, bar, m: dict) -> bool:
         """Eval / checkpoint / logging after a finished step. Returns True when the run is over."""
@@ -617,19 +305,12 @@ class Run:
             return True
         last = self.step >= cfg.num_rollout
         if cfg.eval_interval and self.step % cfg.eval_interval == 0 and not last:
-            self._maybe_submit_eval(force=True)
-        if last:
-            import ray
-
-            while self.eval_future is not None:  # finish the in-flight eval, then the final one
-                ray.wait([self.eval_future])
-                self._collect_eval()
-            self._maybe_submit_eval(force=True)
-            ray.wait([self.eval_future])
-            self._collect_eval()
+            self.evals.due_now(self.pool.weights_ref, self.version)
+        if last:  # finish the queued evaluations, then the final one
+            self.evals.finish(self.step, self.pool.weights_ref, self.version)
         self._write_metrics(m)
         if not last:
-            self._maybe_submit_eval()
+            self.evals.start_next()
         bar.update(self.step, _progress_fields(m))
         if (cfg.save_interval and self.step % cfg.save_interval == 0) or last:
             self.checkpoint_path = self._checkpoint(top_up=not last)
@@ -641,82 +322,64 @@ class Run:
             import ray
 
             self.killed_once = True
-            ray.kill(self.workers[0], no_restart=True)
+            ray.kill(self.pool.workers[0], no_restart=True)
 
     def _loop_async(self, bar) -> None:
-        import ray
-
+        """Take a batch when the trainer is idle and train it, keep the workers filled, wait for the first
+        of the generations, the step and the evaluation in flight, and collect it."""
         if self.step >= self.cfg.num_rollout:
             return
-        train_future = None
         self._maybe_kill()
-        self._fill_workers()
+        self.pool.fill()
         while True:
-            if train_future is None and self.stop.requested:  # signal between steps: checkpoint now
-                self.checkpoint_path = self._checkpoint(top_up=True)
-                return
-            if train_future is None:
-                sel = self._take_batch()
-                if sel.batch is not None:
-                    train_future = self._start_train(sel)
-            self._fill_workers()
-            waits = (
-                list(self.pending_gen)
-                + ([train_future] if train_future else [])
-                + ([self.eval_future] if self.eval_future else [])
-            )
-            if not waits:
-                raise RuntimeError(
-                    "driver stalled: nothing in flight and no trainable batch "
-                    f"(buffered {self._buffered_samples()} samples)"
-                )
-            ready, _ = ray.wait(waits, num_returns=1, timeout=1.0)
-            if not ready:  # lets a pending SIGINT / SIGTERM give up after STOP_WAIT_S
-                self.stop.check_deadline()
+            if self.training.future is None:
+                if self.stop.requested:  # signal between steps: checkpoint now
+                    self.checkpoint_path = self._checkpoint(top_up=True)
+                    return
+                self._take_and_train()
+            self.pool.fill()
+            done = self._wait()
+            if done is None:
                 continue
-            fut = ready[0]
-            if fut in self.pending_gen:
-                self._collect_generation(fut)
-            elif fut is self.eval_future or fut == self.eval_future:
-                self._collect_eval()
+            if self.pool.owns(done):
+                self.pool.collect(done)
+            elif self.evals.owns(done):
+                self.evals.collect(self.step)
             else:
-                m = self._finish_train(ray.get(train_future))
-                train_future = None
-                if self._end_of_step(bar, m):
+                if self._end_of_step(bar, self._finish_train()):
                     return
                 self._maybe_kill()
 
     def _loop_sync(self, bar) -> None:
-        import ray
-
+        """Generate one batch on the newest weights (all workers), then train it alone."""
         while self.step < self.cfg.num_rollout:
             if self.stop.requested:
                 self.checkpoint_path = self._checkpoint(top_up=True)
                 return
             self._maybe_kill()
-            for i in range(len(self.workers)):  # on-policy: everybody gets the newest weights
-                self.worker_versions[i] = -1  # (--rollout-lag: the version L behind)
-            while True:
-                sel = self._take_batch()
-                if sel.batch is not None:
-                    break
-                idle = self._idle_workers()
-                for i in idle:
-                    self._submit(i)
-                self._drain()
-            train_future = self._start_train(sel)
+            self.pool.on_policy()  # (--rollout-lag: the version L behind)
+            while self.training.future is None:
+                self._take_and_train()
+                if self.training.future is None:
+                    self.pool.submit_idle()
+                    self.pool.drain()
             while True:  # training runs alone; only a pending eval may finish meanwhile
-                waits = [train_future] + ([self.eval_future] if self.eval_future else [])
-                ready, _ = ray.wait(waits, num_returns=1, timeout=1.0)
-                if not ready:
-                    self.stop.check_deadline()
+                done = self._wait()
+                if done is None:
                     continue
-                if ready[0] == train_future:
+                if done == self.training.future:
                     break
-                self._collect_eval()
-            m = self._finish_train(ray.get(train_future))
-            if self._end_of_step(bar, m):
+                self.evals.collect(self.step)
+            if self._end_of_step(bar, self._finish_train()):
                 return
+
+    def _wait(self):
+        """The first finished future (generations, the step, the evaluation), or None after a second:
+        a pending SIGINT / SIGTERM may give up after STOP_WAIT_S."""
+        done = self.pool.wait([self.training.future, self.evals.future])
+        if done is None:
+            self.stop.check_deadline()
+        return done
 
 
 def _progress_fields(m: dict) -> dict:
@@ -733,8 +396,3 @@ def _progress_fields(m: dict) -> dict:
 
 def run_training(cfg: RuntimeConfig, reuse_ray: bool = False) -> dict:
     return Run(cfg).run(reuse_ray=reuse_ray)
-
-
-def init_local_ray(num_cpus: int = 4) -> None:
-    """Start the local Ray instance runs can share (`run_training(..., reuse_ray=True)`)."""
-    _init_ray(num_cpus)

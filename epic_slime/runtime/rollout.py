@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from epic_slime.staleness import Group
+from .batches import Group
 from .model import ModelConfig, build_policy, sample
 from .task import Problem, Tokenizer, answer_reward
 

@@ -297,7 +297,8 @@ def main(argv: list[str]) -> int:
     )
     import ray
 
-    from .driver import init_local_ray, run_training
+    from .driver import run_training
+    from .local_ray import init_local_ray
 
     own_ray = not ray.is_initialized()
     if own_ray:  # one local Ray for the whole sweep (its start-up costs seconds per run)

@@ -29,6 +29,31 @@ def group_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
     return [(r - mean) / (std + eps) for r in rewards]
 
 
+def trainer_settings(cfg) -> dict:
+    """``PolicyTrainer``'s keyword arguments from a run's ``RuntimeConfig``."""
+    return dict(
+        model_cfg=cfg.model,
+        policy_loss=cfg.policy_loss,
+        policy_loss_params=cfg.policy_loss_params,
+        policy_loss_aggregation=cfg.policy_loss_aggregation,
+        update_depth=cfg.update_depth,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        clip_grad=cfg.clip_grad,
+        kl_loss_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
+        kl_loss_type=cfg.kl_loss_type,
+        adam_beta2=cfg.adam_beta2,
+        lr_warmup_steps=cfg.lr_warmup_steps,
+        use_tis=cfg.use_tis,
+        tis_clip=cfg.tis_clip,
+        behavior_logprobs=cfg.behavior_logprobs,
+        temperature=cfg.rollout_temperature,
+        seed=cfg.seed,
+        on_bad_tokens=cfg.on_bad_tokens,
+        max_bad_token_frac=cfg.max_bad_token_frac,
+    )
+
+
 def pad_rows(rows: list[list[float]], width: int, value: float = 0.0) -> torch.Tensor:
     out = torch.full((len(rows), width), value, dtype=torch.float32)
     for i, r in enumerate(rows):
@@ -197,6 +222,15 @@ class PolicyTrainer:
         return out
 
     # ---- one rollout step ----
+    def train_groups(self, groups) -> dict:
+        """One step on a batch of GRPO groups (``batches.Group``): each sample gets its group's
+        advantage (``group_advantages``), then ``train_step``. Returns its metrics."""
+        samples = []
+        for g in groups:
+            for s, a in zip(g.samples, group_advantages([s["reward"] for s in g.samples])):
+                samples.append({**s, "advantage": a})
+        return self.train_step(samples)
+
     def train_step(self, samples: list[dict]) -> dict:
         """samples: dicts with prompt_ids, response_ids, behavior_log_probs, advantage. Returns metrics."""
         from epic_slime.losses import LOSS_MODES, aggregate_loss, compute_policy_loss

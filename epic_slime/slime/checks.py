@@ -259,7 +259,7 @@ def check_oversampling(args: Any) -> float:
             groups_in_flight(batch, ratio, explicit=in_flight)  # raises: two settings for one number
     except OversamplingError as exc:
         raise ProjectFlagError(str(exc)) from exc
-    # No K = 1 check any more: the admission budget (epic_slime.staleness.AdmissionBudget) never lets
+    # No K = 1 check any more: the admission budget (epic_slime.admission.AdmissionBudget) never lets
     # a group start that would train past K, so a cap above one batch is only inert at K = 1.
     return float(ratio)
 

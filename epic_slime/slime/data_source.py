@@ -20,7 +20,7 @@ import threading
 from collections import deque
 
 from epic_slime.slime.checkpoint_marks import MEGATRON_TRACKER, MODEL_DONE_FILE, model_checkpoint_complete
-from epic_slime.staleness import GroupLedger
+from epic_slime.slime.ledger import GroupLedger
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,11 @@ class StreamingDataSource:
                     self.ledger.consume(group_key(group), copy.deepcopy(group))
                     out.append(group)
             return out
+
+    def handed_back(self) -> int:
+        """Groups given back through ``add_samples``, waiting to be handed out again (consumed, not
+        delivered: the stream and the rollout count them as the worker's)."""
+        return len(self._returned)
 
     def add_samples(self, samples) -> None:
         """Groups given back (slime's abort with ``--partial-rollout``, its fully-async worker) are

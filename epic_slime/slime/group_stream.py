@@ -22,7 +22,8 @@ from collections import Counter, deque
 
 from epic_slime.slime.data_source import StreamingDataSource, group_key
 from epic_slime.slime.engine_faults import MAX_GROUP_ATTEMPTS, EngineFailedError, EngineFaults
-from epic_slime.staleness import AdmissionBudget, parse_weight_version, sample_oldest_version
+from epic_slime.admission import AdmissionBudget
+from epic_slime.slime.gate import parse_weight_version, sample_oldest_version
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +62,11 @@ class GroupStream:
     """Keeps consumed groups generating (or finished, not yet taken) on one event loop (slime's global
     loop unless ``loop`` is passed).
 
-    Admission (``epic_slime.staleness.AdmissionBudget``, AReaL's rule in groups): a group STARTS
-    only while live_started < (g + K) * B, g = the engine weight version the stream knows has
-    landed, K = ``--max-staleness``, B = ``--rollout-batch-size``; live_started counts the groups
-    started since the run's first rollout and not discarded (a requeued or dropped group leaves the
-    count; its regeneration is a new start at the end of the order). The stream tops up on every
+    Admission (``epic_slime.admission.AdmissionBudget``, AReaL's rule in groups): a group STARTS
+    only while the live groups number fewer than (g + K) * B, g = the engine weight version the
+    stream knows has landed, K = ``--max-staleness``, B = ``--rollout-batch-size``; the budget counts
+    the groups started since the run's first rollout and not discarded (a requeued or dropped group
+    leaves the count; its regeneration is a new start at the end of the order). The stream tops up on every
     completion, whenever a batch is taken and when a push lands, and batches are taken in START
     ORDER (``pop`` returns only the oldest live groups, waiting for them if still generating), so
     no group trains at a lag above K and none is requeued for staleness (the staleness gate still
@@ -123,7 +124,6 @@ class GroupStream:
         self.held_across_push = getattr(args, "weight_push_mode", None) in HOLDING_PUSH_MODES
         self.max_requeues = max_requeues
         self.engine_version = engine_version
-        self.live_started = 0
         self.generate_group = generate_group
         self.active: dict = {}  # task -> (group key, attempt, per sample (response length, versions) before)
         self.order: deque = deque()  # keys of the live, untaken groups in start order
@@ -170,14 +170,14 @@ class GroupStream:
         """Consumed, undelivered groups this worker can name: held, taken by the rollout being collected
         (a failure may end it before delivery: they are still owed), or handed back to the data source.
         What ``GroupLedger.check`` compares with its undelivered count."""
-        return self.held() + len(self.taken) + len(self.data_source._returned)
+        return self.held() + len(self.taken) + self.data_source.handed_back()
 
     def release(self, group) -> None:
         """A taken group left the collector: delivered to its rollout, dropped, or requeued."""
         self.taken.discard(group_key(group))
 
     def room(self) -> int:
-        room = self.budget.room(self.engine_version, self.live_started)
+        room = self.budget.room(self.engine_version)
         if self.cap is not None:
             room = min(room, max(0, self.cap - self.held()))
         return room
@@ -192,7 +192,7 @@ class GroupStream:
                 if not groups:
                     return
                 group = groups[0]
-            self.live_started += 1
+            self.budget.start()
             self.order.append(group_key(group))
             self._submit(group, attempt=1)
 
@@ -339,7 +339,7 @@ class GroupStream:
     def _discard(self, key) -> None:
         self.order.remove(key)
         self.finished.pop(key, None)
-        self.live_started -= 1
+        self.budget.discard()
 
     def requeue(self, group) -> bool:
         """A finished group too stale to train: regenerate it from its fresh prompt as a new start (at
@@ -349,7 +349,7 @@ class GroupStream:
             self._discard(key)
         else:  # taken by pop: it leaves the live count all the same
             self.release(group)
-            self.live_started -= 1
+            self.budget.discard()
         if self.requeues[key] >= self.max_requeues:
             self.top_up()
             return False
@@ -359,6 +359,12 @@ class GroupStream:
         self.to_start.append(self.data_source.fresh_group(key))
         self.top_up()
         return True
+
+    def drop(self, group) -> None:
+        """A taken group the staleness gate dropped: final in the ledger, released, recorded."""
+        self.data_source.ledger.drop(group_key(group))
+        self.release(group)
+        self.record(group, "dropped")
 
     def pop(self, limit: int) -> list:
         """Up to ``limit`` of the oldest live groups, in start order, as far as they have finished

@@ -8,7 +8,7 @@ the slowest ~10% of generations never hold up a synchronous step.
 
 slime's streaming rollout has no synchronous step to hold up: its ``GroupStream``
 (``epic_slime.slime.rollout``) starts groups by the admission budget
-(``epic_slime.staleness.AdmissionBudget``, live_started < (g + K) * B) and takes every batch in
+(``epic_slime.admission.AdmissionBudget``, live groups < (g + K) * B) and takes every batch in
 start order, so no group is left out of a batch for being slow (that would be the length bias the
 budget removes). The ratio therefore only caps how many groups the stream holds (generating, or
 finished and not yet taken): ``ceil(rollout_batch_size / (1 - rate))`` (64 -> 72 at the paper's

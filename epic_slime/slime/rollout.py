@@ -5,12 +5,12 @@ driver sets).
 Asynchronous schedule (``--max-staleness K``, K >= 1): a background ``GroupStream``
 (``epic_slime.slime.group_stream``) generates consumed groups through slime's own
 ``generate_and_rm_group``, across weight updates. It starts a group whenever the admission budget
-allows (``epic_slime.staleness.AdmissionBudget``: live_started < (g + K) * B), tops up on every
+allows (``epic_slime.admission.AdmissionBudget``: live groups < (g + K) * B), tops up on every
 completion, whenever a batch is taken and when a push lands, and each rollout takes the oldest
 ``rollout_batch_size`` groups in start order (waiting for them). ``--async-groups-in-flight`` (the
 oversampled batch with ``--oversample-ratio``) is an optional cap on the groups held, on top of the
 budget. This module works out each group's staleness from ``Sample.weight_versions``
-(``epic_slime.staleness``), enforces ``--max-staleness`` with ``--stale-policy`` and returns
+(``epic_slime.slime.gate``), enforces ``--max-staleness`` with ``--stale-policy`` and returns
 ``rollout_batch_size`` admitted groups with staleness and accounting metrics
 (``rollout/staleness/*``, ``rollout/accounting/*``). A group too stale to train (under ``drop``) is not
 lost: it is regenerated from its fresh prompt (``rollout/staleness/requeued``), at most
@@ -50,23 +50,21 @@ from __future__ import annotations
 import logging
 import threading
 
+from epic_slime.length_deciles import decile_metrics, format_deciles, length_deciles
 from epic_slime.metric_names import STALENESS_PREFIX
 from epic_slime.slime.data_source import StreamingDataSource, group_key
 from epic_slime.slime.flags import DATA_SOURCE_PATH
-from epic_slime.slime.group_stream import GroupStream
-from epic_slime.slime.sample_checks import check_groups_alignment
-from epic_slime.staleness import (
+from epic_slime.slime.gate import (
     StalenessGate,
     annotate_group,
     collect_admitted_groups,
-    decile_metrics,
-    format_deciles,
-    length_deciles,
-    over_limit,
     sample_version,
     select_groups,
     trainer_version_for_rollout,
 )
+from epic_slime.slime.group_stream import GroupStream
+from epic_slime.slime.sample_checks import check_groups_alignment
+from epic_slime.staleness import over_limit
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +122,7 @@ async def _collect(
         target=args.rollout_batch_size,
         poll_seconds=poll_seconds,
         requeue=stream.requeue if gate.stale_policy == "drop" else None,
-        on_drop=lambda group: (ledger.drop(group_key(group)), stream.release(group), stream.record(group, "dropped")),
+        on_drop=stream.drop,
     )
     check_groups_alignment(groups)  # a misaligned generate function stops the run before any delivery
     for group in groups:
@@ -238,7 +236,7 @@ def generate_on_policy_rollout(args, rollout_id: int, data_source):
     for group in groups:
         ledger.deliver(group_key(group), rollout_id)
     ledger.close_rollout(rollout_id - 1)
-    ledger.check(worker_in_flight=len(data_source._returned))
+    ledger.check(worker_in_flight=data_source.handed_back())
     metrics = dict(output.metrics or {})
     metrics |= gate.metrics(prefix=STALENESS_PREFIX)
     metrics[f"{STALENESS_PREFIX}trainer_version"] = float(trainer_version)

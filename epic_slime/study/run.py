@@ -118,7 +118,8 @@ def finish_run(
 def execute(cfg: StudyConfig, out: Path, log=print, provenance: tuple[str, str] | None = None) -> list[dict]:
     """Run every planned run that has no result yet; returns every run's result."""
     from epic_slime.runtime.config import parse_config
-    from epic_slime.runtime.driver import init_local_ray, run_training
+    from epic_slime.runtime.driver import run_training
+    from epic_slime.runtime.local_ray import init_local_ray
 
     specs = plan(cfg)
     cache_dir = out / "warm_start"

@@ -9,7 +9,7 @@ import pytest
 from epic_slime.evaluation.records import EvalRecord
 from epic_slime.reward import math_reward
 from epic_slime.reward.normalize import normalize_answer
-from epic_slime.slime.staleness import StalenessGate
+from epic_slime.slime.gate import StalenessGate
 
 
 def test_staleness_min_is_the_smallest_admitted_lag():
@@ -60,7 +60,8 @@ def test_no_staleness_bound_admits_every_lag():
     """max_staleness None (no --max-staleness) is unbounded: nothing is over the limit or dropped."""
     from collections import deque
 
-    from epic_slime.staleness import Group, over_limit, select_batch
+    from epic_slime.runtime.batches import Group, select_batch
+    from epic_slime.staleness import over_limit
 
     assert not over_limit(10**6, None) and over_limit(3, 2) and not over_limit(2, 2)
     gate = StalenessGate(max_staleness=None, stale_policy="drop")
@@ -72,7 +73,7 @@ def test_no_staleness_bound_admits_every_lag():
 
 
 def test_select_groups_admits_at_most_target_and_leaves_the_rest_unexamined():
-    from epic_slime.staleness import select_groups
+    from epic_slime.slime.gate import select_groups
 
     groups = [[object()] * 2 for _ in range(5)]
     versions = [[3, 3], [1, 1], [3, 2], [3, 3], [2, 3]]  # lags at trainer version 3: 0, 2, 1, 0, 1

@@ -8,6 +8,7 @@ import torch
 
 from epic_slime.runtime.config import ConfigError
 from epic_slime.runtime.model import response_log_probs
+from epic_slime.runtime.trainer import trainer_settings
 from support.runtime_helpers import tiny_config, tiny_trainer
 
 
@@ -65,3 +66,12 @@ def test_config_reads_the_base_and_refuses_recompute_with_a_top_k_mode(tmp_path)
         tiny_config(tmp_path, "--behavior-logprobs", "recompute", "--policy-loss", "dppo_topk_tv")
     with pytest.raises((ConfigError, SystemExit)):
         tiny_config(tmp_path, "--behavior-logprobs", "engine")
+
+
+def test_the_run_hands_the_base_to_its_trainer(tmp_path):
+    """The Ray trainer is built from trainer_settings(cfg): a base read but not handed on would run every
+    recompute cell of a study as rollout (a merge once dropped it)."""
+    assert trainer_settings(tiny_config(tmp_path, "--behavior-logprobs", "recompute"))["behavior_logprobs"] == (
+        "recompute"
+    )
+    assert trainer_settings(tiny_config(tmp_path))["behavior_logprobs"] == "rollout"

@@ -477,19 +477,19 @@ def test_ray_keeps_its_auth_mode_and_only_the_notice_is_quieted(monkeypatch, pre
 
     import ray
 
-    from epic_slime.runtime import driver
+    from epic_slime.runtime import local_ray
 
     monkeypatch.setenv("RAY_AUTH_MODE", "restored after the test")  # so that monkeypatch restores the variable
     if preset is None:
         monkeypatch.delenv("RAY_AUTH_MODE")
     else:
         monkeypatch.setenv("RAY_AUTH_MODE", preset)
-    notice = logging.getLogger(driver.RAY_AUTH_NOTICE_LOGGER)
+    notice = logging.getLogger(local_ray.RAY_AUTH_NOTICE_LOGGER)
     monkeypatch.setattr(notice, "level", logging.NOTSET)
     seen = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: seen.setdefault("mode", os.environ.get("RAY_AUTH_MODE")))
-    driver._init_ray(1)
+    local_ray.init_local_ray(1)
     assert seen["mode"] == preset
     assert not notice.isEnabledFor(logging.WARNING)
 

@@ -13,14 +13,14 @@ from support.runtime_helpers import read_jsonl, tiny_config
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 
-from epic_slime.runtime import checkpoint, driver  # noqa: E402
+from epic_slime.runtime import checkpoint, driver, local_ray  # noqa: E402
 
 REQUIRED = ("step", "rollout/raw_reward", "rollout/staleness/mean", "rollout/staleness/max", "train/policy/clipfrac")
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    driver.init_local_ray(num_cpus=4)  # one Ray start for the module (several seconds each)
+    local_ray.init_local_ray(num_cpus=4)  # one Ray start for the module (several seconds each)
     yield tmp_path_factory.mktemp("runtime_e2e")
     ray.shutdown()
 

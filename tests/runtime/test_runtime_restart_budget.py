@@ -4,7 +4,7 @@ seconds (issue 35 item 6: these slips were caught only by the ~2-minute end-to-e
 No Ray: the workers are stand-ins whose ``generate.remote`` returns a token, and ``ray.get`` of a
 dead worker's token raises Ray's own ``RayActorError``, as the driver meets it. The tiny config:
 B = 4 groups per batch, 2 workers x 2 prompts per request, 4 samples per prompt, K = 1, so at
-version g the runtime admits live_started < (g + K + 1) * B groups.
+version g the runtime admits live groups < (g + K + 1) * B (``AdmissionBudget``, first_train_version 0).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections import deque
 
 import pytest
 
-from epic_slime.staleness import Accounting, Group
+from epic_slime.runtime.batches import Accounting, Group
 
 ray = pytest.importorskip("ray")
 
@@ -40,15 +40,15 @@ def _run(tmp_path, *flags, name="run"):
 
 
 def _with_workers(run, dead: set):
-    run.workers = [_Worker("w0"), _Worker("w1")]
-    run.worker_versions = [0, 0]
+    run.pool.workers = [_Worker("w0"), _Worker("w1")]
+    run.pool.worker_versions = [0, 0]
     made = []
 
     def new_worker(i):
         made.append(i)
         return _Worker(f"w{i}-restarted{len(made)}")
 
-    run._new_worker = new_worker
+    run.pool._new_worker = new_worker
 
     def get(ref):
         if ref in dead:
@@ -61,37 +61,37 @@ def _with_workers(run, dead: set):
 def test_a_restarted_worker_gives_back_exactly_its_lost_groups_slots(tmp_path, monkeypatch, capsys):
     run = _run(tmp_path)
     b, n = run.cfg.rollout_batch_size, run.cfg.n_samples_per_prompt
-    assert (b, n, run.prompts_per_request) == (4, 4, 2)
+    assert (b, n, run.pool.prompts_per_request) == (4, 4, 2)
     dead: set = set()
     made, get = _with_workers(run, dead)
     monkeypatch.setattr(ray, "get", get)
-    run._fill_workers()
-    assert run.live_started == 4 and len(run.pending_gen) == 2
+    run.pool.fill()
+    assert run.pool.budget.live == 4 and len(run.pool.pending) == 2
     # worker 0 dies with its request of 2 prompts (8 samples): its 2 groups leave the budget
-    (fut0,) = [f for f, (i, _, _) in run.pending_gen.items() if i == 0]
+    (fut0,) = [f for f, (i, _, _) in run.pool.pending.items() if i == 0]
     dead.add(fut0)
-    run.version = 1  # a step was trained meanwhile
-    run._collect_generation(fut0)
-    assert made == [0] and run.acc.lost == 2 * n and run.acc.worker_restarts == 1
-    assert run.live_started == 2  # 4 started - 2 lost, not - 8 samples, not - 0
+    run.pool.version = 1  # a step was trained meanwhile
+    run.pool.collect(fut0)
+    assert made == [0] and run.pool.acc.lost == 2 * n and run.pool.acc.worker_restarts == 1
+    assert run.pool.budget.live == 2  # 4 started - 2 lost, not - 8 samples, not - 0
     assert "rollout worker 0 died" in capsys.readouterr().err
     # the new worker was built with the current weights: its next request carries none
-    assert run.worker_versions[0] == 1 and run._submit_version(0) == (False, 1)
+    assert run.pool.worker_versions[0] == 1 and run.pool.submit_version(0) == (False, 1)
     # at version 1 the limit is (1 + 1 + 1) * 4 = 12 live groups: a full request fits again
-    assert run._room(0) == 2
-    run._fill_workers()
-    assert run.live_started == 4 and run.workers[0].requests == [([4, 5], False, 1)]
+    assert run.pool.room(0) == 2
+    run.pool.fill()
+    assert run.pool.budget.live == 4 and run.pool.workers[0].requests == [([4, 5], False, 1)]
     # a second death at the limit's edge: the budget binds before the memory cap
-    run.live_started = 12 - 1 + 2  # 1 slot short of the limit, plus worker 0's 2 in flight
-    (fut0,) = [f for f, (i, _, _) in run.pending_gen.items() if i == 0]
+    run.pool.budget.restore(12 - 1 + 2)  # 1 slot short of the limit, plus worker 0's 2 in flight
+    (fut0,) = [f for f, (i, _, _) in run.pool.pending.items() if i == 0]
     dead.add(fut0)
-    run._collect_generation(fut0)
-    assert run.live_started == 11 and run.acc.worker_restarts == 2
-    assert run._room(0) == 1  # the memory cap would allow 2
+    run.pool.collect(fut0)
+    assert run.pool.budget.live == 11 and run.pool.acc.worker_restarts == 2
+    assert run.pool.room(0) == 1  # the memory cap would allow 2
 
 
 def test_a_resume_counts_the_buffered_groups_against_the_budget(tmp_path, monkeypatch):
-    """live_started after a resume = trained + buffered (a checkpoint is quiescent): with one slot
+    """The live count after a resume = trained + buffered (a checkpoint is quiescent): with one slot
     left under the limit the budget binds before the memory cap."""
     monkeypatch.setattr(ray, "get", lambda ref: ref)
 
@@ -106,17 +106,17 @@ def test_a_resume_counts_the_buffered_groups_against_the_budget(tmp_path, monkey
     run = _run(tmp_path, name="a")
     run.out.mkdir(parents=True)
     run.trainer = Trainer()
-    run.step = run.version = 3
-    run.next_group_id = 19
-    run.buffer = deque(Group(group_id=g, version=3, samples=[{}] * 4) for g in (17, 18))
-    run.trained_group_ids = list(range(17))
-    run.acc = Accounting(generated=19 * 4, trained=17 * 4)
+    run.step = run.pool.version = 3
+    run.pool.next_group_id = 19
+    run.pool.buffer = deque(Group(group_id=g, version=3, samples=[{}] * 4) for g in (17, 18))
+    run.pool.trained_group_ids = list(range(17))
+    run.pool.acc = Accounting(generated=19 * 4, trained=17 * 4)
     path = run._checkpoint(top_up=False)
     resumed = _run(tmp_path, "--load", str(path.parent), name="b")
     resumed.trainer = Trainer()
     resumed._check_resume()
     resumed._restore(path)
-    assert resumed.live_started == 19
-    resumed.worker_versions = [3, 3]
+    assert resumed.pool.budget.live == 19
+    resumed.pool.worker_versions = [3, 3]
     # limit at version 3: (3 + 1 + 1) * 4 = 20; the memory cap (2 batches = 32 samples; 8 buffered) allows 2
-    assert resumed._room(0) == 1
+    assert resumed.pool.room(0) == 1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from epic_slime.staleness import Accounting, Group, select_batch
+from epic_slime.runtime.batches import Accounting, Group, select_batch
 
 
 def _groups(versions, n=2):
@@ -95,32 +95,32 @@ def _run(tmp_path, *flags, name="run"):
 @pytest.mark.parametrize("k,policy,expected", [(0, "drop", 2), (1, "drop", 3), (2, "drop", 4), (0, "keep", 4)])
 def test_trainable_groups_counts_the_groups_select_batch_would_train(tmp_path, k, policy, expected):
     run = _run(tmp_path, "--max-staleness", str(k), "--stale-policy", policy)
-    run.version = 3
-    run.buffer = _groups([3, 2, 3, 1])  # lags 0, 1, 0, 2
-    assert run._trainable_groups() == expected
-    sel = select_batch(deque(run.buffer), 3, expected, k, policy)
+    run.pool.version = 3
+    run.pool.buffer = _groups([3, 2, 3, 1])  # lags 0, 1, 0, 2
+    assert run.pool.trainable_groups() == expected
+    sel = select_batch(deque(run.pool.buffer), 3, expected, k, policy)
     assert sel.batch is not None and len(sel.batch) == expected  # exactly that many are trainable
 
 
 def test_top_up_with_k0_stops_once_a_fresh_batch_is_buffered(tmp_path):
     """--max-staleness 0: groups of the current version count as trainable (else a save hangs)."""
     run = _run(tmp_path, "--max-staleness", "0")
-    run.version = 2
-    run.buffer = _groups([1, 1, 1, 1])  # a full batch, all one step stale
-    run.workers = [None, None]
+    run.pool.version = 2
+    run.pool.buffer = _groups([1, 1, 1, 1])  # a full batch, all one step stale
+    run.pool.workers = [None, None]
     rounds = []
 
     def submit(i):
-        run.buffer.append(Group(group_id=100 + len(run.buffer), version=run.version, samples=[{}, {}]))
+        run.pool.buffer.append(Group(group_id=100 + len(run.pool.buffer), version=run.pool.version, samples=[{}, {}]))
 
     def drain():
         rounds.append(1)
         if len(rounds) > 5:
             raise AssertionError("_top_up does not stop: fresh groups are not counted as trainable")
 
-    run._submit, run._drain = submit, drain
-    run._top_up()
-    assert len(rounds) == 2 and run._trainable_groups() == 4  # 2 workers x 2 rounds = 4 fresh groups
+    run.pool.submit, run.pool.drain = submit, drain
+    run.pool.top_up()
+    assert len(rounds) == 2 and run.pool.trainable_groups() == 4  # 2 workers x 2 rounds = 4 fresh groups
 
 
 class _StubTrainer:
@@ -145,25 +145,25 @@ def test_checkpoint_and_restore_bring_back_every_driver_field(tmp_path, monkeypa
     run = _run(tmp_path, "--max-staleness", "1", name="a")
     run.out.mkdir(parents=True)
     run.trainer = _StubTrainer(3)
-    run.step, run.version, run.next_group_id = 3, 3, 17
-    run.buffer = _groups([2, 3], n=4)
-    run.acc = Accounting(generated=60, trained=40, dropped=12, stale_kept=4, lost=8, worker_restarts=2)
-    run.acc.lag_hist.update({0: 24, 1: 16})
-    run.trained_group_ids, run.dropped_group_ids, run.killed_once = list(range(10)), [10, 12, 14], True
+    run.step, run.pool.version, run.pool.next_group_id = 3, 3, 17
+    run.pool.buffer = _groups([2, 3], n=4)
+    run.pool.acc = Accounting(generated=60, trained=40, dropped=12, stale_kept=4, lost=8, worker_restarts=2)
+    run.pool.acc.lag_hist.update({0: 24, 1: 16})
+    run.pool.trained_group_ids, run.pool.dropped_group_ids, run.killed_once = list(range(10)), [10, 12, 14], True
     path = run._checkpoint(top_up=False)
 
     resumed = _run(tmp_path, "--max-staleness", "1", "--load", str(path.parent), name="b")
     resumed.trainer = _StubTrainer(3)
     assert resumed._check_resume() == path
     resumed._restore(path)
-    assert (resumed.step, resumed.version, resumed.next_group_id) == (3, 3, 17)
-    assert [(g.group_id, g.version, len(g)) for g in resumed.buffer] == [(0, 2, 4), (1, 3, 4)]
-    assert dataclasses.asdict(resumed.acc) == dataclasses.asdict(run.acc)
-    assert resumed.trained_group_ids == list(range(10)) and resumed.dropped_group_ids == [10, 12, 14]
+    assert (resumed.step, resumed.version, resumed.pool.next_group_id) == (3, 3, 17)
+    assert [(g.group_id, g.version, len(g)) for g in resumed.pool.buffer] == [(0, 2, 4), (1, 3, 4)]
+    assert dataclasses.asdict(resumed.pool.acc) == dataclasses.asdict(run.pool.acc)
+    assert resumed.pool.trained_group_ids == list(range(10)) and resumed.pool.dropped_group_ids == [10, 12, 14]
     assert resumed.killed_once is True
     # the data continues where it stopped: the next request is prompt 17, not prompt 0 again
-    assert [gid for gid, _ in resumed._next_requests()] == [17, 18]
-    resumed.acc.check(resumed._buffered_samples())
+    assert [gid for gid, _ in resumed.pool.next_requests()] == [17, 18]
+    resumed.pool.acc.check(resumed.pool.buffered_samples())
 
     wrong = _run(tmp_path, "--max-staleness", "1", "--load", str(path.parent), name="c")
     wrong.trainer = _StubTrainer(2)  # a trainer checkpoint of another step
@@ -186,28 +186,29 @@ def test_runtime_admission_follows_the_budget_in_its_own_versions(tmp_path):
     """The runtime's versions are slime's minus one: at version g, live groups < (g + K + 1) B; the
     last request before the limit is cut to the room left; lost and dropped groups free their room."""
     run = _run(tmp_path, "--max-staleness", "1")
-    b, ppr = run.cfg.rollout_batch_size, run.prompts_per_request
-    run.worker_versions = [0, 0]
-    run.live_started = 2 * b - 1
-    assert run._room(0) == 1  # (0 + 1 + 1) * B = 2B: one group left
-    run.live_started = 2 * b
-    assert run._room(0) == 0
-    run.version, run.worker_versions = 1, [-1, -1]  # the worker gets version 1 with its next request
-    assert run._room(0) == min(ppr, b)
+    b, ppr = run.cfg.rollout_batch_size, run.pool.prompts_per_request
+    run.pool.worker_versions = [0, 0]
+    run.pool.budget.restore(2 * b - 1)
+    assert run.pool.room(0) == 1  # (0 + 1 + 1) * B = 2B: one group left
+    run.pool.budget.restore(2 * b)
+    assert run.pool.room(0) == 0
+    run.pool.version, run.pool.worker_versions = 1, [-1, -1]  # the worker gets version 1 with its next request
+    assert run.pool.room(0) == min(ppr, b)
     assert b == 4 and ppr == 2
-    run.live_started = 4 * b - 1  # at version 1 the limit is 3B: over it, no room
-    assert run._room(0) == 0
-    run.version, run.live_started = 3, 10
-    run.buffer = _groups([0, 0, 3], n=run.cfg.n_samples_per_prompt)  # two groups 3 versions old (> K)
-    run.pending_gen = {}
+    run.pool.budget.restore(4 * b - 1)  # at version 1 the limit is 3B: over it, no room
+    assert run.pool.room(0) == 0
+    run.pool.version = 3
+    run.pool.budget.restore(10)
+    run.pool.buffer = _groups([0, 0, 3], n=run.cfg.n_samples_per_prompt)  # two groups 3 versions old (> K)
+    run.pool.pending = {}
     sel = run._take_batch()
-    assert sel.batch is None and len(sel.dropped) == 2 and run.live_started == 8
+    assert sel.batch is None and len(sel.dropped) == 2 and run.pool.budget.live == 8
 
 
 def _room_states(max_staleness: int, tmp_path):
     """(cap's room, budget-and-cap room) of worker 0 over the reachable states of the default config:
     version 5, a batch training or not, 0..2B groups buffered, 0..2B requested (what the cap admits);
-    live_started = trained + training + buffered + pending (nothing dropped)."""
+    live = trained + training + buffered + pending (nothing dropped)."""
     from epic_slime.runtime.config import parse_config
     from epic_slime.runtime.driver import Run
 
@@ -223,15 +224,15 @@ def _room_states(max_staleness: int, tmp_path):
         ]
     )
     run, batch, n = Run(cfg), cfg.rollout_batch_size, cfg.n_samples_per_prompt
-    request, cap = run.prompts_per_request, cfg.rollout_buffer_batches * batch
-    run.version, run.worker_versions = 5, [5] * cfg.num_rollout_workers
+    request, cap = run.pool.prompts_per_request, cfg.rollout_buffer_batches * batch
+    run.pool.version, run.pool.worker_versions = 5, [5] * cfg.num_rollout_workers
     for training in (0, batch):
         for buffered in range(0, cap + 1, 8):
             for pending in range(0, cap - buffered + 1, 8):
-                run.buffer = deque(Group(g, 5, [{}] * n) for g in range(buffered))
-                run.pending_gen = {object(): (1, [(g, None) for g in range(pending)], 5)} if pending else {}
-                run.live_started = 5 * batch + training + buffered + pending
-                yield (request if buffered + pending + request <= cap else 0), run._room(0)
+                run.pool.buffer = deque(Group(g, 5, [{}] * n) for g in range(buffered))
+                run.pool.pending = {object(): (1, [(g, None) for g in range(pending)], 5)} if pending else {}
+                run.pool.budget.restore(5 * batch + training + buffered + pending)
+                yield (request if buffered + pending + request <= cap else 0), run.pool.room(0)
 
 
 def test_at_the_default_k_the_admission_budget_never_holds_back_a_request_the_memory_cap_admits(tmp_path):

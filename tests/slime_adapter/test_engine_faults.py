@@ -241,7 +241,7 @@ def test_groups_a_failed_rollout_had_taken_stay_accounted_for():
     regenerates it), and the stream's count must say so, or the accounting check calls it lost (a
     clean-clone CI run of the real engine-fault test failed this way)."""
     from epic_slime.slime import rollout
-    from epic_slime.staleness import StalenessGate
+    from epic_slime.slime.gate import StalenessGate
 
     engine = Engine(raises=lambda key, call: key == 1)
     original = engine.generate
@@ -261,7 +261,7 @@ def test_groups_a_failed_rollout_had_taken_stay_accounted_for():
     ledger = stream.data_source.ledger
     assert ledger.undelivered() == ledger.consumed >= 2 and not ledger.delivered
     ledger.check(worker_in_flight=stream.accounted())
-    assert stream.accounted() != stream.held() + len(stream.data_source._returned)
+    assert stream.accounted() != stream.held() + stream.data_source.handed_back()
 
 
 def test_a_success_restarts_the_fault_clock_of_its_group(monkeypatch):

@@ -124,7 +124,7 @@ class Rig:
 
         from epic_slime.slime import rollout as project_rollout
         from epic_slime.slime.data_source import group_key
-        from epic_slime.staleness import StalenessGate
+        from epic_slime.slime.gate import StalenessGate
 
         gate = StalenessGate(self.args.max_staleness, "drop")
         groups, _, _ = run(

@@ -10,7 +10,7 @@ import pytest
 from epic_slime.slime.flags import DATA_SOURCE_PATH, ProjectFlagError
 from epic_slime.slime.command_line import driver_argv, needs_old_logprob_forward
 from epic_slime.slime.train import log_driver_metrics
-from epic_slime.staleness import GroupLedger
+from epic_slime.slime.ledger import GroupLedger
 
 BASE = [
     "--loss-type",

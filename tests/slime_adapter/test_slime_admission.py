@@ -1,5 +1,6 @@
-"""The admission budget (epic_slime.staleness.AdmissionBudget): start a group only while
-live_started < (g + K) * B, train batches in start order, and no trained group's lag exceeds K.
+"""The admission budget (epic_slime.admission.AdmissionBudget): start a group only while the live
+groups number fewer than (g + K) * B, train batches in start order, and no trained group's lag exceeds K.
+The budget owns its count: each exit (start, discard, restore) is tested at the limit's boundary.
 
 Pure Python (no slime needed): the slime stream and the embedded runtime both use it."""
 
@@ -8,7 +9,13 @@ from collections import deque
 
 import pytest
 
-from epic_slime.staleness import AdmissionBudget
+from epic_slime.admission import AdmissionBudget
+
+
+def _budget(batch_groups=4, max_staleness=2, live=0, **kw) -> AdmissionBudget:
+    budget = AdmissionBudget(batch_groups=batch_groups, max_staleness=max_staleness, **kw)
+    budget.start(live)
+    return budget
 
 
 def test_limit_is_g_plus_k_batches():
@@ -19,20 +26,77 @@ def test_limit_is_g_plus_k_batches():
     assert AdmissionBudget(batch_groups=3, max_staleness=0).limit(1) == 3  # synchronous: one batch
 
 
+def test_the_runtime_convention_trains_its_first_batch_at_version_0():
+    """One convention, two numberings of the first trained batch: the runtime's version g is slime's g + 1."""
+    runtime = AdmissionBudget(batch_groups=4, max_staleness=2, first_train_version=0)
+    slime = AdmissionBudget(batch_groups=4, max_staleness=2)
+    for g in range(5):
+        assert runtime.limit(g) == slime.limit(g + 1) == (g + 2 + 1) * 4
+    assert AdmissionBudget(batch_groups=3, max_staleness=0, first_train_version=0).limit(0) == 3
+
+
 def test_room_stops_exactly_at_the_limit():
-    # the rule is strict: live_started < limit may start one more, live_started == limit may not
-    budget = AdmissionBudget(batch_groups=4, max_staleness=2)
-    assert budget.room(1, 0) == 12
-    assert budget.room(1, 11) == 1
-    assert budget.room(1, 12) == 0
-    assert budget.room(1, 13) == 0  # over the limit (a push counted late): none, never negative
-    assert budget.room(2, 12) == 4  # a landed push opens one batch
+    # the rule is strict: live < limit may start one more, live == limit may not
+    assert _budget(live=0).room(1) == 12
+    assert _budget(live=11).room(1) == 1
+    assert _budget(live=12).room(1) == 0
+    assert _budget(live=13).room(1) == 0  # over the limit (a push counted late): none, never negative
+    assert _budget(live=12).room(2) == 4  # a landed push opens one batch
+
+
+def test_start_counts_up_to_the_limit_and_past_it():
+    budget = _budget()
+    budget.start(11)
+    assert budget.room(1) == 1 and budget.live == 11
+    budget.start()  # the last one allowed: live == limit
+    assert budget.room(1) == 0 and budget.live == 12
+    budget.start(2)  # a checkpoint's top-up may start past the room: counted, room stays 0
+    assert budget.room(1) == 0 and budget.live == 14 and budget.state() == {"started": 14, "discarded": 0}
+
+
+def test_discard_frees_exactly_its_slots_at_the_limit():
+    budget = _budget(live=12)
+    budget.discard()
+    assert budget.room(1) == 1 and budget.live == 11
+    budget.discard(3)  # more than one group leaves at once (a batch's drops, a worker's lost request)
+    assert budget.room(1) == 4 and budget.state() == {"started": 12, "discarded": 4}
+    budget.discard(0)
+    assert budget.live == 8
+    with pytest.raises(ValueError, match="discard"):
+        budget.discard(9)  # more than are live: a group left twice
+    assert budget.live == 8  # a refused discard changes nothing
+
+
+def test_more_than_one_group_ready_at_once_fills_the_room_and_no_more():
+    budget = _budget(live=9)
+    ready = 5  # five groups want to start at once, three slots are left
+    started = 0
+    for _ in range(ready):
+        if budget.room(1) > 0:
+            budget.start()
+            started += 1
+    assert started == 3 and budget.live == 12 and budget.room(1) == 0
+
+
+def test_restore_sets_the_count_a_resume_continues_from():
+    budget = _budget(live=5)
+    budget.discard(2)
+    saved = budget.state()
+    resumed = AdmissionBudget(batch_groups=4, max_staleness=2)
+    resumed.restore(**saved)
+    assert resumed.live == 3 and resumed.room(1) == 9
+    resumed.restore(12)  # the runtime: trained + buffered, exactly at the limit
+    assert resumed.room(1) == 0 and resumed.live == 12
+    resumed.discard()
+    assert resumed.room(1) == 1
+    with pytest.raises(ValueError, match="discarded"):
+        resumed.restore(2, discarded=3)
 
 
 def test_unbounded_budget_has_no_limit():
-    budget = AdmissionBudget(batch_groups=4, max_staleness=None)
+    budget = _budget(max_staleness=None, live=10**6)
     assert budget.limit(3) is None
-    assert budget.room(3, 10**6) == AdmissionBudget.UNBOUNDED_ROOM
+    assert budget.room(3) == AdmissionBudget.UNBOUNDED_ROOM
 
 
 @pytest.mark.parametrize(
@@ -43,6 +107,7 @@ def test_unbounded_budget_has_no_limit():
         ({"batch_groups": True, "max_staleness": 1}, "batch_groups"),
         ({"batch_groups": 2, "max_staleness": -1}, "max_staleness"),
         ({"batch_groups": 2, "max_staleness": 1.5}, "max_staleness"),
+        ({"batch_groups": 2, "max_staleness": 1, "first_train_version": 2}, "first_train_version"),
     ],
 )
 def test_bad_configuration_names_the_field(kwargs, field):
@@ -54,10 +119,12 @@ def test_bad_arguments_name_the_argument():
     budget = AdmissionBudget(batch_groups=2, max_staleness=1)
     with pytest.raises(ValueError, match="engine_version"):
         budget.limit(-1)
-    with pytest.raises(ValueError, match="live_started"):
-        budget.room(1, -1)
     with pytest.raises(ValueError, match="engine_version"):
-        budget.room("1", 0)
+        budget.room("1")
+    with pytest.raises(ValueError, match="start"):
+        budget.start(-1)
+    with pytest.raises(ValueError, match="discard"):
+        budget.discard(1.0)
 
 
 def _simulate(
@@ -75,16 +142,15 @@ def _simulate(
     budget = budget_type(batch_groups=batch_groups, max_staleness=max_staleness)
     engine_version = 1  # pushed once before the first rollout
     live: deque[dict] = deque()  # started, not discarded, not yet trained: start order
-    live_started = 0
     rollout = 0
     push_lands_in = None  # steps until the push in flight lands
     lags, most_untrained = [], 0
     for _step in range(100_000):
         if rollout == rollouts:
             break
-        for _ in range(budget.room(engine_version, live_started)):
+        for _ in range(budget.room(engine_version)):
             live.append({"version": engine_version, "done": False})
-            live_started += 1
+            budget.start()
         most_untrained = max(most_untrained, len(live))
         generating = [g for g in live if not g["done"]]
         action = rng.random()
@@ -105,7 +171,7 @@ def _simulate(
             group = rng.choice(generating)
             if rng.random() < discard_prob:
                 live.remove(group)
-                live_started -= 1
+                budget.discard()
             else:
                 group["done"] = True
     else:
@@ -143,8 +209,8 @@ def test_one_looser_rule_would_train_a_lag_of_k_plus_one():
     same simulation trains a group at lag K + 1."""
 
     class LooserBudget(AdmissionBudget):
-        def room(self, engine_version, live_started):
-            return max(0, self.limit(engine_version) - live_started + 1)
+        def room(self, engine_version):
+            return max(0, self.limit(engine_version) - self.live + 1)
 
     worst = max(
         max(_simulate(random.Random(seed), 3, 1, rollouts=8, budget_type=LooserBudget)[0]) for seed in range(10)
@@ -158,7 +224,7 @@ def test_the_gate_counts_from_the_recorded_oldest_version_not_the_reported_newes
     import asyncio
     from types import SimpleNamespace
 
-    from epic_slime.staleness import StalenessGate, collect_admitted_groups, sample_oldest_version
+    from epic_slime.slime.gate import StalenessGate, collect_admitted_groups, sample_oldest_version
 
     spanning = [SimpleNamespace(index=0, weight_versions=["3"], metadata={"oldest_weight_version": 1})]
     fresh = [SimpleNamespace(index=1, weight_versions=["3"], metadata={})]

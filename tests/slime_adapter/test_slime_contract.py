@@ -313,7 +313,7 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
 
     import epic_slime.slime.rollout as rollout
     from epic_slime.slime.engine_faults import EngineFaults
-    from epic_slime.staleness import GroupLedger
+    from epic_slime.slime.ledger import GroupLedger
 
     def group(index, version):
         return [Sample(index=2 * index + i, group_index=index, weight_versions=[str(version)]) for i in range(2)]
@@ -343,7 +343,7 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
             return len(self.completed) + len(self.requeued)
 
         def accounted(self):  # popped groups are all delivered or dropped before the check
-            return self.held() + len(self.data_source._returned)
+            return self.held() + self.data_source.handed_back()
 
         def release(self, group):
             pass
@@ -356,6 +356,9 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
                 return
             self.decile_records.append((float(max(s.response_length for s in group)), lag, outcome))
             self.run_decile_records.append(self.decile_records[-1])
+
+        def drop(self, group):  # GroupStream.drop: final in the ledger (release and record: nothing to do here)
+            self.data_source.ledger.drop(group[0].group_index)
 
         def requeue(self, g):  # GroupStream regenerates the fresh prompt; here it waits in a list
             if self.can_requeue:
@@ -453,7 +456,7 @@ def test_a_call_aborted_before_its_first_token_adds_no_weight_version():
     from slime.utils.types import Sample
 
     from epic_slime.slime.rollout import GroupStream
-    from epic_slime.staleness import sample_version
+    from epic_slime.slime.gate import sample_version
 
     args = argparse.Namespace(partial_rollout=False)
     waited, partial = Sample(index=0, tokens=[1, 2]), Sample(index=1, tokens=[1, 2])
@@ -481,11 +484,14 @@ def test_a_stale_group_is_regenerated_from_its_prompt_at_most_max_requeues_times
     from collections import Counter, deque
     from types import SimpleNamespace
 
+    from epic_slime.admission import AdmissionBudget
     from epic_slime.slime.rollout import GroupStream
 
     stream = object.__new__(GroupStream)
     stream.max_requeues, stream.requeues, stream.stale_requeues = 2, Counter(), 0
-    stream.order, stream.finished, stream.to_start, stream.live_started = deque(), {}, deque(), 5
+    stream.order, stream.finished, stream.to_start = deque(), {}, deque()
+    stream.budget = AdmissionBudget(batch_groups=4, max_staleness=2)
+    stream.budget.start(5)
     stream.taken = set()
     stream.top_up = lambda: None
     stream.record = (
@@ -495,5 +501,5 @@ def test_a_stale_group_is_regenerated_from_its_prompt_at_most_max_requeues_times
     stale = [SimpleNamespace(group_index=7, fresh=False)]
     assert [stream.requeue(stale) for _ in range(3)] == [True, True, False]
     assert [(g[0].group_index, g[0].fresh) for g in stream.to_start] == [(7, True), (7, True)]
-    assert stream.stale_requeues == 2 and stream.live_started == 2  # each taken group left the count
+    assert stream.stale_requeues == 2 and stream.budget.live == 2  # each taken group left the count
     assert stream.requeue([SimpleNamespace(group_index=8)]) is True  # counted per group

@@ -1,4 +1,4 @@
-"""Length-decile reporting (epic_slime.length_deciles, re-exported by epic_slime.staleness),
+"""Length-decile reporting (epic_slime.length_deciles, reported by epic_slime.slime.rollout),
 checked against an independent reference: bins by explicit rank thresholds, means by fractions."""
 
 import random
@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from epic_slime.staleness import OUTCOMES, decile_metrics, format_deciles, length_deciles
+from epic_slime.length_deciles import OUTCOMES, decile_metrics, format_deciles, length_deciles
 
 
 def _reference(records, deciles=10):

@@ -39,7 +39,7 @@ from epic_slime.slime.command_line import read_command_line  # noqa: E402
 from epic_slime.slime.dry_run import check_argv  # noqa: E402
 from epic_slime.slime.flags import ProjectFlagError  # noqa: E402
 from epic_slime.slime.group_stream import GroupStream  # noqa: E402
-from epic_slime.staleness import StalenessGate  # noqa: E402
+from epic_slime.slime.gate import StalenessGate  # noqa: E402
 from support.hand_back_engine import ENGINE, EngineHttp  # noqa: E402
 
 
@@ -267,7 +267,7 @@ def test_the_stream_takes_handed_back_groups_one_per_call_in_order_and_trains_ea
         gate = StalenessGate(1, "drop")
         batch, metrics, _ = run(asyncio.wait_for(rollout._collect(args, stream, trainer_version, gate, rollout_id), 20))
         batches.append(_keys(batch))
-        waiting.append(len(source._returned))
+        waiting.append(source.handed_back())
     assert batches == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert waiting == [2, 2, 0, 0]  # the budget (2 batches ahead) held two back for two rollouts
     assert sorted(engine["calls"]) == list(range(8))  # each generated once

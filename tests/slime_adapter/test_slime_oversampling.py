@@ -127,7 +127,8 @@ def test_the_oversampling_ratio_caps_the_groups_the_stream_holds(monkeypatch):
     from slime.utils.types import Sample
 
     import epic_slime.slime.rollout as rollout
-    from epic_slime.staleness import GroupLedger, StalenessGate
+    from epic_slime.slime.gate import StalenessGate
+    from epic_slime.slime.ledger import GroupLedger
 
     release = asyncio.Event()
     running = {"now": 0, "max": 0, "started": 0}
@@ -146,7 +147,10 @@ def test_the_oversampling_ratio_caps_the_groups_the_stream_holds(monkeypatch):
 
     class DataSource:  # StreamingDataSource's interface for the stream: numbered prompts, a ledger
         def __init__(self):
-            self.next, self.ledger, self._returned = 0, GroupLedger(), []
+            self.next, self.ledger = 0, GroupLedger()
+
+        def handed_back(self):  # nothing is given back through add_samples here
+            return 0
 
         def get_samples(self, n):
             groups = [[Sample(index=i, group_index=i)] for i in range(self.next, self.next + n)]
@@ -182,7 +186,7 @@ def test_the_oversampling_ratio_caps_the_groups_the_stream_holds(monkeypatch):
         )
         # the engines still hold version 1: the budget ((1 + 2) * 64 = 192 started) binds before the cap
         assert [g[0].group_index for g in batch] == list(range(64, 128)) and held == 64
-        assert running["started"] == 192 and stream.live_started == 192
+        assert running["started"] == 192 and stream.budget.live == 192
         assert gate.dropped_groups == gate.requeued_groups == 0
     finally:
         stream.loop.call_soon_threadsafe(release.set)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from epic_slime.slime.staleness import (
+from epic_slime.slime.gate import (
     StalenessGate,
     collect_admitted_groups,
     group_staleness,

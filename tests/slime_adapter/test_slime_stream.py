@@ -16,12 +16,16 @@ from slime.utils.types import Sample  # noqa: E402
 
 import epic_slime.slime.group_stream as group_stream  # noqa: E402
 import epic_slime.slime.rollout as rollout  # noqa: E402
-from epic_slime.staleness import GroupLedger, StalenessGate, sample_oldest_version  # noqa: E402
+from epic_slime.slime.gate import StalenessGate, sample_oldest_version  # noqa: E402
+from epic_slime.slime.ledger import GroupLedger  # noqa: E402
 
 
 class DataSource:  # StreamingDataSource's interface for the stream: numbered prompts, a ledger
     def __init__(self):
-        self.next, self.ledger, self._returned = 0, GroupLedger(), []
+        self.next, self.ledger = 0, GroupLedger()
+
+    def handed_back(self):  # nothing is given back through add_samples here
+        return 0
 
     def get_samples(self, n):
         groups = [[Sample(index=i, group_index=i, tokens=[1, 2])] for i in range(self.next, self.next + n)]
@@ -94,7 +98,7 @@ def test_stream_starts_by_the_budget_and_takes_batches_in_start_order(engine):
     batch, held, gate = _collect(args, stream, 3, 2)
     assert batch == [8, 9, 10, 11] and len(engine.started) == 16 and held == 4
     assert gate.dropped_groups == gate.requeued_groups == 0 and gate.histogram == {2: 4}
-    assert stream.live_started == 16
+    assert stream.budget.live == 16
 
 
 def test_k_one_holds_one_batch_ahead_and_trains_at_lag_at_most_one(engine):
@@ -108,6 +112,25 @@ def test_k_one_holds_one_batch_ahead_and_trains_at_lag_at_most_one(engine):
         lags += list(gate.histogram.elements())
         assert held <= 4
     assert max(lags) == 1 and gate.dropped_groups == 0
+
+
+def test_a_group_too_stale_to_requeue_is_dropped_final_released_and_recorded(engine):
+    """``GroupStream.drop``, the gate's on_drop: 8 finished groups generated at version 1 are 3 stale at
+    trainer version 4 (K = 2) and may not be requeued (max_requeues 0): each is final in the ledger,
+    no longer taken, recorded as dropped, and its budget slot is free (the accounting check passes)."""
+    args, data = _args(), DataSource()
+    stream = group_stream.GroupStream(args, data, max_requeues=0)
+    batch, held, _ = _collect(args, stream, 1, 0)
+    assert batch == [0, 1, 2, 3] and held == 8
+    engine.version = 3
+    batch, held, gate = _collect(args, stream, 4, 3)
+    assert batch == [12, 13, 14, 15] and gate.dropped_groups == 8 and gate.requeued_groups == 0
+    assert data.ledger.dropped == 8 and stream.taken == set()
+    assert [outcome for _, _, outcome in stream.decile_records].count("dropped") == 8
+    # 12 started first, 8 when the engines reached 3, 8 more in the dropped groups' freed slots:
+    # live 20 = the limit (3 + 2) * 4, and the 12 not yet taken are held
+    assert stream.budget.state() == {"started": 28, "discarded": 8} and stream.budget.room(3) == 0
+    assert held == 12 and len(engine.started) == 28
 
 
 def test_the_cap_limits_groups_held_on_top_of_the_budget(engine):
@@ -162,7 +185,7 @@ def test_held_requests_count_staleness_from_the_version_known_at_submission(engi
     engine.version = 3  # the engines answered after pushes the stream had not been told of
     group = data.get_samples(1)[0]
     stream.order.append(0)
-    stream.live_started += 1
+    stream.budget.start()
     run(_submit_and_wait(stream, group))
     sample = stream.finished[0][0]
     assert sample.weight_versions == ["3"]
@@ -262,7 +285,7 @@ def test_retract_samples_carry_the_version_their_first_tokens_were_sampled_with(
     stream = group_stream.GroupStream(args, data, engine_version=submitted)
     group = data.get_samples(1)[0]
     stream.order.append(0)
-    stream.live_started += 1
+    stream.budget.start()
     run(_submit_and_wait(stream, group))
     (sample,) = stream.finished[0]
     assert sample.status == Sample.Status.COMPLETED and stream.abort_resubmits == 0

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from slime.utils.types import Sample
 
-from epic_slime.staleness import GroupLedger
+from epic_slime.slime.ledger import GroupLedger
 
 
 class DataSource:
     def __init__(self):
-        self.next, self.ledger, self._returned = 0, GroupLedger(), []
+        self.next, self.ledger = 0, GroupLedger()
+
+    def handed_back(self):  # nothing is given back through add_samples here
+        return 0
 
     def get_samples(self, n):
         groups = [[Sample(index=i, group_index=i)] for i in range(self.next, self.next + n)]
