@@ -47,11 +47,12 @@ def validate(cfg: RuntimeConfig) -> None:
             )
         if v["load"]:
             raise ConfigError("rollout_lag with --load: a checkpoint does not hold the older versions' weights")
-    if v["use_tis"]:
+    if v["use_tis"] or v["behavior_logprobs"] == "recompute":
         if cfg.policy_loss.startswith("dppo_topk"):  # the Top-K modes (no torch import here)
+            which = "use_tis" if v["use_tis"] else "behavior_logprobs=recompute"
             raise ConfigError(
-                f"use_tis with policy_loss={cfg.policy_loss}: the Top-K modes' behaviour set comes from "
-                f"the rollout engine, which TIS replaces by the trainer's pi_old (not supported)"
+                f"{which} with policy_loss={cfg.policy_loss}: the Top-K modes' behaviour set comes from "
+                f"the rollout engine, which recompute replaces by the trainer's pi_old (not supported)"
             )
     if not v["task_min_operands"] <= v["task_max_operands"]:
         raise ConfigError(

@@ -115,6 +115,12 @@ class RuntimeConfig:
         "truncated importance sampling against the rollout log-probs: the loss's ratio is to the trainer's "
         "own log-probs at the step start, each token weighted by min(exp(log pi_old - log mu_rollout), --tis-clip)",
     )
+    behavior_logprobs: str = option(
+        "rollout",
+        "the loss ratio's base: rollout (the engine's log-probs mu) or recompute (the trainer's own log-probs at "
+        "the step start, pi_old; mu then enters only through --use-tis, which implies recompute)",
+        choices=("rollout", "recompute"),
+    )
     tis_clip: float = option(2.0, "upper truncation C of the TIS weight (slime's default 2)", rule=POSITIVE_FLOAT)
     on_bad_tokens: str = option(
         "skip",

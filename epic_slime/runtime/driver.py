@@ -538,6 +538,7 @@ class Run:
                     lr_warmup_steps=cfg.lr_warmup_steps,
                     use_tis=cfg.use_tis,
                     tis_clip=cfg.tis_clip,
+                    behavior_logprobs=cfg.behavior_logprobs,
                     temperature=cfg.rollout_temperature,
                     seed=cfg.seed,
                     on_bad_tokens=cfg.on_bad_tokens,

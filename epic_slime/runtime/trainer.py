@@ -126,6 +126,7 @@ class PolicyTrainer:
         lr_warmup_steps: int = 0,
         use_tis: bool = False,
         tis_clip: float = 2.0,
+        behavior_logprobs: str = "rollout",
     ):
         self.tok = Tokenizer()
         self.model = build_policy(
@@ -141,6 +142,10 @@ class PolicyTrainer:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, adam_beta2))
         self.base_lr, self.lr_warmup_steps, self.adam_steps = lr, lr_warmup_steps, 0
         self.kl_loss_type, self.use_tis, self.tis_clip = kl_loss_type, use_tis, tis_clip
+        if behavior_logprobs not in ("rollout", "recompute"):
+            raise ValueError(f"behavior_logprobs must be rollout or recompute, got {behavior_logprobs!r}")
+        # The ratio's base: the engine's log-probs, or pi_old (the trainer's own at the step start). TIS needs pi_old.
+        self.recompute = use_tis or behavior_logprobs == "recompute"
         self.policy_loss, self.policy_loss_params = policy_loss, dict(policy_loss_params)
         self.aggregation = policy_loss_aggregation
         self.update_depth, self.clip_grad, self.kl_loss_coef = update_depth, clip_grad, kl_loss_coef
@@ -210,7 +215,7 @@ class PolicyTrainer:
             sums[name] = sums.get(name, 0.0) + _scalar(value)
             counts[name] = counts.get(name, 0) + 1
 
-        old_lp = self._old_log_probs(samples) if self.use_tis else {}
+        old_lp = self._old_log_probs(samples) if self.recompute else {}
         first_gap = None
         bad_tokens = skipped = checked_tokens = 0
         skip = self.bad_tokens["on_bad_tokens"] == "skip"
@@ -226,9 +231,10 @@ class PolicyTrainer:
             mask = mask & loss_mask_rows(mb, T)  # tool tokens (loss mask 0) count nowhere below
             behavior = pad_rows([s["behavior_log_probs"] for s in mb], T)
             weights = None
-            if self.use_tis:  # the loss's ratio is to pi_old (this step's start); mu only weights the tokens
+            if self.recompute:  # the loss's ratio is to pi_old (this step's start); mu enters only through TIS
                 rollout = behavior
                 behavior = pad_rows([old_lp[id(s)] for s in mb], T)
+            if self.use_tis:
                 weights = tis_weights(behavior, rollout, mask, self.tis_clip)
                 for k, v in tis_diagnostics(weights, mask, self.tis_clip).items():
                     add(f"train/{k}", v)
@@ -278,7 +284,7 @@ class PolicyTrainer:
             if first_gap is None:  # before any update of this step: the train-rollout mismatch
                 first_gap = (
                     float(out.metrics["logprob_abs_diff"])
-                    if not self.use_tis
+                    if not self.recompute
                     else float(((behavior - rollout).abs() * mask).sum() / mask.sum().clamp(min=1))
                 )
             self.opt.zero_grad(set_to_none=True)

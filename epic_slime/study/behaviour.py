@@ -18,7 +18,7 @@ from .calibration import GATE_FRACTION, meets_gate
 from .plan import setting_values
 
 REWARD_KEY = "rollout/raw_reward"
-MISMATCH_KEYS = ("rollout_router_noise", "rollout_dtype", "use_tis")
+MISMATCH_KEYS = ("rollout_router_noise", "rollout_dtype", "use_tis", "behavior_logprobs")
 
 
 def _rewards(rows: list[dict]) -> list[float]:
