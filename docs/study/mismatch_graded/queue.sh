@@ -20,7 +20,8 @@ commit_runs() {
   git add -- "$OUT"/warm_start.json "$OUT"/provenance.jsonl "$OUT"/study.md "$OUT"/summary.json "$OUT"/*.png 2>/dev/null
   find "$OUT/runs" -name result.json 2>/dev/null | while read -r r; do
     d=$(dirname "$r")
-    git add -- "$d/result.json" "$d/metrics.jsonl" "$d/eval_metrics.jsonl" "$d/config.json" 2>/dev/null
+    # -f: runs/ is ignored repository-wide (a user's runs); a study's run files are its record
+    git add -f -- "$d/result.json" "$d/metrics.jsonl" "$d/eval_metrics.jsonl" "$d/config.json" 2>/dev/null
   done
   git diff --cached --quiet -- "$OUT" || git commit -q -m "graded mismatch study: run files as of $(date -u +%H:%M) UTC" -- "$OUT" || true
 }
@@ -33,7 +34,10 @@ for config in "${STAGES[@]}"; do
     for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 10; done
     commit_runs
   done
-  wait "$pid"; echo "[queue] $(date -u +%FT%TZ) stage $config exit $?"
+  wait "$pid"; status=$?
+  echo "[queue] $(date -u +%FT%TZ) stage $config exit $status"
   commit_runs
+  # a stage that failed (e.g. Ray did not start on a loaded machine) stops the queue: the stages run in order
+  [ "$status" -eq 0 ] || { echo "[queue] stopped: stage $config failed"; exit "$status"; }
 done
 echo "[queue] $(date -u +%FT%TZ) all stages done"
