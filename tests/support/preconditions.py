@@ -34,3 +34,31 @@ def skip_unless(*modules: str, why: str) -> None:
     gone = missing(*modules)
     if gone:
         pytest.skip(f"{why}; missing: {gone}", allow_module_level=True)
+
+
+class slime_or_skip:  # lower case: read as a statement, ``with slime_or_skip(why):``
+    """For a module that imports slime's own code at its top::
+
+        with slime_or_skip("needs slime's source (set SLIME_PATH)"):
+            from slime.utils.types import Sample
+
+    slime's source goes on the path first (``as`` gives its folder, or None); any failure to import
+    inside the block skips the module with ``why`` and the error. A missing ``slime`` is found by
+    ``find_spec`` before the block runs (megatron, which a block may import first, imports slowly).
+    A class, not a generator: pytest reports the skip at the test module's line, not contextlib's."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __enter__(self) -> str | None:
+        __tracebackhide__ = True
+        path = put_slime_on_path()
+        if importlib.util.find_spec("slime") is None:
+            pytest.skip(f"{self.why}: no module named 'slime'", allow_module_level=True)
+        return path
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        __tracebackhide__ = True
+        if isinstance(exc, Exception):  # any import failure means the precondition is absent
+            pytest.skip(f"{self.why}: {exc!r}", allow_module_level=True)
+        return False
