@@ -244,3 +244,28 @@ def test_crash_mid_rewrite_loses_no_record(tmp_path, monkeypatch):
     report_on_records(str(path), str(tmp_path / "report"))
     Process(monkeypatch, first_training_rollout=3).eval(3, args, tag=9)
     assert _by_step(path)[3] == _signature(9) and sorted(_by_step(path)) == [-1, 0, 1, 2, 3]
+
+
+# ---- from the mutation runs of issue 21
+# mutant: record_negative_sample_idx
+@pytest.mark.parametrize("sample_idx", [-1, -3])
+def test_an_eval_record_with_a_negative_sample_idx_is_refused(sample_idx, tmp_path):
+    from epic_slime.evaluation.records import RecordError, read_records
+
+    record = {
+        "run": "r",
+        "method": "epic",
+        "seed": 0,
+        "step": 2,
+        "benchmark": "aime_2024",
+        "prompt_id": "p1",
+        "sample_idx": sample_idx,
+        "correct": True,
+    }
+    with pytest.raises(RecordError, match="sample_idx"):
+        EvalRecord.from_dict(record)
+    path = tmp_path / "eval_records.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    with pytest.raises(RecordError, match="sample_idx"):
+        read_records(str(path))
+    assert EvalRecord.from_dict({**record, "sample_idx": 0}).sample_idx == 0

@@ -241,3 +241,17 @@ def test_two_unit_words_are_stripped_on_the_fast_path(answer):
     number = answer.split()[0]
     assert normalize_answer(answer) == number
     assert judge(f"Answer: {answer}", number)[0] is True
+
+
+# ---- a zero answer, from the mutation runs of issue 21 (its survivors: a normalised "0" became empty)
+# survived the issue 21 mutation run (a bug with no entry in tests/mutation/mutants.yaml)
+@pytest.mark.parametrize("text,expected", [("0", "0"), ("00", "0"), ("-0", "0"), ("007", "7"), ("+0", "0")])
+def test_zero_answers_stay_zero(text, expected):
+    assert normalize_answer(text) == expected
+
+
+def test_answer_zero_is_scored_and_an_empty_answer_is_not():
+    assert math_reward("so the result is\nAnswer: 0", "0") == 1.0
+    assert math_reward("so the result is\nAnswer: 000", "0") == 1.0
+    assert math_reward("so the result is\nAnswer: ", "0") == 0.0  # "" must not equal a normalised "0"
+    assert math_reward("so the result is\nAnswer: 1", "0") == 0.0

@@ -513,3 +513,18 @@ def test_resuming_keeps_the_earlier_runs_files_and_overwrite_clears_them(tmp_pat
     prepare_output_dir(parse_config(["--output-dir", str(out), "--overwrite"]), resume_path=None)
     assert not (out / METRICS_FILE).exists() and not (out / SUMMARY_FILE).exists() and not ckpt.exists()
     assert other.read_text() == "mine"  # nothing but the runtime's own files
+
+
+# ---- a resumed run's ETA (issue 28 item 7's mutation pass: every progress line above starts from step 0)
+# mutant: eta_counts_resumed_steps
+def test_a_resumed_runs_eta_counts_this_runs_steps_only(monkeypatch):
+    """Resumed at step 50 of 100: 10 steps in 10 s is 1 s a step, 40 left; counting the 50 steps of
+    the earlier process as done in this one's time would say 7 s."""
+    from epic_slime.runtime import progress
+
+    clock = iter([0.0, 10.0])
+    monkeypatch.setattr(progress.time, "time", lambda: next(clock))
+    stream = io.StringIO()
+    bar = progress.Progress(100, initial=50, desc="epic-slime", interval=10, stream=stream)
+    bar.update(60)
+    assert stream.getvalue().rstrip().endswith("(10 s, ETA 40 s)"), stream.getvalue()

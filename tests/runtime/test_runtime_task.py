@@ -6,7 +6,7 @@ import pytest
 
 from epic_slime.runtime.task import ANSWER, TaskConfig, Tokenizer, answer_reward, make_problem, parse_answer
 from epic_slime.runtime.task_arith import is_heldout
-from epic_slime.runtime.tasks import TASKS, eval_problems, get_task, train_problem, validate_task_config
+from epic_slime.runtime.tasks import TASKS, eval_problems, get_task, split_problems, train_problem, validate_task_config
 
 
 def _left_to_right(prompt: str) -> int:
@@ -98,3 +98,55 @@ def test_the_registry_names_each_task_once_and_checks_its_limits():
         + train_problem(3, 1, TaskConfig(name="chain", min_operands=9, max_operands=9)).prompt.count("-")
         == 8
     )
+
+
+# ---- from issue 46's fresh mutation pass: train/test disjointness for every task in the registry, and
+# the exported tokenizer's round trip on each task's own text (each test names its mutants)
+def _task_config(name: str) -> TaskConfig:
+    task = TASKS[name]
+    if name == "fib":  # N steps stated by the config, not the prompt: min = max
+        return TaskConfig(name=name, min_operands=6, max_operands=6, eval_num_prompts=10)
+    return TaskConfig(name=name, max_operands=min(4, task.max_operands), eval_num_prompts=32)
+
+
+# mutants: fib_train_starts_unfiltered, chain_train_checks_only_validation, arith_train_keeps_heldout
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_every_tasks_training_problems_never_meet_its_held_out_or_test_prompts(name):
+    cfg = _task_config(name)
+    held = {p.prompt for p in eval_problems(cfg)}
+    assert len(held) == cfg.eval_num_prompts
+    if TASKS[name].split_problems is not None:
+        validation = {p.prompt for p in split_problems("validation", cfg)}
+        test = {p.prompt for p in split_problems("test", cfg)}
+        assert len(test) == cfg.eval_num_prompts and not validation & test
+        held |= validation | test
+    train = [train_problem(i, seed, cfg).prompt for seed in (1, 2, 3) for i in range(800)]
+    assert not set(train) & held, sorted(set(train) & held)[:5]
+    assert len(set(train)) > 1
+
+
+# mutants: hf_tokenizer_answer_split, hf_tokenizer_decoder_spaces
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_the_exported_tokenizer_gives_the_task_tokenizers_ids_and_text_back(name, tmp_path):
+    """The Hugging Face tokenizer SGLang loads: the same ids as the task's tokenizer on its prompts and
+    solutions (`Answer:` one token, every operator and digit), and the text back from them, after a save
+    and a load as SGLang does it."""
+    pytest.importorskip("tokenizers", reason="the HF export needs tokenizers (the [test] extra)")
+    transformers = pytest.importorskip("transformers", reason="the HF export needs transformers")
+    from epic_slime.runtime.hf_export import hf_tokenizer
+
+    hf_tokenizer().save_pretrained(tmp_path)
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    tok = Tokenizer()
+    cfg = _task_config(name)
+    texts = [
+        t for i in range(40) for p in [train_problem(i, 1, cfg)] for t in (p.prompt, p.solution, p.prompt + p.solution)
+    ]
+    texts += ["Answer:-12", "3*4=12;Answer:12", "9-9=0;Answer:0"]
+    answer_id = tok.encode("Answer:")
+    assert answer_id == [tok.answer_id]
+    for text in texts:
+        ids = tok.encode(text)
+        assert exported.encode(text, add_special_tokens=False) == ids, text
+        assert exported.decode(ids) == text == tok.decode(ids)
+    assert any("Answer:" in t for t in texts) and any(op in t for t in texts for op in "+-")

@@ -1,5 +1,6 @@
 """Trainer: GRPO advantages, D minibatch updates with the core loss, KL term, versions (no Ray)."""
 
+import copy
 import math
 
 import pytest
@@ -214,3 +215,54 @@ def test_evaluate_scores_each_prompt_with_its_own_samples(monkeypatch):
     monkeypatch.setattr(rollout, "sample", fake_sample)
     correct = engine.evaluate(problems, k=k, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
     assert correct == [[True, False]] * len(problems)
+
+
+# ---- from issue 46's fresh mutation pass: the TIS truncation fraction against a count made by hand, and
+# the lr warmup after load_state (each test names its mutants)
+# mutants: tis_truncated_frac_strict, tis_truncated_frac_counts_padding, runtime_tis_diagnostics_default_clip
+def test_the_runtime_tis_truncated_fraction_is_the_hand_counted_share_of_valid_tokens():
+    """Every 3rd valid token gets mu = pi_old - log 3 (weight 3, truncated to C = 1.5); every other valid
+    token mu = pi_old (weight 1). The fraction is then a count over the valid tokens (responses have
+    different lengths: padding must not count) and the mean weight follows from the same count."""
+    trainer, samples, _ = tiny_trainer(update_depth=1, use_tis=True, tis_clip=1.5, lr=0.0)
+    old = trainer._old_log_probs(samples)
+    truncated = valid = 0
+    shifted = []
+    for s in samples:
+        lp = list(old[id(s)])
+        mu = []
+        for j, x in enumerate(lp):
+            if j % 3 == 0:
+                mu.append(x - math.log(3.0))
+                truncated += 1
+            else:
+                mu.append(x)
+            valid += 1
+        shifted.append({**s, "behavior_log_probs": mu})
+    lengths = {len(s["response_ids"]) for s in samples}
+    assert len(lengths) > 1, "the hand count needs padding: responses of different lengths"
+    metrics = trainer.train_step(shifted)
+    frac = truncated / valid
+    assert metrics["train/tis_truncated_frac"] == pytest.approx(frac, abs=1e-6)
+    assert metrics["train/tis_weight_mean"] == pytest.approx(1.5 * frac + 1.0 * (1 - frac), rel=1e-5)
+
+
+# mutants: warmup_restarts_after_load_state, adam_steps_not_saved (fresh pass: warmup_not_restored_on_resume)
+def test_a_loaded_trainer_continues_the_lr_warmup_where_the_saved_one_stood():
+    """Warmup over 8 Adam steps, 2 per train step: after one step the saved trainer stands at Adam step 2.
+    The one loaded from its state trains step 2 at lr (3/8, 4/8), as the uninterrupted one does, and
+    ends with the same weights (a warmup restarted at 0 would train at 1/8, 2/8)."""
+    lr, warmup = 1e-3, 8
+    a, samples, _ = tiny_trainer(lr=lr, lr_warmup_steps=warmup, update_depth=2)
+    a.train_step(samples)
+    saved = copy.deepcopy(a.state())
+    b, _, _ = tiny_trainer(lr=lr, lr_warmup_steps=warmup, update_depth=2)
+    b.load_state(saved)
+    assert b.adam_steps == 2
+    m_b = b.train_step(samples)
+    m_a = a.train_step(samples)
+    assert m_b["train/lr"] == pytest.approx(lr * (3 / 8 + 4 / 8) / 2, rel=1e-12)
+    assert m_a["train/lr"] == pytest.approx(m_b["train/lr"], rel=1e-12)
+    assert b.opt.param_groups[0]["lr"] == pytest.approx(lr * 4 / 8, rel=1e-12)
+    for (name, wa), wb in zip(a.get_weights().items(), b.get_weights().values()):
+        assert torch.equal(wa, wb), name

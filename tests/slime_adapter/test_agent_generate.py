@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import sys
 
 import pytest
 
-_SLIME_PATH = os.environ.get("SLIME_PATH")
-if _SLIME_PATH and _SLIME_PATH not in sys.path:
-    sys.path.insert(0, _SLIME_PATH)
-try:
+from support.preconditions import slime_or_skip
+
+with slime_or_skip("needs slime's source (set SLIME_PATH)"):
     from slime.utils.types import Sample
-except Exception as exc:  # noqa: BLE001 - any import failure means the precondition is absent
-    pytest.skip(f"needs slime's source (set SLIME_PATH): {exc!r}", allow_module_level=True)
 
 from epic_slime.slime.agent_generate import make_generate, run_agent  # noqa: E402
 from epic_slime.tools.agent import AgentConfig, ToolRegistry, TrajectoryLog  # noqa: E402

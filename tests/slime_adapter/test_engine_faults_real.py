@@ -25,10 +25,8 @@ pushes themselves: ``test_slime_e2e_real.py``, ``test_real_sglang_pushes.py``).
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -36,19 +34,15 @@ from pathlib import Path
 import pytest
 
 from support import slime_e2e_harness as h
+from support.preconditions import skip_unless
 
-_SLIME = h.slime_path()
-if _SLIME and _SLIME not in sys.path:
-    sys.path.insert(0, _SLIME)
-# find_spec of a dotted name raises when its parent is absent: ask for the top-level package
-_MISSING = [
-    m for m in ("slime", "megatron.core", "httpx", "aiohttp") if importlib.util.find_spec(m.split(".")[0]) is None
-]
-if _MISSING:
-    pytest.skip(
-        f"the engine-fault tests need slime's source and the slime-contract extra; missing: {_MISSING}",
-        allow_module_level=True,
-    )
+skip_unless(
+    "slime",
+    "megatron.core",
+    "httpx",
+    "aiohttp",
+    why="the engine-fault tests need slime's source and the slime-contract extra",
+)
 
 from support.real_sglang import RealRouter, RealServer  # noqa: E402
 

@@ -15,28 +15,22 @@ Item 4 runs on an engine of its own (a torn push must never reach the suite's sh
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections import Counter
 
 import pytest
 
-from support import slime_e2e_harness as h
+from support.preconditions import skip_unless
 
-_SLIME = h.slime_path()
-if _SLIME and _SLIME not in sys.path:
-    sys.path.insert(0, _SLIME)
-_MISSING = [
-    m
-    for m in ("slime", "megatron.core", "httpx", "aiohttp", "pylatexenc")
-    if importlib.util.find_spec(m.split(".")[0]) is None
-]
-if _MISSING:
-    pytest.skip(
-        f"the real-engine fault tests need slime's source and the slime-contract extra; missing: {_MISSING}",
-        allow_module_level=True,
-    )
+
+skip_unless(
+    "slime",
+    "megatron.core",
+    "httpx",
+    "aiohttp",
+    "pylatexenc",
+    why="the real-engine fault tests need slime's source and the slime-contract extra",
+)
 
 from support import fault_probes, real_sglang  # noqa: E402
 from support import router_driver_e2e as rd  # noqa: E402

@@ -4,18 +4,13 @@ is delivered for training (the prompts stay in the ledger's consumed-not-trained
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 
-_SLIME_PATH = os.environ.get("SLIME_PATH")
-if _SLIME_PATH and _SLIME_PATH not in sys.path:
-    sys.path.insert(0, _SLIME_PATH)
-try:
+from support.preconditions import slime_or_skip
+
+with slime_or_skip("needs slime's source (set SLIME_PATH)"):
     from slime.utils.types import Sample
-except Exception as exc:  # noqa: BLE001 - any import failure means the precondition is absent
-    pytest.skip(f"needs slime's source (set SLIME_PATH): {exc!r}", allow_module_level=True)
 
 from epic_slime.slime.sample_checks import SampleAlignmentError, check_groups_alignment, check_sample_alignment  # noqa: E402
 

@@ -17,21 +17,13 @@ import tempfile
 import pytest
 import torch
 
-_SLIME_PATH = os.environ.get("SLIME_PATH")
-if _SLIME_PATH and _SLIME_PATH not in sys.path:
-    sys.path.insert(0, _SLIME_PATH)
-try:
-    import importlib.util
+from support.preconditions import slime_or_skip
 
-    if importlib.util.find_spec("slime") is None:  # cheap check first: megatron imports slowly
-        raise ModuleNotFoundError("No module named 'slime'")
+with slime_or_skip(
+    "slime contract tests need slime's source (set SLIME_PATH) and megatron-core==0.16.1"
+) as _SLIME_PATH:
     import megatron.core  # noqa: F401
     import slime.backends.megatron_utils.loss  # noqa: F401
-except Exception as exc:  # noqa: BLE001 - any import failure means the precondition is absent
-    pytest.skip(
-        f"slime contract tests need slime's source (set SLIME_PATH) and megatron-core==0.16.1: {exc!r}",
-        allow_module_level=True,
-    )
 
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402

@@ -27,27 +27,22 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from collections import Counter
 
 import pytest
 
 from support import slime_e2e_harness as h
+from support.preconditions import skip_unless
 
-_SLIME = h.slime_path()
-if _SLIME and _SLIME not in sys.path:
-    sys.path.insert(0, _SLIME)
-_MISSING = [
-    m
-    for m in ("slime", "megatron.core", "httpx", "aiohttp", "pylatexenc")
-    if importlib.util.find_spec(m.split(".")[0]) is None
-]
-if _MISSING:
-    pytest.skip(
-        f"slime end-to-end test needs slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) and the "
-        f"slime-contract extra; missing: {_MISSING}",
-        allow_module_level=True,
-    )
+skip_unless(
+    "slime",
+    "megatron.core",
+    "httpx",
+    "aiohttp",
+    "pylatexenc",
+    why="slime end-to-end test needs slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) and the "
+    "slime-contract extra",
+)
 
 K = 2
 NUM_ROLLOUT = 6

@@ -30,7 +30,6 @@ abort and in_place (EPIC_SLIME_SGLANG_PYTHON, or EPIC_SLIME_REAL_ENGINES for eng
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections import defaultdict
@@ -41,15 +40,12 @@ if __name__ == "__main__":
     sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.getcwd()]
 
 from support import slime_e2e_harness as h  # noqa: E402
+from support.preconditions import put_slime_on_path, skip_unless  # noqa: E402
 
-_SLIME = h.slime_path()
-if _SLIME and _SLIME not in sys.path:
-    sys.path.insert(0, _SLIME)
-_MISSING = [
-    m for m in ("slime", "megatron.core", "httpx", "aiohttp") if importlib.util.find_spec(m.split(".")[0]) is None
-]
-if _MISSING and __name__ != "__main__":
-    pytest.skip(f"needs slime's source and the slime-contract extra; missing: {_MISSING}", allow_module_level=True)
+if __name__ != "__main__":
+    skip_unless("slime", "megatron.core", "httpx", "aiohttp", why="needs slime's source and the slime-contract extra")
+else:
+    put_slime_on_path()
 
 NUM_ROLLOUT = 3
 # the real server: 4 rollouts with 4 groups in flight, so that groups outside the batch being collected

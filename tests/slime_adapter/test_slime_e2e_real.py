@@ -13,28 +13,22 @@ mismatch at version 0 (engine bf16, trainer float32) measured and printed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections import Counter
 
 import pytest
 
-from support import slime_e2e_harness as h
+from support.preconditions import skip_unless
 
-_SLIME = h.slime_path()
-if _SLIME and _SLIME not in sys.path:
-    sys.path.insert(0, _SLIME)
-_MISSING = [
-    m
-    for m in ("slime", "megatron.core", "httpx", "aiohttp", "pylatexenc")
-    if importlib.util.find_spec(m.split(".")[0]) is None
-]
-if _MISSING:
-    pytest.skip(
-        f"the real-engine e2e needs slime's source and the slime-contract extra; missing: {_MISSING}",
-        allow_module_level=True,
-    )
+
+skip_unless(
+    "slime",
+    "megatron.core",
+    "httpx",
+    "aiohttp",
+    "pylatexenc",
+    why="the real-engine e2e needs slime's source and the slime-contract extra",
+)
 
 from support import slime_e2e_real as real  # noqa: E402
 

@@ -11,7 +11,6 @@ rank the same tensor while fetching only its own rows. Needs slime's source (SLI
 from __future__ import annotations
 
 import argparse
-import os
 import pickle
 import sys
 import types
@@ -21,12 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-_SLIME = os.environ.get("SLIME_PATH") or str(
-    Path(__file__).resolve().parents[3] / "shared" / "vendor" / "slime-624b824a"
-)
-if os.path.isdir(_SLIME) and _SLIME not in sys.path:
-    sys.path.append(_SLIME)
-try:
+from support.preconditions import slime_or_skip
+
+with slime_or_skip(
+    "R3 routing tests need slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) and megatron-core"
+):
     from megatron.core import mpu
     from slime.backends.megatron_utils import cp_utils
     from slime.observability.rollout_data_utils import (
@@ -35,12 +33,6 @@ try:
     )
     from slime.utils.dp_schedule import build_dp_schedule
     from slime.utils.types import Sample
-except Exception as exc:  # noqa: BLE001 - any import failure means the precondition is absent
-    pytest.skip(
-        f"R3 routing tests need slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) "
-        f"and megatron-core: {exc!r}",
-        allow_module_level=True,
-    )
 
 from epic_slime.slime import routing  # noqa: E402
 

@@ -72,3 +72,45 @@ def test_collect_times_out_with_a_reason():
     gate = StalenessGate(max_staleness=0)
     with pytest.raises(TimeoutError, match="0/1 groups"):
         asyncio.run(collect_admitted_groups(lambda n: [], 1, gate, target=1, poll_seconds=0.001, max_wait_seconds=0.01))
+
+
+# ---- the gate at its limits, from the mutation runs of issue 21 (each test names the mutants of
+# tests/mutation/mutants.yaml it was written for)
+# survived the issue 21 mutation run (a bug with no entry in tests/mutation/mutants.yaml)
+def test_staleness_min_is_the_smallest_admitted_lag():
+    gate = StalenessGate(max_staleness=3, stale_policy="drop")
+    for lag in (2, 3, 1, 2):
+        assert gate.admit(lag, 4)
+    m = gate.metrics()
+    assert m["staleness/min"] == 1.0 and m["staleness/max"] == 3.0 and m["staleness/mean"] == 2.0
+    assert not gate.admit(4, 4) and gate.metrics()["staleness/min"] == 1.0  # a dropped group is not a lag
+
+
+# mutants: over_limit_unbounded, over_limit_inclusive
+def test_no_staleness_bound_admits_every_lag():
+    """max_staleness None (no --max-staleness) is unbounded: nothing is over the limit or dropped."""
+    from collections import deque
+
+    from epic_slime.runtime.batches import Group, select_batch
+    from epic_slime.staleness import over_limit
+
+    assert not over_limit(10**6, None) and over_limit(3, 2) and not over_limit(2, 2)
+    gate = StalenessGate(max_staleness=None, stale_policy="drop")
+    assert all(gate.admit(lag, 4) for lag in (0, 5, 50))
+    assert gate.dropped_groups == 0 and gate.kept_over_limit_groups == 0 and gate.metrics()["staleness/max"] == 50.0
+    buffer = deque(Group(group_id=i, version=v, samples=[{}, {}]) for i, v in enumerate([0, 9, 1]))
+    sel = select_batch(buffer, 10, 3, None, "drop")
+    assert [g.group_id for g in sel.batch] == [0, 1, 2] and sel.dropped == [] and sel.stale_kept == 0
+
+
+# mutant: select_groups_one_extra
+def test_select_groups_admits_at_most_target_and_leaves_the_rest_unexamined():
+    from epic_slime.slime.gate import select_groups
+
+    groups = [[object()] * 2 for _ in range(5)]
+    versions = [[3, 3], [1, 1], [3, 2], [3, 3], [2, 3]]  # lags at trainer version 3: 0, 2, 1, 0, 1
+    gate = StalenessGate(max_staleness=1, stale_policy="drop")
+    chosen, lags = select_groups(groups, versions, 3, gate, target=2)
+    assert (chosen, lags) == ([0, 2], [0, 1])
+    assert gate.admitted_groups == 2 and gate.dropped_groups == 1  # group 1 dropped; 3 and 4 not examined
+    assert select_groups(groups, versions, 3, StalenessGate(max_staleness=1), target=3)[0] == [0, 2, 3]

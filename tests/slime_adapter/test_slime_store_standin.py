@@ -6,26 +6,20 @@ bytes it read are its samples' tensors only."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
-_SLIME = os.environ.get("SLIME_PATH") or str(
-    Path(__file__).resolve().parents[3] / "shared" / "vendor" / "slime-624b824a"
+from support.preconditions import skip_unless
+
+skip_unless(
+    "slime",
+    "megatron.core",
+    "ray",
+    "httpx",
+    why="needs slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) and the slime-contract extra",
 )
-if os.path.isdir(os.path.join(_SLIME, "slime")) and _SLIME not in sys.path:
-    sys.path.insert(0, _SLIME)
-_MISSING = [m for m in ("slime", "megatron.core", "ray", "httpx") if importlib.util.find_spec(m.split(".")[0]) is None]
-if _MISSING:
-    pytest.skip(
-        f"needs slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) and the slime-contract extra; "
-        f"missing: {_MISSING}",
-        allow_module_level=True,
-    )
 
 import torch  # noqa: E402
 

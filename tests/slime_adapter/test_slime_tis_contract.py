@@ -12,24 +12,15 @@ stand-in only for Megatron's ``mpu`` rank queries, which need no process group a
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import pytest
 import torch
 
-_SLIME_PATH = os.environ.get("SLIME_PATH")
-if _SLIME_PATH and _SLIME_PATH not in sys.path:
-    sys.path.insert(0, _SLIME_PATH)
-try:
-    import importlib.util
+from support.preconditions import slime_or_skip
 
-    if importlib.util.find_spec("slime") is None:  # cheap check first: megatron imports slowly
-        raise ModuleNotFoundError("No module named 'slime'")
+with slime_or_skip("needs slime's source (set SLIME_PATH) and megatron-core==0.16.1"):
     from megatron.core import mpu
     from slime.backends.megatron_utils.loss import loss_function
-except Exception as exc:  # noqa: BLE001 - any import failure means the precondition is absent
-    pytest.skip(f"needs slime's source (set SLIME_PATH) and megatron-core==0.16.1: {exc!r}", allow_module_level=True)
 
 from epic_slime.losses import LOSS_MODES  # noqa: E402
 from epic_slime.losses.flags import policy_loss_config_from_args  # noqa: E402

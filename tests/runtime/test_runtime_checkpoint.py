@@ -1,6 +1,6 @@
-"""A crash in the middle of the driver state's write (issue 28 item 7's mutation pass: no test
-wrote a checkpoint that failed half-way). The step must not look resumable, and the latest
-checkpoint stays the one before."""
+"""The runtime's checkpoint files (epic_slime.runtime.checkpoint). A crash in the middle of the driver
+state's write (issue 28 item 7's mutation pass: no test wrote a checkpoint that failed half-way): the
+step must not look resumable, and the latest checkpoint stays the one before."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def _save(root, step):
     return checkpoint.save_driver_state(root, step, {k: step for k in DRIVER_STATE_KEYS})
 
 
+# mutant: driver_state_written_in_place
 def test_a_driver_state_write_that_fails_half_way_leaves_the_previous_checkpoint_latest(tmp_path, monkeypatch):
     root = tmp_path / "checkpoints"
     _save(root, 2)

@@ -1,10 +1,9 @@
-"""torch's thread count where the runtime's Ray actors start, the thread setting's empty value, and
-the ETA of a resumed run (issue 28 item 7's mutation pass: test_runtime_cli.py checks the warm start
-only, and every progress line there starts from step 0)."""
+"""torch's thread count (epic_slime.runtime.threads) where the runtime's Ray actors start, and the
+thread setting's empty value (issue 28 item 7's mutation pass: test_runtime_cli.py checks the warm
+start's threads only)."""
 
 from __future__ import annotations
 
-import io
 
 import pytest
 import torch
@@ -29,6 +28,7 @@ def _actor_class(handle):
     return meta.modified_class
 
 
+# mutants: threads_not_set_in_trainer, threads_not_set_in_rollout_worker
 @pytest.mark.parametrize(
     "name, args",
     [
@@ -61,20 +61,8 @@ def test_each_actor_sets_torch_threads_before_it_builds_torch_state(
     assert seen["threads"] == expected and torch.get_num_threads() == expected
 
 
+# mutant: threads_empty_env_refused
 @pytest.mark.parametrize("raw", ["", "  "])
 def test_an_empty_thread_setting_means_the_default(monkeypatch, raw):
     monkeypatch.setenv(threads.ENV, raw)
     assert threads.configured_threads() == threads.DEFAULT_THREADS == 1
-
-
-def test_a_resumed_runs_eta_counts_this_runs_steps_only(monkeypatch):
-    """Resumed at step 50 of 100: 10 steps in 10 s is 1 s a step, 40 left; counting the 50 steps of
-    the earlier process as done in this one's time would say 7 s."""
-    from epic_slime.runtime import progress
-
-    clock = iter([0.0, 10.0])
-    monkeypatch.setattr(progress.time, "time", lambda: next(clock))
-    stream = io.StringIO()
-    bar = progress.Progress(100, initial=50, desc="epic-slime", interval=10, stream=stream)
-    bar.update(60)
-    assert stream.getvalue().rstrip().endswith("(10 s, ETA 40 s)"), stream.getvalue()

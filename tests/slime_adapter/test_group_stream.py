@@ -1,7 +1,9 @@
-"""Tests a fresh-eyes mutation pass over GroupStream showed missing (issue 35 item 6): the crash-retry
-bound at its edge, the first steady rollout of the run's length-decile report, and the cap while a
-requeued prompt waits to start. The real GroupStream on slime's global loop, with an injected
-engine (``generate_group``) and the data-source interface it uses."""
+"""GroupStream (epic_slime.slime.group_stream) driven through its ``generate_group`` seam: the real stream
+on slime's global loop, with an injected engine and the data-source interface it uses (test_slime_stream.py
+drives it through slime's generate_and_rm_group instead). The crash-retry bound at its edge, the first
+steady rollout of the run's length-decile report, the cap while a requeued prompt waits to start, and a
+taken group's exits: tests a fresh-eyes mutation pass showed missing (issue 35 item 6; each names its
+mutant, of tests/mutation/mutants.yaml or fresh_pass.yaml)."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ async def _settle(stream):
         await asyncio.sleep(0.002)
 
 
+# mutant: stream_crash_retries_one_more
 def test_a_group_that_always_raises_is_tried_exactly_max_group_attempts_times():
     engine = Engine(raises=lambda key: key == 0)
     stream = _stream(engine, cap=1)
@@ -65,6 +68,7 @@ def test_a_group_that_always_raises_is_tried_exactly_max_group_attempts_times():
         stream.pop(2)
 
 
+# mutant: stream_steady_deciles_one_rollout_early
 @pytest.mark.parametrize("max_staleness, first_steady", [(1, 3), (2, 4), (None, 2)])
 def test_the_runs_decile_report_starts_at_trainer_version_k_plus_2(max_staleness, first_steady):
     """Before trainer version K + 2 the budget is still filling up: those rollouts' groups stay out
@@ -78,6 +82,7 @@ def test_the_runs_decile_report_starts_at_trainer_version_k_plus_2(max_staleness
     assert len(stream.run_decile_records) == 2  # versions first_steady and first_steady + 1 only
 
 
+# mutant: stream_cap_ignores_waiting_requeues
 def test_a_requeued_prompt_waiting_to_start_counts_against_the_cap():
     """--async-groups-in-flight caps the groups held, the requeued prompts waiting to start included
     (the class docstring): none starts while they fill the cap."""
@@ -103,6 +108,7 @@ def test_a_requeued_prompt_waiting_to_start_counts_against_the_cap():
     assert engine.calls.count(0) == 1 and len(engine.calls) == 6
 
 
+# mutant: gs_requeue_taken_not_released
 def test_a_taken_group_leaves_the_taken_set_on_each_exit_and_is_accounted_once():
     """Issue 46, pattern 3: a group pop() handed to the collector is owed until it leaves: requeued (too
     stale, regenerated), dropped (requeue limit reached) or delivered. On each exit it leaves ``taken``,
