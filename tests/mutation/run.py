@@ -101,6 +101,8 @@ REAL_ENGINE_TESTS: dict[str, tuple[str, ...]] = {
     # a whole slime session (rollout, stream, push, loss) against the real server and router
     "tests/slime_adapter/test_slime_e2e_real.py": ("epic_slime/slime/", "epic_slime/losses/"),
     "tests/evaluation/test_evaluate_real_sglang.py": ("epic_slime/evaluation/",),
+    # the project's multi-turn generate function and its tools under the stream, on the real server and router
+    "tests/slime_adapter/test_slime_e2e_agent.py": ("epic_slime/slime/agent_generate.py", "epic_slime/tools/"),
     # these check the stand-ins and the server's own behaviour: no project source of theirs to mutate
     "tests/slime_adapter/test_router_conformance.py": (),
     "tests/slime_adapter/test_real_sglang_idle.py": (),

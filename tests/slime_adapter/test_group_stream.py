@@ -133,7 +133,7 @@ def test_a_taken_group_leaves_the_taken_set_on_each_exit_and_is_accounted_once()
         await _settle(stream)
         handed_back = stream.pop(1)
         stream.release(handed_back[0])
-        stream.data_source._returned.append(handed_back[0])  # slime handed it back: still owed
+        stream.data_source.add_samples([handed_back[0]])  # slime handed it back: still owed
         assert stream.accounted() == stream.held() + 1
 
     run(go())

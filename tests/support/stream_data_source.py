@@ -10,10 +10,13 @@ from epic_slime.slime.ledger import GroupLedger
 
 class DataSource:
     def __init__(self):
-        self.next, self.ledger = 0, GroupLedger()
+        self.next, self.ledger, self.returned = 0, GroupLedger(), []
 
-    def handed_back(self):  # nothing is given back through add_samples here
-        return 0
+    def handed_back(self):
+        return len(self.returned)
+
+    def add_samples(self, groups):  # given back (slime's abort): still owed; not handed out again here
+        self.returned.extend(groups)
 
     def get_samples(self, n):
         groups = [[Sample(index=i, group_index=i)] for i in range(self.next, self.next + n)]
