@@ -95,7 +95,7 @@ def time_bookkeeping(args, Sample) -> dict:
     stream.order, stream.finished, stream.to_start = __import__("collections").deque(), {}, []
     stream.taken = set()
     stream.top_up = lambda up_to=None: None
-    stream.data_source = SimpleNamespace(ledger=ledger, _returned=[])
+    stream.data_source = SimpleNamespace(ledger=ledger, handed_back=lambda: 0)  # nothing is handed back here
     totals = {"consume": 0.0, "on_done": 0.0, "collect": 0.0, "ledger": 0.0, "metrics": 0.0}
     key = 0
     per_rollout = []
