@@ -197,7 +197,9 @@ async def _generate_group(args, group, sampling_params=None, evaluation=False):
     for s, fut in pending:
         tokens, version, aborted, oldest = await fut
         s.response_length += tokens
-        s.tokens = range(max(1, sim.p.prompt_len) + s.response_length)  # prompt + response, as the sample checks read it
+        s.tokens = range(
+            max(1, sim.p.prompt_len) + s.response_length
+        )  # prompt + response, as the sample checks read it
         s.weight_versions.append(str(version))  # SGLang's meta_info weight_version: the version at response time
         if tokens and oldest is not None:  # the truth, for the report: the version of the call's first token
             s.metadata["sim_oldest_version"] = min(oldest, s.metadata.get("sim_oldest_version", oldest))
@@ -240,7 +242,9 @@ class SimDataSource:
                     group_index=key,
                     index=key * self.n_samples + j,
                     response_length=0,
-                    tokens=range(max(1, self.sim.p.prompt_len)),  # the prompt (at least one token); a range: a length, no memory
+                    tokens=range(
+                        max(1, self.sim.p.prompt_len)
+                    ),  # the prompt (at least one token); a range: a length, no memory
                     weight_versions=[],
                     metadata={"sim_target": target},
                 )
