@@ -3,12 +3,15 @@ on slime's global loop, with an injected engine and the data-source interface it
 drives it through slime's generate_and_rm_group instead). The crash-retry bound at its edge, the first
 steady rollout of the run's length-decile report, the cap while a requeued prompt waits to start, and a
 taken group's exits: tests a fresh-eyes mutation pass showed missing (issue 35 item 6; each names its
-mutant, of tests/mutation/mutants.yaml or fresh_pass.yaml)."""
+mutant, of tests/mutation/mutants.yaml or fresh_pass.yaml). Then, through the real collector
+(``rollout._collect``), every exit of a taken group and a regeneration's clean prompt with the project's
+real ``StreamingDataSource`` over slime's (issue 46 patterns 3-4)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 
 import pytest
 
@@ -16,7 +19,10 @@ pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importa
 from slime.utils.async_utils import run  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
-from epic_slime.slime import group_stream  # noqa: E402
+from epic_slime.slime import group_stream, rollout  # noqa: E402
+from epic_slime.slime.checkpoint_marks import mark_model_complete  # noqa: E402
+from epic_slime.slime.data_source import StreamingDataSource, group_key  # noqa: E402
+from support.recording_engine import RecordingEngine  # noqa: E402
 from support.stream_data_source import DataSource  # noqa: E402
 
 
@@ -47,8 +53,9 @@ def _stream(engine, cap=None, **kw):
     return group_stream.GroupStream(args, DataSource(), cap=cap, sampling_params={}, generate_group=engine.generate)
 
 
-async def _settle(stream):
-    while stream.active:
+async def _settle(stream, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while stream.active and time.monotonic() < deadline:
         await asyncio.sleep(0.002)
 
 
@@ -137,3 +144,133 @@ def test_a_taken_group_leaves_the_taken_set_on_each_exit_and_is_accounted_once()
         assert stream.accounted() == stream.held() + 1
 
     run(go())
+
+
+# ---- every exit of a taken group, through the real collector (issue 46 pattern 3) ----
+# ``rollout._collect``: pop, the staleness gate, requeue, drop, delivery, and its ledger check after each
+# rollout. Counts are read from what the stream does, never from its private state: which groups the
+# engine was asked to start (a slot that is not freed starts nothing; a slot freed twice starts one group
+# too many) and ``room()``.
+
+
+def _collector_stream(engine, data_source=None):
+    """B = 2, K = 1, no cap: the admission budget alone bounds the groups started."""
+    values = dict(rollout_batch_size=2, max_staleness=1, n_samples_per_prompt=1, weight_push_mode="abort")
+    stream = group_stream.GroupStream(
+        argparse.Namespace(**values),
+        DataSource() if data_source is None else data_source,
+        sampling_params={},
+        generate_group=engine.generate,
+    )
+    stream.faults.retry_delay_s = stream.faults.behind_delay_s = 0.01
+    return stream
+
+
+def _versioned_stream(max_requeues: int, data_source=None):
+    """The engine answers with the weight version the stream knows has landed."""
+    box = {}
+    engine = RecordingEngine(version=lambda key, call: str(box["stream"].engine_version))
+    stream = box["stream"] = _collector_stream(engine, data_source=data_source)
+    stream.max_requeues = max_requeues
+    return engine, stream
+
+
+def _collect(stream, trainer_version: int, rollout_id: int):
+    """One rollout as slime's driver asks for it; the collector's own ledger check runs at its end."""
+    gate = rollout.StalenessGate(stream.args.max_staleness, "drop")
+    batch, metrics, _ = run(
+        asyncio.wait_for(rollout._collect(stream.args, stream, trainer_version, gate, rollout_id), 20)
+    )
+    run(_settle(stream))  # let the groups it started settle, on slime's loop
+    return [group_key(g) for g in batch], metrics, gate
+
+
+def _started(engine) -> dict:
+    return {key: engine.calls.count(key) for key in sorted(set(engine.calls))}
+
+
+def _check(stream):
+    stream.data_source.ledger.check(worker_in_flight=stream.accounted())
+
+
+# mutants: taken_group_requeued_stays_taken, taken_group_requeued_keeps_its_live_slot
+def test_taken_groups_the_collector_requeues_free_their_slot_once_and_start_again():
+    engine, stream = _versioned_stream(max_requeues=3)
+    # rollout 0 (trainer 1, engines at 1): (1 + 1) * 2 = 4 groups start; 0 and 1 train
+    assert _collect(stream, 1, 0)[0] == [0, 1]
+    assert _started(engine) == {0: 1, 1: 1, 2: 1, 3: 1}
+    # a rollout at trainer 3 (engines at 2, room for 6): 4 and 5 start at 2; 2 and 3 (version 1, lag 2 > K)
+    # are taken, requeued by the gate, and start again at version 2: each freed its slot, once
+    batch, metrics, gate = _collect(stream, 3, 2)
+    assert batch == [4, 5] and gate.requeued_groups == 2 and gate.dropped_groups == 0
+    assert _started(engine) == {0: 1, 1: 1, 2: 2, 3: 2, 4: 1, 5: 1}, "a requeued group keeps (or frees twice) its slot"
+    assert stream.room() == 0 and stream.taken == set() and metrics["rollout/accounting/dropped_groups"] == 0
+    _check(stream)
+    # the regenerations are the ones held: two left for the next batch, none lost or doubled
+    assert stream.held() == 2 and stream.data_source.ledger.undelivered() == 2
+
+
+# mutant: taken_group_requeued_keeps_its_live_slot (its second occurrence: the drop)
+def test_taken_groups_the_collector_drops_free_their_slot_once_and_leave_the_ledger():
+    engine, stream = _versioned_stream(max_requeues=1)
+    _collect(stream, 1, 0)
+    assert _collect(stream, 3, 2)[0] == [4, 5]  # 2 and 3 requeued once (their limit)
+    # trainer 4 (engines at 3, room for 8): 6 and 7 start; 2 and 3 (version 2, lag 2) are taken and over
+    # their requeue limit: dropped, counted, out of the ledger, and their slots start fresh prompts 8 and 9
+    batch, metrics, gate = _collect(stream, 4, 3)
+    assert batch == [6, 7] and gate.dropped_groups == 2 and gate.requeued_groups == 0
+    assert metrics["rollout/accounting/dropped_groups"] == 2
+    assert _started(engine) == {0: 1, 1: 1, 2: 2, 3: 2, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1, 9: 1}, (
+        "a dropped group keeps (or frees twice) its slot"
+    )
+    assert stream.room() == 0 and stream.taken == set() and stream.held() == 2
+    _check(stream)
+
+
+def test_a_group_regenerated_after_a_failure_keeps_its_slot_and_is_delivered_once():
+    """The other regeneration: a failed generate call retries the same group in its place (attempt 2), not
+    as a new start: no slot is freed, no prompt is consumed again, and it is delivered once."""
+    engine = RecordingEngine(raises=lambda key, call: key == 0 and call == 0)
+    stream = _collector_stream(engine)
+    batch, metrics, _ = _collect(stream, 1, 0)
+    assert batch == [0, 1] and engine.calls.count(0) == 2 and stream.crash_retries == 1
+    assert _started(engine) == {0: 2, 1: 1, 2: 1, 3: 1}, "a retried group must not open a slot"
+    assert metrics["rollout/accounting/consumed_groups"] == 4
+    _check(stream)
+
+
+# ---- the real data source's regeneration (issue 46 pattern 4) ----
+
+
+def _source(tmp_path, load=None) -> StreamingDataSource:
+    args = argparse.Namespace(
+        rollout_global_dataset=True,
+        prompt_data=None,
+        n_samples_per_prompt=1,
+        buffer_filter_path=None,
+        rollout_shuffle=False,
+        save=str(tmp_path),
+        load=load,
+    )
+    return StreamingDataSource(args)
+
+
+# mutants: fresh_group_shares_the_stored_prompt, consumed_group_shared_with_the_ledger
+def test_regenerating_a_group_twice_starts_each_time_from_the_clean_stored_prompt(tmp_path):
+    """The real data source, groups requeued twice by the collector: each regeneration reaches the engine
+    with no response (a shared stored prompt would carry the previous attempt's tokens), and a save made
+    afterwards holds the clean prompt for a resumed run."""
+    source = _source(tmp_path)
+    engine, stream = _versioned_stream(max_requeues=3, data_source=source)
+    assert _collect(stream, 1, 0)[0] == [0, 1]
+    assert _collect(stream, 3, 2)[0] == [4, 5]  # 2 and 3 requeued (lag 2)
+    assert _collect(stream, 4, 3)[0] == [6, 7]  # and again (their regenerations, version 2, lag 2)
+    assert engine.lengths_given[2] == [0, 0, 0] and engine.lengths_given[3] == [0, 0, 0], engine.lengths_given
+    stored = {group_key(g): g for g in source.ledger.pending_payloads()}
+    assert stored[2][0].response_length == 0 and stored[2][0].weight_versions == []
+    source.save(3)
+    resumed = _source(tmp_path, load=str(tmp_path))
+    mark_model_complete(str(tmp_path), 3)
+    resumed.load(3)
+    first = resumed.get_samples(1)[0]
+    assert group_key(first) == 2 and first[0].response_length == 0 and first[0].weight_versions == []

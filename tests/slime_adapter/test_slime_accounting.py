@@ -1,5 +1,6 @@
 """Prompt accounting (GroupLedger), the driver's slime flag additions (old-log-prob forward,
-data source) and the driver's RSS metric; no slime needed."""
+data source), the driver's RSS metric, and the streaming data source's save / resume with the resume
+hint that names the last consistent save; no slime needed."""
 
 from __future__ import annotations
 
@@ -226,3 +227,22 @@ def test_the_refusal_skips_an_older_save_whose_model_write_was_also_cut_short(tm
     _model_saved(tmp_path, 1)
     with pytest.raises(RuntimeError, match=r"not marked complete.*last consistent save is rollout 1: resume from it"):
         _source(tmp_path, load=str(tmp_path)).load(3)
+
+
+# mutant: resume_hint_names_the_oldest_save
+def test_the_resume_hint_names_the_newest_consistent_of_several_saves(tmp_path):
+    """Issue 46 pattern 5: with more than one good save, the hint a dead engine's error carries
+    (``engine_faults.resume_hint``) names the newest consistent one, and the one before it once the
+    newest's model write is torn."""
+    from epic_slime.slime.checkpoint_marks import MODEL_DONE_FILE
+    from epic_slime.slime.engine_faults import resume_hint
+
+    source = _source(tmp_path)
+    source.get_samples(3)
+    for rollout_id in (1, 3, 5):
+        source.save(rollout_id)
+    _model_saved(tmp_path, 1, 3, 5)
+    args = SimpleNamespace(save=str(tmp_path))
+    assert "last consistent save is rollout 5: resume from it with --ckpt-step 5" in resume_hint(args)
+    (tmp_path / MODEL_DONE_FILE.format(rollout_id=5)).unlink()  # its model write cut short
+    assert "last consistent save is rollout 3: resume from it with --ckpt-step 3" in resume_hint(args)
