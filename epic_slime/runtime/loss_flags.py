@@ -3,7 +3,7 @@ a command line: a refused flag or value answers in a fraction of a second, not a
 (the losses package needs torch: 1 s idle, 4-22 s on a busy machine).
 
 `loss_flags.json` holds what the command line needs of the loss registry (mode names, aggregations,
-each flag family's parameters and defaults). `tests/runtime/test_runtime_cli.py` checks it against
+each flag family's parameters and defaults). `tests/runtime/test_runtime_early_refusals.py` checks it against
 the registry and the two parsers against each other; after adding a mode or a parameter, regenerate it:
 
     python -m epic_slime.runtime.loss_flags --write

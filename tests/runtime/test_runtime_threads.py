@@ -1,5 +1,5 @@
 """torch's thread count (epic_slime.runtime.threads) where the runtime's Ray actors start, and the
-thread setting's empty value (issue 28 item 7's mutation pass: test_runtime_cli.py checks the warm
+thread setting's empty value (issue 28 item 7's mutation pass: test_runtime_warm_start.py checks the warm
 start's threads only)."""
 
 from __future__ import annotations
