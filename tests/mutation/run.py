@@ -82,7 +82,6 @@ REAL_ENGINE_TESTS: dict[str, tuple[str, ...]] = {
     ),
     "tests/slime_adapter/test_real_sglang_pushes.py": (
         "epic_slime/slime/push_mode.py",
-        "epic_slime/slime/tensor_push.py",
         "epic_slime/slime/served_weights.py",
         "epic_slime/runtime/hf_export.py",
     ),

@@ -222,7 +222,7 @@ import requests
 from epic_slime.runtime.hf_export import checkpoint_tensors
 from epic_slime.runtime.model import ModelConfig, build_policy
 from epic_slime.runtime.task import Tokenizer
-from epic_slime.slime.tensor_push import cpu_tensor_update
+from support.tensor_push import cpu_tensor_update
 tok = Tokenizer()
 model = build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=1)
 body, keep = cpu_tensor_update(checkpoint_tensors(model), weight_version="tensor-path")
@@ -244,7 +244,7 @@ def test_cpu_tensor_update_loads_and_holds_no_pipe_of_the_sender(engines):
 
     from support.slime_args import REPO
 
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))  # support.tensor_push
     child = subprocess.Popen(
         [sys.executable, "-c", _TENSOR_PUSH_CHILD, engines.server.url],
         env=env,
@@ -268,7 +268,7 @@ def test_cpu_tensor_update_loads_and_holds_no_pipe_of_the_sender(engines):
 def test_cpu_tensor_update_copies_and_restores_the_sharing_strategy():
     import torch.multiprocessing as mp
 
-    from epic_slime.slime.tensor_push import cpu_tensor_update
+    from support.tensor_push import cpu_tensor_update
 
     before = mp.get_sharing_strategy()
     weight = torch.arange(6.0).reshape(2, 3)

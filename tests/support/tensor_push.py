@@ -18,7 +18,7 @@ Measured against the real SGLang 0.5.15.post1 server (../shared/docs/sglang-cpu.
   not reproduced with this torch.
 
 ``cpu_tensor_update`` returns the request body and the shared copies, which must stay referenced until
-the server has answered. No slime import.
+the server has answered. No slime import. Test-only: the real-server push tests send with it.
 """
 
 from __future__ import annotations
