@@ -210,7 +210,7 @@ def test_taken_groups_the_collector_requeues_free_their_slot_once_and_start_agai
     assert stream.held() == 2 and stream.data_source.ledger.undelivered() == 2
 
 
-# mutant: taken_group_requeued_keeps_its_live_slot (its second occurrence: the drop)
+# mutant: taken_group_requeued_keeps_its_live_slot (a taken group over its requeue limit frees its slot there too)
 def test_taken_groups_the_collector_drops_free_their_slot_once_and_leave_the_ledger():
     engine, stream = _versioned_stream(max_requeues=1)
     _collect(stream, 1, 0)
