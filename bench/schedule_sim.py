@@ -57,6 +57,10 @@ sequences every tick ``dt``: decode step time = t_base + c_tok x batch + c_kv x 
 admission while the KV cache holds the contexts and SGLang's reservation for their growth, retraction
 of contexts that outgrow it during decode (re-queued, re-prefilled), prefill (prompt, or prompt +
 partial response after an abort or a retraction) before decoding.
+With an agentic workload (``Preset.agent``, bench/schedsim/agentic.py) the stand-in runs each sample as
+several engine calls with a tool call between two: a latency drawn per call on the simulated clock, its
+tokens appended (trained over, never decoded) and prefilled with the next turn as far as the radix cache
+misses; the engine serves other requests meanwhile.
 Evaluation and checkpoints are left out of both schedules (the same cost for both).
 
 The collection poll of ``collect_admitted_groups`` is 0.05 s in slime; here it is ``poll_s``
@@ -178,6 +182,7 @@ def main(argv=None) -> int:
     ag.add_argument("--prefix-cache", default=None, help="hit | miss | the share of the prefix cached at the next turn")
     ag.add_argument("--mean-model-tokens", type=float, default=None, help="model tokens per trajectory (mean)")
     ag.add_argument("--no-band", action="store_true", help="agentic: skip the band (8 x more simulations)")
+    ag.add_argument("--procs", type=int, default=1, help="agentic: simulations run in parallel (same results)")
     ag.add_argument("--agentic-out", default=None, help="agentic: the JSON written (default: the committed file)")
     a = ap.parse_args(argv)
     tp = {} if a.tp_alpha is None else {"tp_alpha": a.tp_alpha}
@@ -319,7 +324,9 @@ def _agentic(a) -> int:
     )
     kw = {} if a.mean_model_tokens is None else {"mean_response_len": a.mean_model_tokens}
     p = agentic_price.agentic_preset(workload, **kw)
-    result = agentic_price.price(p, a.rollouts, band=not a.no_band, log=lambda line: print(line, flush=True))
+    result = agentic_price.price(
+        p, a.rollouts, band=not a.no_band, procs=a.procs, log=lambda line: print(line, flush=True)
+    )
     out = Path(a.agentic_out) if a.agentic_out else agentic_price.OUT
     agentic_price.write(result, out)
     print(agentic_price.format_price(result))

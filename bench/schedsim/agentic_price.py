@@ -21,7 +21,8 @@ from .report import best_row, summary
 from .schedules import simulate, steady_window
 
 AGENTIC_KS = (1, 2, 4, 8)
-AGENTIC_SPLITS = ((8, 4), (16, 8))  # (train GPUs, GPUs per engine): the launcher's 24 : 8 and the even 16 : 16
+AGENTIC_SPLITS = ((8, 4),)  # (train GPUs, GPUs per engine): the launcher's 24 : 8 only, to keep the run short
+# (``price(splits=...)`` takes more)
 AGENTIC_PUSHES = ("abort", "in_place")
 OUT = Path(__file__).resolve().parent / "agentic_frontier.json"
 
@@ -40,11 +41,12 @@ AGENTIC_MEAN_MODEL_TOKENS = 6000.0  # assumed: model tokens per trajectory (logn
 
 def agentic_preset(workload: AgentWorkload = AGENTIC_WORKLOAD, **kw) -> Preset:
     kw.setdefault("mean_response_len", AGENTIC_MEAN_MODEL_TOKENS)
+    mean = kw["mean_response_len"]
     kw.setdefault(
         "source",
         "the paper preset's model, GPUs and batch (configs/paper/table2.yaml: 64 x 8, D = 8, 16K cap counting tool "
         f"tokens; 32 H100 assumed) with an assumed agentic workload: {workload.text()}, "
-        f"mean {AGENTIC_MEAN_MODEL_TOKENS:.0f} model tokens per trajectory split evenly over its turns",
+        f"mean {mean:.0f} model tokens per trajectory split evenly over its turns",
     )
     p = paper_preset(agent=workload, **kw)
     return dataclasses.replace(p, name="agentic: Qwen3-30B-A3B, 32 GPUs, tool calls")
@@ -55,45 +57,123 @@ def _steady(q: Preset, schedule: str, rollouts: int) -> dict:
     return simulate(q, schedule, n, warmup=warmup) | {"warmup": warmup}
 
 
-def sync_setups(p: Preset, rollouts: int, splits=AGENTIC_SPLITS) -> dict:
-    """s/rollout of every synchronous setup: colocated per engine size, split per split."""
-    out = {}
+def _job(job: tuple) -> dict:
+    """One simulation (a process pool's unit): a synchronous setup's s/rollout, or an asynchronous row's
+    summary (its x sync is filled in once the best synchronous setup is known)."""
+    kind, q, schedule, rollouts = job
+    r = _steady(q, schedule, rollouts)
+    if kind == "sync":
+        return dict(s=r["s_per_rollout"])
+    return summary(q, r, r["s_per_rollout"], r["warmup"]) | {"agent": r["agent_stats"]}
+
+
+def _run(jobs: dict, procs: int) -> dict:
+    """{name: job} -> {name: result}; the results do not depend on ``procs`` (each simulation is seeded)."""
+    names = list(jobs)
+    if procs <= 1:
+        return {n: _job(jobs[n]) for n in names}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("fork")) as pool:
+        return dict(zip(names, pool.map(_job, [jobs[n] for n in names])))
+
+
+def sync_jobs(p: Preset, rollouts: int, splits=AGENTIC_SPLITS, tag: str = "") -> dict:
+    """Every synchronous setup: colocated per engine size, split per split."""
+    jobs = {}
     for gpe in SYNC_ENGINE_SIZES:
         q = split_preset(p, p.train_gpus_split, gpe, "abort")
-        out[f"sync colocated, {gpe}-GPU engines"] = _steady(q, "sync colocated", rollouts)["s_per_rollout"]
+        jobs[f"{tag}sync colocated, {gpe}-GPU engines"] = ("sync", q, "sync colocated", rollouts)
     for train, gpe in splits:
         q = split_preset(p, train, gpe, "abort")
-        name = f"sync split {p.total_gpus - train}:{train}, {gpe}-GPU engines"
-        out[name] = _steady(q, "sync split", rollouts)["s_per_rollout"]
-    return out
+        jobs[f"{tag}sync split {p.total_gpus - train}:{train}, {gpe}-GPU engines"] = ("sync", q, "sync split", rollouts)
+    return jobs
+
+
+LATENCY_FACTORS = (0.25, 4.0)
 
 
 def price(
-    p: Preset, rollouts: int = 12, ks=AGENTIC_KS, splits=AGENTIC_SPLITS, pushes=AGENTIC_PUSHES, band=True, log=None
+    p: Preset,
+    rollouts: int = 12,
+    ks=AGENTIC_KS,
+    splits=AGENTIC_SPLITS,
+    pushes=AGENTIC_PUSHES,
+    band=True,
+    procs: int = 1,
+    log=None,
 ):
-    """The frontier of K against s/rollout, each K's fastest row with its band, against the best sync."""
+    """The frontier of K against s/rollout (each K's fastest row over ``splits`` x ``pushes``) against the
+    best synchronous setup; with ``band``: the band of K = 2's and of the fastest K's rows over the
+    calibration's ranges (band.py; the baseline under each variation: synchronous colocated at its best
+    engine size, re-chosen), and K = 2 at a quarter and four times the tool latency median."""
     say = log or (lambda _line: None)
-    sync = sync_setups(p, rollouts, splits)
-    best_name = min(sync, key=sync.get)
-    say(f"[agentic] best synchronous setup: {best_name}, {sync[best_name]:.1f} s/rollout")
-    rows = []
+    jobs = sync_jobs(p, rollouts, splits)
     for train, gpe in splits:
         for push in pushes:
-            q = split_preset(p, train, gpe, push)
             for k in ks:
-                r = _steady(q, f"async K={k}", rollouts)
-                row = summary(q, r, sync[best_name], r["warmup"])
-                row["agent"] = r["agent_stats"]
-                rows.append(row)
-                say(f"[agentic] K={k} {push} {row['split']}x{gpe}: {row['s']:.1f} s, {row['ratio']:.2f}x")
-    frontier = []
-    for k in ks:
-        top = best_row([r for r in rows if r["schedule"] == f"async K={k}"])
-        entry = dict(k=k, row=top)
-        if band:
-            entry["band"] = _band(p, top, k, rollouts, splits, say)
-        frontier.append(entry)
-    latency = _latency_sensitivity(p, frontier, rollouts, splits, say) if band else None
+                jobs[f"row {k} {push} {train} {gpe}"] = (
+                    "row",
+                    split_preset(p, train, gpe, push),
+                    f"async K={k}",
+                    rollouts,
+                )
+    if band:
+        for label, field, value in variations(p):
+            jobs |= sync_jobs(varied(p, field, value), rollouts, (), tag=f"{label}|")
+        for factor in LATENCY_FACTORS:
+            jobs |= sync_jobs(_latency(p, factor), rollouts, splits, tag=f"latency x{factor:g}|")
+    say(f"[agentic] phase 1: {len(jobs)} simulations on {procs} process(es)")
+    done = _run(jobs, procs)
+    sync = {n: r["s"] for n, r in done.items() if n.startswith("sync")}
+    best_name = min(sync, key=sync.get)
+    rows = []
+    for name, row in done.items():
+        if name.startswith("row "):
+            row["ratio"] = sync[best_name] / row["s"]
+            rows.append(row)
+    frontier = [dict(k=k, row=best_row([r for r in rows if r["schedule"] == f"async K={k}"])) for k in ks]
+    for e in frontier:
+        r = e["row"]
+        say(f"[agentic] K={e['k']}: {r['push']} {r['split']}x{r['gpe']} {r['s']:.1f} s, {r['ratio']:.2f}x")
+    latency = None
+    if band:
+        fastest = max(frontier, key=lambda e: e["row"]["ratio"])
+        banded = [e for e in frontier if e["k"] == 2 or e is fastest]
+        (k2,) = [e["row"] for e in frontier if e["k"] == 2]
+        jobs = {}
+        for e in banded:
+            r = e["row"]
+            q = split_preset(p, int(r["split"].split(":")[1]), r["gpe"], r["push"])
+            for label, field, value in variations(p):
+                jobs[f"band {e['k']}|{label}"] = ("sync", varied(q, field, value), f"async K={e['k']}", rollouts)
+        q2 = split_preset(p, int(k2["split"].split(":")[1]), k2["gpe"], k2["push"])
+        for factor in LATENCY_FACTORS:
+            jobs[f"latency x{factor:g}"] = ("sync", _latency(q2, factor), "async K=2", rollouts)
+        say(f"[agentic] phase 2: {len(jobs)} simulations on {procs} process(es)")
+        done |= _run(jobs, procs)
+        for e in banded:
+            cells = []
+            for label, _field, _value in variations(p):
+                base = min(done[n]["s"] for n in done if n.startswith(f"{label}|sync"))
+                cells.append([label, base / done[f"band {e['k']}|{label}"]["s"]])
+            ratios = [c[1] for c in cells] + [e["row"]["ratio"]]
+            e["band"] = dict(lo=min(ratios), hi=max(ratios), cells=cells)
+        latency = []
+        for factor in LATENCY_FACTORS:
+            base = {n.split("|", 1)[1]: done[n]["s"] for n in done if n.startswith(f"latency x{factor:g}|")}
+            best = min(base, key=base.get)
+            s = done[f"latency x{factor:g}"]["s"]
+            latency.append(
+                dict(
+                    median_s=_latency(p, factor).agent.tool_latency_median_s,
+                    best_sync=best,
+                    sync_s=base[best],
+                    s=s,
+                    ratio=base[best] / s,
+                )
+            )
     return dict(
         preset=p.name,
         source=p.source,
@@ -114,46 +194,10 @@ def price(
     )
 
 
-LATENCY_FACTORS = (0.25, 4.0)
-
-
-def _latency_sensitivity(p: Preset, frontier: list[dict], rollouts: int, splits, say) -> list[dict]:
-    """K = 2's fastest row (its split and push mode) at a quarter and at four times the tool latency median,
-    against the best synchronous setup at that latency (simulated again)."""
-    (top,) = [e["row"] for e in frontier if e["k"] == 2]
-    train = int(top["split"].split(":")[1])
-    out = []
-    for factor in LATENCY_FACTORS:
-        agent = dataclasses.replace(p.agent, tool_latency_median_s=p.agent.tool_latency_median_s * factor)
-        q = dataclasses.replace(p, agent=agent)
-        sync = sync_setups(q, rollouts, splits)
-        s = _steady(split_preset(q, train, top["gpe"], top["push"]), "async K=2", rollouts)["s_per_rollout"]
-        best = min(sync, key=sync.get)
-        out.append(
-            dict(median_s=agent.tool_latency_median_s, best_sync=best, sync_s=sync[best], s=s, ratio=sync[best] / s)
-        )
-        say(f"[agentic] tool latency median {agent.tool_latency_median_s:g} s: K=2 {s:.1f} s, {sync[best] / s:.2f}x")
-    return out
-
-
-def _band(p: Preset, top: dict, k: int, rollouts: int, splits, say) -> dict:
-    """The row's speedup over the best sync with one calibrated input at each end of its range."""
-    rollout, train = (int(x) for x in top["split"].split(":"))
-    cells = []
-    for label, field, value in variations(p):
-        base = varied(p, field, value)
-        key = (field, value)
-        if key not in _band.sync_cache:
-            _band.sync_cache[key] = min(sync_setups(base, rollouts, splits).values())
-        q = varied(split_preset(p, train, top["gpe"], top["push"]), field, value)
-        s = _steady(q, f"async K={k}", rollouts)["s_per_rollout"]
-        cells.append([label, _band.sync_cache[key] / s])
-        say(f"[agentic]   K={k} {label}: {cells[-1][1]:.2f}x")
-    ratios = [r for _, r in cells]
-    return dict(lo=min(ratios + [top["ratio"]]), hi=max(ratios + [top["ratio"]]), cells=cells)
-
-
-_band.sync_cache = {}
+def _latency(p: Preset, factor: float) -> Preset:
+    return dataclasses.replace(
+        p, agent=dataclasses.replace(p.agent, tool_latency_median_s=p.agent.tool_latency_median_s * factor)
+    )
 
 
 def write(result: dict, out: Path = OUT) -> None:

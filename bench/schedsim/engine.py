@@ -86,7 +86,8 @@ class Engine:
         not sort it), in order, keeping its tokens; its output's KV is freed and prefilled again after the
         push. Its prompt's KV stays in the radix tree (never flushed under retract: the
         waiting requests keep /flush_cache refused) and is matched again, as the real server does
-        (tests/slime_adapter/test_real_sglang_retract.py): only the output is re-prefilled."""
+        (tests/slime_adapter/test_real_sglang_retract.py): only the output is re-prefilled. A later turn of
+        an agentic trajectory keeps what its submission found cached (``cached``: the earlier turns' prefix)."""
         for req in self.running:
             cached = float(self.sim.p.prompt_len if req.cached is None else req.cached)
             left = max(req.prefill_left, req.ctx - cached)
