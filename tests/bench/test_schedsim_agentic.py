@@ -218,3 +218,27 @@ def test_turns_split_the_model_tokens_and_the_latency_is_lognormal():
     draws = sorted(agentic.tool_latency(s) for _ in range(4000))
     median, p90 = draws[2000], draws[3600]
     assert median == pytest.approx(5.0, rel=0.06) and p90 / median == pytest.approx(3.60, rel=0.08)
+
+
+def test_the_committed_price_is_the_presets():
+    """bench/schedsim/agentic_frontier.json was made from the agentic preset as it stands: change the
+    preset's workload or length and this fails until the file is made again (docs/results.md's table is
+    generated from it)."""
+    import json
+
+    from schedsim import agentic_price
+
+    made = json.loads(agentic_price.OUT.read_text())
+    p = agentic_price.agentic_preset()
+    assert made["workload"] == dataclasses.asdict(p.agent)
+    assert (made["mean_model_tokens"], made["length_sigma"], made["max_response_len"]) == (
+        p.mean_response_len,
+        p.length_sigma,
+        p.max_response_len,
+    )
+    assert made["batch"] == f"{p.rollout_batch_size}x{p.n_samples}" and made["source"] == p.source
+    assert [e["k"] for e in made["frontier"]] == list(agentic_price.AGENTIC_KS)
+    best = made["best_sync"]
+    assert best["s_per_rollout"] == min(made["sync"].values()) == made["sync"][best["name"]]
+    for e in made["frontier"]:  # every K's speedup divides the best synchronous setup by its own time
+        assert e["row"]["ratio"] == pytest.approx(best["s_per_rollout"] / e["row"]["s"])
