@@ -91,7 +91,17 @@ from schedsim.report import best_line, format_table, length_deciles  # noqa: E40
 from schedsim.runtime import measure_runtime, runtime_validation  # noqa: E402,F401
 from schedsim.schedules import SCHEDULES, driver_groups_in_flight, run_preset, simulate, split_heading  # noqa: E402,F401
 
-_SKIP = ("trace", "pushes", "trains", "batches", "per_rollout_hist", "groups", "trained_keys", "agent_stats")
+_SKIP = (
+    "trace",
+    "pushes",
+    "trains",
+    "batches",
+    "per_rollout_hist",
+    "groups",
+    "trained_keys",
+    "trained_unfinished",
+    "agent_stats",
+)
 
 
 class _GroupErrors(logging.Filter):

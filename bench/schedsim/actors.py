@@ -116,6 +116,8 @@ def _trained_record(group, trainer_version: int) -> dict:
     seen = [oldest(s) if oldest else staleness.sample_version(s.weight_versions, s.index) for s in group]
     true = [s.metadata.get("sim_oldest_version", v) for s, v in zip(group, seen)]
     record = dict(key=group[0].group_index, lag=trainer_version - min(seen), true_lag=trainer_version - min(true))
+    # samples trained before they finished (aborted or still generating): never, by the stream's rule
+    record["unfinished"] = sum(getattr(s.status, "value", s.status) not in ("completed", "truncated") for s in group)
     trajectories = [s.metadata["sim_agent"] for s in group if "sim_agent" in s.metadata]
     if trajectories:  # the agentic workload: per trajectory, its tool calls and the versions its turns ran on
         record["agent"] = [

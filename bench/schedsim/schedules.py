@@ -174,6 +174,7 @@ def simulate(
         peak_kv_share=max(e.peak_kv for e in sim.engines) / p.kv_capacity_tokens,
         groups=_group_records(sim, manager, stream, data_source, warmup, k),
         trained_keys={r: [rec["key"] for rec in recs] for r, recs in manager.trained.items()},
+        trained_unfinished=sum(rec["unfinished"] for recs in manager.trained.values() for rec in recs),
         agent_stats=_agent_stats(manager, warmup) if p.agent is not None else None,
     )
 

@@ -180,14 +180,18 @@ def test_in_place_counts_from_the_submission_version_never_younger_than_the_trut
 
 @pytest.mark.parametrize("k, push", [(1, "abort"), (2, "abort"), (4, "abort"), (2, "in_place")])
 def test_every_prompt_is_trained_once(k, push):
-    """Each rollout trains a full batch, no group twice; a group is trained, dropped or still held by the
-    stream at the end (at most what the budget lets run ahead), never two of these."""
+    """Each rollout trains a full batch of finished trajectories (none aborted or still generating), no
+    group twice; a group is trained, dropped or still held by the stream at the end (at most what the
+    budget lets run ahead), never two of these."""
     p = sim.split_preset(small(agent=AgentWorkload(turns=3, tool_latency_median_s=15.0)), 8, 4, push)
     rollouts = 6
     r = sim.simulate(p, f"async K={k}", rollouts)
     keys = [key for batch in r["trained_keys"].values() for key in batch]
     assert all(len(batch) == p.rollout_batch_size for batch in r["trained_keys"].values())
     assert len(keys) == len(set(keys)) == rollouts * p.rollout_batch_size
+    assert r["trained_unfinished"] == 0
+    if push == "abort" and k > 1:
+        assert r["abort_resubmits"] > 0  # trajectories were cut by pushes and continued
     started = {g["key"] for g in r["groups"]}
     dropped = {g["key"] for g in r["groups"] if g["dropped"]}
     assert not dropped & set(keys) and set(keys) <= started
