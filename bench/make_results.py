@@ -231,6 +231,68 @@ def schedules() -> list[str]:
     return lines
 
 
+def _decile_cell(d: dict) -> str:
+    lag = "-" if d["mean_lag"] != d["mean_lag"] else f"{d['mean_lag']:.2f}"
+    return f"{lag} ({d['requeued']}, {d['dropped']})"
+
+
+def agentic() -> list[str]:
+    """The agentic preset's frontier (bench/schedsim/agentic_price.py): each K's fastest row against the
+    best synchronous setup with its band, the per-decile lag / requeues / drops, the tool latency's effect."""
+    path = SIM / "agentic_frontier.json"
+    a = json.loads(_read(path))
+    w, best = a["workload"], a["best_sync"]
+    lines = [
+        "| K | push, split | s per rollout | x best sync | band over the ranges | dropped | requeued | over K "
+        "| trajectories over 2+ versions | tool calls, tool s per trajectory |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| 0 | {best['name']} (the best synchronous setup) | {best['s_per_rollout']:.1f} | 1.00 | | | | | | |",
+    ]
+    for e in a["frontier"]:
+        r, band, ag = e["row"], e.get("band"), e["row"]["agent"]
+        band_text = f"{band['lo']:.2f}-{band['hi']:.2f}x" if band else ""
+        lines.append(
+            f"| {e['k']} | {r['push']}, {r['split'].replace(':', ' : ')} with {r['gpe']}-GPU engines | {r['s']:.1f} "
+            f"| {r['ratio']:.2f} | {band_text} | {r['dropped']} | {r['requeued']} | {r['over_k']} "
+            f"| {ag['spanning_share'] * 100:.0f}% | {ag['tool_calls']:.1f}, {ag['tool_s']:.1f} s |"
+        )
+    others = ", ".join(f"{name} {s:.1f} s" for name, s in a["sync"].items() if name != best["name"])
+    lines += [
+        "",
+        f"Other synchronous setups: {others}.",
+        "",
+        "Mean staleness per response-length decile (requeued, dropped) of the rows above:",
+        "",
+        "| decile | " + " | ".join(f"K = {e['k']}" for e in a["frontier"]) + " |",
+        "|---|" + "---|" * len(a["frontier"]),
+    ]
+    for i in range(len(a["frontier"][0]["row"]["deciles"])):
+        cells = [_decile_cell(e["row"]["deciles"][i]) for e in a["frontier"]]
+        lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    if a.get("tool_latency_sensitivity"):
+        lines += ["", "| tool latency median | best synchronous setup | its s per rollout | K = 2 s per rollout | x |"]
+        lines.append("|---|---|---|---|---|")
+        lines.append(
+            f"| {w['tool_latency_median_s']:g} s (the preset) | {best['name']} | {best['s_per_rollout']:.1f} "
+            f"| {[e['row']['s'] for e in a['frontier'] if e['k'] == 2][0]:.1f} "
+            f"| {[e['row']['ratio'] for e in a['frontier'] if e['k'] == 2][0]:.2f} |"
+        )
+        for t in a["tool_latency_sensitivity"]:
+            lines.append(
+                f"| {t['median_s']:g} s | {t['best_sync']} | {t['sync_s']:.1f} | {t['s']:.1f} | {t['ratio']:.2f} |"
+            )
+    lines += [
+        "",
+        f"Workload: {a['batch']} trajectories, {w['turns']} turns ({w['turns'] - 1} tool calls), "
+        f"{w['tool_output_tokens']} tool tokens per call, tool latency lognormal with median "
+        f"{w['tool_latency_median_s']:g} s and sigma {w['tool_latency_sigma']:g}, prefix cache {w['prefix_cache']}, "
+        f"mean {a['mean_model_tokens']:.0f} model tokens per trajectory, cap {a['max_response_len']} counting tool tokens, "
+        f"{a['total_gpus']} GPUs. Band: {a['band_ranges']}, at K = 2 and at the fastest K.",
+        f"{_source(path)} Command: `{a['command']}`.",
+    ]
+    return lines
+
+
 LADDER_CELLS = ("d8", "d16", "d32", "d64", "d8_k2", "d8_k8")
 
 
@@ -293,6 +355,7 @@ SECTIONS = {
     "runtime_cpu": runtime_cpu,
     "stall_probe": stall_probe,
     "schedules": schedules,
+    "agentic": agentic,
     "ladder": ladder,
     "stress": stress,
 }

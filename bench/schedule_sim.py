@@ -22,6 +22,11 @@ commands:
   verl                verl's 30B setting: phases vs verl's, this schedule at K = 1, 2, 4 vs its 1.72x
   verl-fit            refit the verl preset's unstated inputs to verl's phases
   measure-runtime     time the embedded runtime (needs the project's torch install, not slime)
+  agentic             an agentic workload (multi-turn, tool calls with a latency per call): the frontier of K
+                      against s/rollout with its band, against the best synchronous setup
+                          python bench/schedule_sim.py agentic [--turns 4] [--tool-tokens 300]
+                              [--tool-latency-median 5] [--tool-latency-sigma 1] [--prefix-cache hit|miss|SHARE]
+                              [--mean-model-tokens 6000] [--no-band] [--agentic-out bench/schedsim/agentic_frontier.json]
 
 The simulator is the package bench/schedsim/ (presets with their sources, engine model, stand-ins,
 schedules, bound, report, frontier, planner, calibration, band); this file is its command line.
@@ -52,6 +57,10 @@ sequences every tick ``dt``: decode step time = t_base + c_tok x batch + c_kv x 
 admission while the KV cache holds the contexts and SGLang's reservation for their growth, retraction
 of contexts that outgrow it during decode (re-queued, re-prefilled), prefill (prompt, or prompt +
 partial response after an abort or a retraction) before decoding.
+With an agentic workload (``Preset.agent``, bench/schedsim/agentic.py) the stand-in runs each sample as
+several engine calls with a tool call between two: a latency drawn per call on the simulated clock, its
+tokens appended (trained over, never decoded) and prefilled with the next turn as far as the radix cache
+misses; the engine serves other requests meanwhile.
 Evaluation and checkpoints are left out of both schedules (the same cost for both).
 
 The collection poll of ``collect_admitted_groups`` is 0.05 s in slime; here it is ``poll_s``
@@ -82,7 +91,17 @@ from schedsim.report import best_line, format_table, length_deciles  # noqa: E40
 from schedsim.runtime import measure_runtime, runtime_validation  # noqa: E402,F401
 from schedsim.schedules import SCHEDULES, driver_groups_in_flight, run_preset, simulate, split_heading  # noqa: E402,F401
 
-_SKIP = ("trace", "pushes", "trains", "batches", "per_rollout_hist", "groups")
+_SKIP = (
+    "trace",
+    "pushes",
+    "trains",
+    "batches",
+    "per_rollout_hist",
+    "groups",
+    "trained_keys",
+    "trained_unfinished",
+    "agent_stats",
+)
 
 
 class _GroupErrors(logging.Filter):
@@ -129,6 +148,7 @@ def main(argv=None) -> int:
             "pick",
             "verl",
             "verl-fit",
+            "agentic",
         ],
         help="see 'commands' above",
     )
@@ -164,6 +184,16 @@ def main(argv=None) -> int:
         help="calibrate / plan / frontier: engine speed-up gpus ** alpha (default: the fitted "
         "TP_ALPHA_FITTED; 1: the old linear scaling, for the sensitivity comparison)",
     )
+    ag = ap.add_argument_group("agentic (bench/schedsim/agentic.py; defaults: the agentic preset's assumptions)")
+    ag.add_argument("--turns", type=int, default=None, help="engine calls per trajectory (a tool call between two)")
+    ag.add_argument("--tool-tokens", type=int, default=None, help="tokens each tool call appends (loss mask 0)")
+    ag.add_argument("--tool-latency-median", type=float, default=None, help="seconds, median of the lognormal")
+    ag.add_argument("--tool-latency-sigma", type=float, default=None, help="sigma of the lognormal (0: fixed)")
+    ag.add_argument("--prefix-cache", default=None, help="hit | miss | the share of the prefix cached at the next turn")
+    ag.add_argument("--mean-model-tokens", type=float, default=None, help="model tokens per trajectory (mean)")
+    ag.add_argument("--no-band", action="store_true", help="agentic: skip the band (8 x more simulations)")
+    ag.add_argument("--procs", type=int, default=1, help="agentic: simulations run in parallel (same results)")
+    ag.add_argument("--agentic-out", default=None, help="agentic: the JSON written (default: the committed file)")
     a = ap.parse_args(argv)
     tp = {} if a.tp_alpha is None else {"tp_alpha": a.tp_alpha}
     if a.command in ("predict", "pick"):
@@ -203,6 +233,8 @@ def _run(a, tp: dict) -> int:
 
         launch_table.write(launch_table.build(a.rollouts))
         return 0
+    if a.command == "agentic":
+        return _agentic(a)
     if a.command == "verl-fit":
         from schedsim.verl import fit
 
@@ -283,6 +315,40 @@ def _run(a, tp: dict) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1, default=str))
     return 0
+
+
+def _agentic(a) -> int:
+    import dataclasses
+
+    from schedsim import agentic_price
+
+    changes = dict(
+        turns=a.turns,
+        tool_output_tokens=a.tool_tokens,
+        tool_latency_median_s=a.tool_latency_median,
+        tool_latency_sigma=a.tool_latency_sigma,
+        prefix_cache=None if a.prefix_cache is None else _share_or_name(a.prefix_cache),
+    )
+    workload = dataclasses.replace(
+        agentic_price.AGENTIC_WORKLOAD, **{k: v for k, v in changes.items() if v is not None}
+    )
+    kw = {} if a.mean_model_tokens is None else {"mean_response_len": a.mean_model_tokens}
+    p = agentic_price.agentic_preset(workload, **kw)
+    result = agentic_price.price(
+        p, a.rollouts, band=not a.no_band, procs=a.procs, log=lambda line: print(line, flush=True)
+    )
+    out = Path(a.agentic_out) if a.agentic_out else agentic_price.OUT
+    agentic_price.write(result, out)
+    print(agentic_price.format_price(result))
+    print(f"wrote {out}")
+    return 0
+
+
+def _share_or_name(text: str):
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 if __name__ == "__main__":

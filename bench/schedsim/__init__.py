@@ -6,4 +6,5 @@ stand-ins around the real stream), ``schedules`` (one simulated run), ``bound`` 
 bound), ``report`` (tables, per-length-decile counts), ``frontier`` (the K x push x split sweep),
 ``planner`` (split and engine size for a model, batch and length distribution), ``calibration``
 (the engine model against published decode measurements), ``runtime`` (the embedded runtime's
-measurement and validation). ``bench/schedule_sim.py`` is the entry point."""
+measurement and validation), ``agentic`` (multi-turn trajectories with tool calls between the engine
+calls) and ``agentic_price`` (the agentic preset's frontier and band). ``bench/schedule_sim.py`` is the entry point."""

@@ -115,7 +115,22 @@ def _trained_record(group, trainer_version: int) -> dict:
     oldest = getattr(staleness, "sample_oldest_version", None)
     seen = [oldest(s) if oldest else staleness.sample_version(s.weight_versions, s.index) for s in group]
     true = [s.metadata.get("sim_oldest_version", v) for s, v in zip(group, seen)]
-    return dict(key=group[0].group_index, lag=trainer_version - min(seen), true_lag=trainer_version - min(true))
+    record = dict(key=group[0].group_index, lag=trainer_version - min(seen), true_lag=trainer_version - min(true))
+    # samples trained before they finished (aborted or still generating): never, by the stream's rule
+    record["unfinished"] = sum(getattr(s.status, "value", s.status) not in ("completed", "truncated") for s in group)
+    trajectories = [s.metadata["sim_agent"] for s in group if "sim_agent" in s.metadata]
+    if trajectories:  # the agentic workload: per trajectory, its tool calls and the versions its turns ran on
+        record["agent"] = [
+            dict(
+                tool_calls=t["tool_calls"],
+                tool_s=t["tool_s"],
+                tool_tokens=t["tool_tokens"],
+                model_tokens=t["model_tokens"],
+                versions=len({c["first_version"] for c in t["calls"] if c["tokens"] and "first_version" in c}),
+            )
+            for t in trajectories
+        ]
+    return record
 
 
 class SimTrainGroup:
@@ -177,6 +192,10 @@ async def _generate_group(args, group, sampling_params=None, evaluation=False):
 
     sim = _ACTIVE_SIM[-1]
     sim.group_calls += 1
+    if sim.p.agent is not None:  # multi-turn trajectories with tool calls between the engine calls
+        from .agentic import generate_agentic_group
+
+        return await generate_agentic_group(sim, group)
     pending = []
     for s in group:
         if s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED):

@@ -29,13 +29,15 @@ from .presets import Preset
 
 
 class _Req:
-    __slots__ = ("ctx", "remaining", "done", "fut", "prefill_left", "max_new", "oldest")
+    __slots__ = ("ctx", "remaining", "done", "fut", "prefill_left", "max_new", "oldest", "cached", "record")
 
-    def __init__(self, ctx: int, remaining: int, max_new: int, fut):
+    def __init__(self, ctx: int, remaining: int, max_new: int, fut, prefill=None, cached=None, record=None):
         self.ctx, self.remaining, self.done, self.fut = float(ctx), float(remaining), 0.0, fut
-        self.prefill_left = float(ctx)
+        self.prefill_left = float(ctx if prefill is None else prefill)
         self.max_new = float(max_new)
         self.oldest: int | None = None  # engine version of this call's first token
+        self.cached = cached  # context tokens the radix tree holds (None: the prompt); what a retract keeps
+        self.record = record  # a dict the first decoded token fills (version, time): the agentic stand-in's
 
 
 class Engine:
@@ -60,9 +62,13 @@ class Engine:
     def load(self) -> int:
         return len(self.running) + len(self.queue)
 
-    def submit(self, ctx: int, remaining: int, max_new: int, partial: int = 0):
+    def submit(
+        self, ctx: int, remaining: int, max_new: int, partial: float = 0, prefill=None, cached=None, record=None
+    ):
+        """``prefill``: the context tokens to compute before decoding (default: all of ``ctx``); ``partial``:
+        how many of them were computed before (counted as re-prefilled)."""
         fut = self.sim.loop.create_future()
-        self.queue.append(_Req(ctx, remaining, max_new, fut))
+        self.queue.append(_Req(ctx, remaining, max_new, fut, prefill, cached, record))
         self.reprefilled += partial
         self.sim.wake()
         return fut
@@ -80,9 +86,10 @@ class Engine:
         not sort it), in order, keeping its tokens; its output's KV is freed and prefilled again after the
         push. Its prompt's KV stays in the radix tree (never flushed under retract: the
         waiting requests keep /flush_cache refused) and is matched again, as the real server does
-        (tests/slime_adapter/test_real_sglang_retract.py): only the output is re-prefilled."""
-        cached = float(self.sim.p.prompt_len)
+        (tests/slime_adapter/test_real_sglang_retract.py): only the output is re-prefilled. A later turn of
+        an agentic trajectory keeps what its submission found cached (``cached``: the earlier turns' prefix)."""
         for req in self.running:
+            cached = float(self.sim.p.prompt_len if req.cached is None else req.cached)
             left = max(req.prefill_left, req.ctx - cached)
             self.reprefilled += left - req.prefill_left
             req.prefill_left = left
@@ -145,6 +152,8 @@ class Engine:
             if req.prefill_left <= 1e-9:
                 if req.oldest is None:
                     req.oldest = self.version
+                    if req.record is not None:
+                        req.record.update(first_version=self.version, first_t=self.sim.now())
                 adv = min(steps, req.remaining - req.done)
                 req.done += adv
                 req.ctx += adv

@@ -119,6 +119,8 @@ class Preset:
     seed: int = 0
     paper_rollouts: int = PAPER_ROLLOUTS
     source: str = ""  # where the preset's setting comes from (printed with it)
+    # --- agentic workload (bench/schedsim/agentic.py): None is single-turn generation ---
+    agent: object | None = None  # an agentic.AgentWorkload: turns, tool latency, tool tokens, prefix cache
 
     def derived(self) -> "Preset":
         """The engine constants from the model and the GPU (each left alone when set explicitly)."""

@@ -173,6 +173,27 @@ def simulate(
         reprefill_tokens=sum(e.reprefilled for e in sim.engines),
         peak_kv_share=max(e.peak_kv for e in sim.engines) / p.kv_capacity_tokens,
         groups=_group_records(sim, manager, stream, data_source, warmup, k),
+        trained_keys={r: [rec["key"] for rec in recs] for r, recs in manager.trained.items()},
+        trained_unfinished=sum(rec["unfinished"] for recs in manager.trained.values() for rec in recs),
+        agent_stats=_agent_stats(manager, warmup) if p.agent is not None else None,
+    )
+
+
+def _agent_stats(manager, warmup: int) -> dict:
+    """Means per trained trajectory after the warm-up: tool calls, tool seconds, tool and model tokens, and
+    the weight versions its model tokens came from (a trajectory spans versions when a push lands between
+    or during its turns)."""
+    per = [t for r, recs in manager.trained.items() if r >= warmup for rec in recs for t in rec.get("agent", [])]
+    n = max(1, len(per))
+    spanning = sum(t["versions"] > 1 for t in per)
+    return dict(
+        trajectories=len(per),
+        tool_calls=sum(t["tool_calls"] for t in per) / n,
+        tool_s=sum(t["tool_s"] for t in per) / n,
+        tool_tokens=sum(t["tool_tokens"] for t in per) / n,
+        model_tokens=sum(t["model_tokens"] for t in per) / n,
+        spanning_share=spanning / n,
+        max_versions=max((t["versions"] for t in per), default=0),
     )
 
 
