@@ -29,19 +29,27 @@ class HttpEngine:
     actor imports SGLang, which cannot load in this venv). `init` takes the server's address as slime's
     `external_engine_init_kwargs` gives it: the server is already up and registered with the real router."""
 
-    def __init__(self, args, rank, worker_type="regular", base_gpu_id=0, num_gpus_per_engine=1, **_):
+    def __init__(
+        self, args, rank, worker_type="regular", base_gpu_id=None, sglang_overrides=None, num_gpus_per_engine=1
+    ):
         self.args, self.rank, self.worker_type = args, rank, worker_type
-        self.calls: list[str] = []
         self._http = None
 
-    def init(self, dist_init_addr=None, nccl_port=None, host=None, port=None, router_ip=None, router_port=None, **_):
+    def init(
+        self,
+        dist_init_addr=None,
+        port=None,
+        nccl_port=None,
+        host=None,
+        disaggregation_bootstrap_port=None,
+        router_ip=None,
+        router_port=None,
+    ):
         from support.slime_push import EngineActorStandIn
 
         self._http = EngineActorStandIn(f"http://{host}:{port}")
-        self.calls.append("init")
 
     def _call(self, name, *args, **kwargs):
-        self.calls.append(name)
         return getattr(self._http, f"_do_{name}")(*args, **kwargs)
 
     def pause_generation(self):
@@ -53,22 +61,38 @@ class HttpEngine:
     def flush_cache(self):
         return self._call("flush_cache")
 
-    def init_weights_update_group(self, **payload):
-        return self._call("init_weights_update_group", **payload)
+    def init_weights_update_group(self, master_address, master_port, rank_offset, world_size, group_name, backend):
+        return self._call(
+            "init_weights_update_group",
+            master_address=master_address,
+            master_port=master_port,
+            rank_offset=rank_offset,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
+        )
 
     def destroy_weights_update_group(self, group_name):
         return self._call("destroy_weights_update_group", group_name)
 
-    def update_weights_from_distributed(self, **kwargs):
-        return self._call("update_weights_from_distributed", **kwargs)
+    def update_weights_from_distributed(
+        self, names, dtypes, shapes, group_name, flush_cache=False, weight_version=None, load_format=None
+    ):
+        return self._call(
+            "update_weights_from_distributed",
+            names,
+            dtypes,
+            shapes,
+            group_name,
+            flush_cache,
+            weight_version,
+            load_format,
+        )
 
     def get_weight_version(self):
         from support.slime_push import _session
 
         return _session().get(f"{self._http.url}/model_info", timeout=30).json().get("weight_version")
-
-    def get_calls(self) -> list[str]:
-        return list(self.calls)
 
 
 class _MetricLines(logging.Handler):
