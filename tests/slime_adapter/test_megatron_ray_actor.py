@@ -30,6 +30,7 @@ pytest.importorskip("ray", reason="the run needs Ray (the slime-contract extra)"
 from support import megatron_ray_run as ray_run  # noqa: E402
 
 RUN = REPO / "tests" / "support" / "megatron_ray_run.py"
+BEFORE = "before-the-ray-run"
 N_SAMPLES, BATCH = 2, 2  # support.megatron_actor.actor_argv: --n-samples-per-prompt, --rollout-batch-size
 
 
@@ -46,6 +47,7 @@ def run(real_engines, tmp_path_factory):
     )
     out, log = work / "out.json", work / "run.log"
     version = real_engines.server.weight_version()
+    restore_initial_weights(real_engines, BEFORE)  # a version no push of the run can name
     try:
         with open(log, "w") as f:
             done = subprocess.run(
@@ -117,7 +119,7 @@ def test_the_actor_pushed_one_version_per_rollout_and_no_group_trains_more_than_
     """slime's updater pushed version 1 before the first rollout and one after each (the server reports the
     last); rollout r trains at version r + 1, each group generated under versions at most K = 2 older, and
     the async schedule really ran stale groups (the K bound is met, not idle)."""
-    assert run["version_after"] == str(ray_run.NUM_ROLLOUT + 1)
+    assert run["version_before"] == BEFORE and run["version_after"] == str(ray_run.NUM_ROLLOUT + 1)
     k = ray_run.MAX_STALENESS
     staleness = []
     for r in run["rollouts"]:
