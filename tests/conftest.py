@@ -71,6 +71,9 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     # slime's actor: a train process and one without a patch, then a load process and one without a patch
     # [378 s at load average ~25, 625 s at 44-63, 2026-12-07]
     "tests/slime_adapter/test_megatron_actor.py": 1500,
+    # slime's actor group under a real Ray: 4 rollouts, 5 pushes into the real server, one save (plus the
+    # server's start when this file runs first) [495 s the run at load average ~33, 2026-12-07]
+    "tests/slime_adapter/test_megatron_ray_actor.py": 1500,
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {

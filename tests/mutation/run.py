@@ -99,6 +99,13 @@ REAL_ENGINE_TESTS: dict[str, tuple[str, ...]] = {
     "tests/slime_adapter/test_sglang_conformance_weights.py": ("epic_slime/runtime/hf_export.py",),
     # a whole slime session (rollout, stream, push, loss) against the real server and router
     "tests/slime_adapter/test_slime_e2e_real.py": ("epic_slime/slime/", "epic_slime/losses/"),
+    # slime's Megatron actor under Ray: the driver, the stream and the loss against the real server
+    "tests/slime_adapter/test_megatron_ray_actor.py": (
+        "epic_slime/slime/train.py",
+        "epic_slime/slime/rollout.py",
+        "epic_slime/slime/group_stream.py",
+        "epic_slime/slime/loss.py",
+    ),
     "tests/evaluation/test_evaluate_real_sglang.py": ("epic_slime/evaluation/",),
     # the project's multi-turn generate function and its tools under the stream, on the real server and router
     "tests/slime_adapter/test_slime_e2e_agent.py": ("epic_slime/slime/agent_generate.py", "epic_slime/tools/"),

@@ -168,7 +168,8 @@ def install_cpu_accelerator() -> None:
     from slime.utils.accelerator.base import Accelerator
 
     class CpuAccelerator(Accelerator):
-        name = "cpu"
+        name = device_type = "cpu"
+        communication_backend_name = "gloo"  # slime's weight-update group (update_weight_from_distributed.py:296)
 
         def is_available(self):
             return True
