@@ -24,6 +24,7 @@ from epic_slime.slime.data_source import StreamingDataSource, group_key
 from epic_slime.slime.engine_faults import MAX_GROUP_ATTEMPTS, EngineFailedError, EngineFaults
 from epic_slime.admission import AdmissionBudget
 from epic_slime.slime.gate import parse_weight_version, sample_oldest_version
+from epic_slime.slime.version_spans import call_version_spans
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,8 @@ class GroupStream:
 
     Per sample (``Sample.metadata``): ``oldest_weight_version`` / ``newest_weight_version`` and, in
     abort mode, ``token_version_spans`` ([[version, tokens], ...], run-length per token: each generate
-    call's tokens carry the version it reported). In place (``--weight-push-mode in_place``) a
+    call's tokens carry the version it reported; a multi-turn call's turns each theirs, version_spans.py).
+    In place (``--weight-push-mode in_place``) a
     request decodes across the push and SGLang reports only the final version; under ``retract`` a
     request running at the push keeps the tokens it sampled on the old weights, is prefilled again and
     finishes on the new ones, and SGLang again reports only the final version (and a retraction count
@@ -136,6 +138,7 @@ class GroupStream:
         self.abort_resubmits = 0
         self.stale_requeues = 0
         self.empty_call_versions = 0
+        self.coarse_version_calls = 0  # multi-turn calls whose tokens took the call's oldest version (version_spans.py)
         self.failures: list = []
         self.faults = EngineFaults(args)  # engine death, hang, restart (engine_faults.py)
         self.trainer_version = 1
@@ -234,7 +237,11 @@ class GroupStream:
             metadata = _metadata(sample)
             new_tokens = sample.response_length - length
             if not self.held_across_push and new_tokens > 0 and len(sample.weight_versions) > versions:
-                metadata["token_version_spans"].append([parse_weight_version(sample.weight_versions[-1]), new_tokens])
+                reported = [parse_weight_version(v) for v in sample.weight_versions[versions:]]
+                mask = getattr(sample, "loss_mask", None)
+                spans, exact = call_version_spans(mask[length:] if mask is not None else None, new_tokens, reported)
+                metadata["token_version_spans"].extend(spans)
+                self.coarse_version_calls += not exact
             if finished and sample.weight_versions:
                 reported = [parse_weight_version(v) for v in sample.weight_versions]
                 oldest = min(reported)

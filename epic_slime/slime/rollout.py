@@ -182,6 +182,7 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
     metrics["rollout/accounting/abort_resubmits"] = float(stream.abort_resubmits)
     metrics["rollout/accounting/stale_requeues"] = float(stream.stale_requeues)
     metrics["rollout/accounting/empty_call_versions"] = float(stream.empty_call_versions)
+    metrics["rollout/accounting/coarse_version_calls"] = float(stream.coarse_version_calls)
     metrics |= stream.faults.metrics()  # rollout/faults/*: engine death, hang, restart (engine_faults.py)
     logger.info(
         "rollout %d: %s", rollout_id, {k: v for k, v in metrics.items() if "groups_at" not in k and "deciles/" not in k}

@@ -311,7 +311,7 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
         return [Sample(index=2 * index + i, group_index=index, weight_versions=[str(version)]) for i in range(2)]
 
     class FakeStream:  # GroupStream's interface: finished groups waiting, counters
-        crash_retries = abort_resubmits = stale_requeues = empty_call_versions = 0
+        crash_retries = abort_resubmits = stale_requeues = empty_call_versions = coarse_version_calls = 0
 
         def __init__(self, groups, can_requeue=False):
             self.completed = deque(groups)

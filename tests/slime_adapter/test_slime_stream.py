@@ -294,3 +294,53 @@ def test_retract_samples_carry_the_version_their_first_tokens_were_sampled_with(
     assert 4 - sample_oldest_version(sample) == lag  # at trainer version 4
     gate = StalenessGate(args.max_staleness, "drop")
     assert gate.admit(4 - sample_oldest_version(sample), 1) == (outcome == "kept")
+
+
+def _two_turn_generate(engine, mask_kept=True):
+    """A retool-shaped call: a model turn at the engine's version, a push, tool output (loss mask 0), a
+    second model turn at the new version, all inside one generate call."""
+
+    async def generate(args, group, sampling_params, evaluation=False):
+        for sample in group:
+            meta = {"weight_version": str(engine.version), "finish_reason": {"type": "stop"}}
+            sample.append_response_tokens(args, tokens=[7, 8, 9], log_probs=[-0.1] * 3, meta_info=meta)
+            engine.version += 1  # a push lands between the turns
+            sample.append_response_tokens(args, tokens=[5, 5], trainable=False)
+            meta = {"weight_version": str(engine.version), "finish_reason": {"type": "stop"}}
+            sample.append_response_tokens(args, tokens=[7, 8], log_probs=[-0.2] * 2, meta_info=meta)
+            if not mask_kept:
+                sample.loss_mask = None  # a generate function that fills no mask: nothing to split the turns by
+        return group
+
+    return generate
+
+
+def test_a_multi_turn_call_carries_each_turns_version_per_token(engine):
+    """Turn 1 (3 tokens) at version 1, tool output (2), turn 2 (2 tokens) at version 2, one call: the
+    spans are [[1, 5], [2, 2]] (the tool tokens go with the turn they answer), not the call's last
+    version for all seven; the oldest is 1."""
+    args, data = _args(), DataSource()
+    stream = group_stream.GroupStream(args, data, generate_group=_two_turn_generate(engine))
+    group = data.get_samples(1)[0]
+    stream.order.append(0)
+    stream.budget.start()
+    run(_submit_and_wait(stream, group))
+    sample = stream.finished[0][0]
+    assert sample.weight_versions == ["1", "2"]
+    assert sample.metadata["token_version_spans"] == [[1, 5], [2, 2]]
+    assert sample.metadata["oldest_weight_version"] == 1 and sample.metadata["newest_weight_version"] == 2
+    assert stream.coarse_version_calls == 0
+
+
+def test_a_multi_turn_call_without_a_mask_gives_its_tokens_the_oldest_version_and_counts_it(engine):
+    """Without a loss mask the turns cannot be told apart: all seven tokens carry the call's oldest
+    version (never newer than the truth) and the call is counted."""
+    args, data = _args(), DataSource()
+    stream = group_stream.GroupStream(args, data, generate_group=_two_turn_generate(engine, mask_kept=False))
+    group = data.get_samples(1)[0]
+    stream.order.append(0)
+    stream.budget.start()
+    run(_submit_and_wait(stream, group))
+    sample = stream.finished[0][0]
+    assert sample.metadata["token_version_spans"] == [[1, 7]]
+    assert stream.coarse_version_calls == 1
