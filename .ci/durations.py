@@ -1,5 +1,6 @@
 """Sum a durations file (tests/conftest.py, EPIC_SLIME_TEST_DURATIONS) by tier: how much of the suite's
-time each tier takes, and the fast tier (`-m "not slow"`) on its own.
+time each tier takes, and the fast tier (`-m "not slow"`) on its own; then the slowest files, last in
+CI's log, where a cut of the suite's time starts.
 
     python .ci/durations.py .ci-out/durations.tsv
 """
@@ -23,6 +24,17 @@ def summarize(path: Path) -> dict[str, tuple[int, float]]:
     return {k: (int(n), s) for k, (n, s) in out.items()}
 
 
+def slowest_files(path: Path, n: int = 12) -> list[tuple[str, int, float]]:
+    """(file, tests, seconds) of the ``n`` files that take the most time, slowest first."""
+    by_file: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for line in path.read_text().splitlines()[1:]:
+        seconds, _outcome, _tiers, nodeid = line.split("\t", 3)
+        by_file[nodeid.split("::", 1)[0]][0] += 1
+        by_file[nodeid.split("::", 1)[0]][1] += float(seconds)
+    ranked = sorted(by_file.items(), key=lambda kv: -kv[1][1])[:n]
+    return [(name, int(count), seconds) for name, (count, seconds) in ranked]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__.strip(), file=sys.stderr)
@@ -32,6 +44,8 @@ def main(argv: list[str]) -> int:
     for name in ("all", "fast", "slow", "real_sglang", "needs_slime"):
         n, s = totals.get(name, (0, 0.0))
         print(f"durations: {name:<12} {n:5d} tests {s:8.1f} s ({100 * s / whole:5.1f}% of the suite's test time)")
+    for name, n, s in slowest_files(Path(argv[0])):
+        print(f"durations: file {s:8.1f} s {n:4d} tests  {name}")
     return 0
 
 

@@ -36,6 +36,20 @@ def test_the_summary_sums_each_tier_and_the_fast_tier_is_everything_not_slow(tmp
     assert got["fast"] == (2, pytest.approx(0.75)) and got["needs_slime"] == (1, pytest.approx(0.5))
 
 
+def test_the_slowest_files_come_first_with_their_tests_summed(tmp_path):
+    path = tmp_path / "d.tsv"
+    path.write_text(
+        "seconds\toutcome\ttiers\tnodeid\n"
+        "3.0\tpassed\t-\ttests/b.py::t1\n"
+        "10.0\tpassed\tslow\ttests/a.py::t1[x]\n"
+        "4.0\tpassed\t-\ttests/b.py::t2\n"
+        "0.5\tpassed\t-\ttests/c.py::t1\n"
+    )
+    files = _summary_module().slowest_files(path, n=2)
+    assert [(f, n) for f, n, _ in files] == [("tests/a.py", 1), ("tests/b.py", 2)]
+    assert files[1][2] == pytest.approx(7.0)
+
+
 def test_a_run_writes_one_line_per_test_with_its_outcome_and_tiers(tmp_path):
     tests = tmp_path / "tests"
     tests.mkdir()
