@@ -72,7 +72,7 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     # [378 s at load average ~25, 625 s at 44-63, 2026-12-07]
     "tests/slime_adapter/test_megatron_actor.py": 1500,
     # slime's actor killed at each boundary of a checkpoint's two saves: four processes of it in turn
-    # [the four by hand 72 + 68 + ~75 + ~70 s at load average 11; 1044 s at 20-32, 2026-12-07]
+    # [357 s at load average 30-39; 1044 s at 20-32 beside two more copies of it, 2026-12-07]
     "tests/slime_adapter/test_megatron_checkpoint_kill.py": 1800,
 }
 # single tests beyond their file's limit

@@ -21,7 +21,10 @@ the newest data state on disk (`StreamingDataSource.load`, what `--ckpt-step` of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -77,6 +80,7 @@ def lives(tmp_path_factory):
                 cwd=REPO,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: see below
             )
             try:
                 proc.wait(timeout=900)
@@ -84,6 +88,10 @@ def lives(tmp_path_factory):
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
+                # a SIGKILLed life leaves its multiprocessing children (a spawn child, a resource tracker)
+                # orphaned in its group: none outlives its life
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
         after.append(
             {
                 "returncode": proc.returncode,
