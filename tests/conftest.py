@@ -74,6 +74,9 @@ SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     # slime's actor group under a real Ray: 4 rollouts, 5 pushes into the real server, one save (plus the
     # server's start when this file runs first) [495 s the run at load average ~33, 2026-12-07]
     "tests/slime_adapter/test_megatron_ray_actor.py": 1500,
+    # slime's actor killed at each boundary of a checkpoint's two saves: four processes of it in turn
+    # [357 s at load average 30-39; 1044 s at 20-32 beside two more copies of it, 2026-12-07]
+    "tests/slime_adapter/test_megatron_checkpoint_kill.py": 1800,
 }
 # single tests beyond their file's limit
 SLOW_TEST_TIMEOUT_S: dict[str, float] = {

@@ -329,8 +329,7 @@ def check_unsupported_settings(args: Any) -> None:
 def check_disk_version_check(args: Any) -> None:
     """slime 624b824a, after a full disk reload under ``--ci-test`` (``actor_group.py``), asks every
     engine for ``GET /get_weight_version``, which SGLang 0.5.15 answers 404 ("use /model_info"): the run
-    would die at its first push. Refused up front; the version is in ``/model_info``
-    (``epic_slime.slime.served_weights.served_weight_version``)."""
+    would die at its first push. Refused up front; the version is in ``/model_info``."""
     if (
         _get(args, "ci_test", False)
         and _get(args, "update_weight_transport") == "disk"

@@ -257,7 +257,8 @@ def holding_update_weights(update_weights, mode: str = IN_PLACE):
 def install_train_hook(args) -> None:
     """``--custom-megatron-init-path epic_slime.slime.push_mode.install_train_hook``: the R3 train
     hook when R3 is on (``epic_slime.slime.routing.install_train_hook``), and under
-    ``--weight-push-mode in_place`` or ``retract`` slime's distributed updater pausing with that mode."""
+    ``--weight-push-mode in_place`` or ``retract`` slime's distributed updater pausing with that mode;
+    every bucket it broadcasts is name-checked first (``served_weights.install_push_name_check``)."""
     if (
         getattr(args, "use_rollout_routing_replay", False)
         and getattr(args, "rollout_function_path", None) == ROLLOUT_FUNCTION_PATH
@@ -266,6 +267,9 @@ def install_train_hook(args) -> None:
 
         install_r3(args)
     install_push_hook(args)
+    from epic_slime.slime.served_weights import install_push_name_check
+
+    install_push_name_check()  # the server answers success to a name it does not load: refuse it here
     from epic_slime.slime.push_recovery import install_stale_group_reset
 
     install_stale_group_reset()  # a resumed driver's connect after one killed mid-push (engines that outlived it)

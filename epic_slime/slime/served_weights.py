@@ -1,30 +1,24 @@
-"""What an SGLang 0.5.15 server actually serves after a weight push: its version and its weights.
+"""The project's push-name check: a weight push must name exactly the tensors the server loaded.
 
-- **The version.** ``GET /get_weight_version`` answers 404 in SGLang 0.5.15 ("deprecated, use
-  /model_info"); slime 624b824a's ``SGLangEngine.get_weight_version`` still calls it (from
-  ``actor_group.py`` under ``--ci-test`` after a disk reload, refused by ``checks``).
-  ``served_weight_version`` reads ``/model_info``.
-- **The weights.** A weight update answers ``{"success": true}`` for parameter names the engine cannot
-  map and loads nothing (transformers 5's fused in-memory expert names ``mlp.experts.gate_up_proj``;
-  a tied ``lm_head`` left out of the push). ``confirm_push`` scores a fixed probe sequence on the
-  server (the prompt's own log-probs: no sampling, nothing random) and compares it with the pushed
-  model's float forward: a push that loaded nothing leaves the old model's log-probs, which differ
-  from the pushed model's by more than bf16 noise whenever the push changed the weights noticeably.
-- **The names.** ``check_push_names`` refuses, before anything is sent, a push whose names or shapes
-  are not exactly those of the checkpoint the server loaded (``checkpoint_shapes`` of its HF folder):
-  the server's success answer cannot be trusted for that.
+An SGLang 0.5.15 weight update answers ``{"success": true}`` for parameter names the engine cannot
+map and loads nothing (transformers 5's fused in-memory expert names ``mlp.experts.gate_up_proj``; a
+tied ``lm_head`` left out of the push). ``check_push_names`` refuses, before anything is sent, a push
+whose names or shapes are not exactly those of the checkpoint the server loaded (``checkpoint_shapes``
+of its HF folder): the server's success answer cannot be trusted for that. On the train ranks
+(``install_push_name_check``, from the push-mode train hook) each bucket slime's distributed updater
+broadcasts is checked before it is sent.
 
-No slime import: the driver, the train ranks and the tests use this module.
+What the server serves after a push (its version, its log-probs) is probed by the tests
+(tests/support/served_probe.py).
+
+slime is imported only inside ``install_push_name_check``: the driver and the tests use the rest.
 """
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
+import logging
 
-# bf16 serving against the float trainer: mean |gap| about 1e-3 per token on the tiny model
-# (tests/slime_adapter/test_real_sglang.py); a push that loaded nothing is off by tenths
-CONFIRM_MEAN_TOL = 0.01
+logger = logging.getLogger(__name__)
 
 
 class PushNamesWrong(ValueError):
@@ -52,86 +46,66 @@ def checkpoint_shapes(model_dir) -> dict[str, tuple[int, ...]]:
 def check_push_names(pushed: dict, served: dict) -> None:
     """Raise ``PushNamesWrong`` unless ``pushed`` (name -> tensor or shape) names exactly the tensors of
     ``served`` (name -> shape, ``checkpoint_shapes``) with their shapes."""
-    unknown = sorted(set(pushed) - set(served))
-    if unknown:
-        raise PushNamesWrong(f"the push names parameters the server does not load: {unknown}")
+    check_push_chunk(pushed, served)
     missing = sorted(set(served) - set(pushed))
     if missing:
         raise PushNamesWrong(f"the push leaves out parameters the server serves: {missing}")
+
+
+def check_push_chunk(pushed: dict, served: dict) -> None:
+    """One part of a push (a bucket): every name one the server loads, with its shape."""
+    unknown = sorted(set(pushed) - set(served))
+    if unknown:
+        raise PushNamesWrong(f"the push names parameters the server does not load: {unknown}")
     shape_of = {n: tuple(getattr(v, "shape", v)) for n, v in pushed.items()}
     wrong = {n: (shape_of[n], tuple(served[n])) for n in pushed if shape_of[n] != tuple(served[n])}
     if wrong:
         raise PushNamesWrong(f"the push's shapes differ from the served ones (pushed, served): {wrong}")
 
 
-class PushNotApplied(RuntimeError):
-    """The server answered the push but does not serve the pushed weights."""
+_CHECKED = "_epic_push_names_checked"
 
 
-def _http(http=None):
-    if http is not None:
-        return http
-    import requests
+def checked_chunks(on_chunk, served_of):
+    """slime's ``UpdateWeightFromDistributed._on_chunk`` (called with each HF chunk before it is
+    broadcast) with the chunk checked first (``check_push_chunk``) against ``served_of(args)``.
 
-    session = requests.Session()
-    session.trust_env = False
-    return session
+    Per chunk, not per push: each pipeline stage pushes its own layers, so no one rank sees the whole
+    push and a left-out tensor cannot be told from another stage's."""
+    if getattr(on_chunk, _CHECKED, False):
+        return on_chunk
 
+    def wrapped(self, hf_chunk):
+        served = served_of(self.args)
+        if served is not None:
+            check_push_chunk(dict(hf_chunk), served)
+        return on_chunk(self, hf_chunk)
 
-def served_weight_version(url: str, http=None, timeout: float = 60) -> str:
-    """The weight version the server at ``url`` serves, from ``/model_info`` (SGLang 0.5.15 answers
-    404 to ``/get_weight_version``)."""
-    reply = _http(http).get(f"{url.rstrip('/')}/model_info", timeout=timeout)
-    reply.raise_for_status()
-    body = reply.json()
-    if "weight_version" not in body:
-        raise RuntimeError(f"{url}/model_info has no weight_version: keys {sorted(body)}")
-    return str(body["weight_version"])
+    setattr(wrapped, _CHECKED, True)
+    return wrapped
 
 
-def served_logprobs(url: str, ids: list[int], http=None, timeout: float = 300) -> list[float]:
-    """log p(ids[i] | ids[:i]) for i >= 1 as the server at ``url`` computes them (its prompt
-    log-probs, temperature 1). A fresh ``extra_key``: no prefix KV cached under older weights."""
-    body = {
-        "input_ids": list(ids),
-        "return_logprob": True,
-        "logprob_start_len": 0,
-        "sampling_params": {"max_new_tokens": 1, "temperature": 1.0},
-        "extra_key": "epic-probe-" + uuid.uuid4().hex,
-    }
-    reply = _http(http).post(f"{url.rstrip('/')}/generate", json=body, timeout=timeout)
-    reply.raise_for_status()
-    rows = reply.json()["meta_info"]["input_token_logprobs"]
-    values = [row[0] for row in rows if row[0] is not None]
-    if len(values) != len(ids) - 1:
-        raise RuntimeError(f"{url}/generate returned {len(values)} prompt log-probs for {len(ids)} tokens")
-    return [float(v) for v in values]
+_SERVED: dict = {}  # --hf-checkpoint -> its names and shapes (read once per process)
 
 
-def model_logprobs(model: Any, ids: list[int]) -> list[float]:
-    """The same log-probs from ``model``'s own forward (float64 softmax over its logits)."""
-    import torch
-
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([list(ids)]), use_cache=False).logits[0, :-1].double()
-    picked = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
-    return [float(v) for v in picked]
-
-
-def mean_gap(a: list[float], b: list[float]) -> float:
-    if len(a) != len(b) or not a:
-        raise ValueError(f"mean_gap: lengths {len(a)} and {len(b)}")
-    return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
+def served_shapes_of(args) -> dict | None:
+    """The names and shapes the servers load: ``--hf-checkpoint``'s safetensors (slime starts them from
+    it). None, with a warning once, when it holds no safetensors (a ``.bin`` checkpoint): unchecked."""
+    folder = getattr(args, "hf_checkpoint", None)
+    if folder not in _SERVED:
+        try:
+            _SERVED[folder] = checkpoint_shapes(folder) if folder else None
+        except FileNotFoundError:
+            _SERVED[folder] = None
+        if _SERVED[folder] is None:
+            logger.warning("push-name check off: --hf-checkpoint %r holds no *.safetensors to compare with", folder)
+    return _SERVED[folder]
 
 
-def confirm_push(url: str, model: Any, ids: list[int], tol: float = CONFIRM_MEAN_TOL, http=None) -> float:
-    """Raise ``PushNotApplied`` unless the server at ``url`` scores ``ids`` as ``model`` does (mean
-    |log-prob gap| per token at most ``tol``); returns the gap."""
-    gap = mean_gap(served_logprobs(url, ids, http), model_logprobs(model, ids))
-    if gap > tol:
-        raise PushNotApplied(
-            f"{url} does not serve the pushed weights: mean |log-prob gap| {gap:.4g} per token on "
-            f"the probe > {tol} (a push answered success but loaded nothing? check the "
-            f"parameter names: per-expert checkpoint names and lm_head.weight)"
-        )
-    return gap
+def install_push_name_check() -> None:
+    """Every chunk slime's distributed updater broadcasts is checked first (idempotent): a push naming a
+    parameter the server does not load, or with another shape, raises ``PushNamesWrong`` before it is
+    sent, where the server would answer success and keep its old weights."""
+    from slime.backends.megatron_utils.update_weight.update_weight_from_distributed import UpdateWeightFromDistributed
+
+    UpdateWeightFromDistributed._on_chunk = checked_chunks(UpdateWeightFromDistributed._on_chunk, served_shapes_of)

@@ -70,7 +70,6 @@ REAL_ENGINE_TESTS: dict[str, tuple[str, ...]] = {
         "epic_slime/slime/group_stream.py",
         "epic_slime/slime/data_source.py",
         "epic_slime/slime/rollout.py",
-        "epic_slime/slime/served_weights.py",
     ),
     "tests/slime_adapter/test_real_router_driver_faults.py": (
         "epic_slime/slime/engine_faults.py",
@@ -82,7 +81,6 @@ REAL_ENGINE_TESTS: dict[str, tuple[str, ...]] = {
     ),
     "tests/slime_adapter/test_real_sglang_pushes.py": (
         "epic_slime/slime/push_mode.py",
-        "epic_slime/slime/served_weights.py",
         "epic_slime/runtime/hf_export.py",
     ),
     # Megatron's converted tensors pushed into the real server under each push mode

@@ -153,7 +153,7 @@ def _prefills(server: RealServer) -> int:
 
 @pytest.fixture(scope="module")
 def rig(real_engines, victim_server, tmp_path_factory):
-    from epic_slime.slime.served_weights import served_weight_version
+    from support.served_probe import served_weight_version
     from support.real_push import restore_initial_weights
 
     found = served_weight_version(real_engines.server.url)

@@ -5,8 +5,9 @@ per-DP split with the project's loss (`--loss-type custom_loss`, EPIC), `save_mo
 checkpoint.py and megatron.training's `save_checkpoint`, and a fresh actor's `init` from that save.
 
 What could not be met on CPU is stood in for at its interface and listed (support/megatron_actor.py
-`STANDINS`, the harness's patches); what stays out (Ray, the real router and server, train_async's
-loop) is written in docs/testing.md ("slime's Megatron actor on CPU").
+`STANDINS`, the harness's patches; docs/testing.md, "slime's Megatron actor on CPU"). The same actor
+under a real Ray, behind the real router and server, in the asynchronous loop: test_megatron_ray_actor.py;
+killed at a checkpoint's boundaries: test_megatron_checkpoint_kill.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Megatron over the served vocabulary. This process pushes the converted tensors i
 server under each push mode (abort / in place / retract: generation paused that way with a request in
 flight, the push, generation continued), and the served log-probs must be within the bf16 gap of
 Megatron's: max 0.03, mean 0.01 per token (tests/slime_adapter/test_real_sglang.py's bounds for bf16
-serving of the float model; served_weights.CONFIRM_MEAN_TOL).
+serving of the float model; served_probe.CONFIRM_MEAN_TOL).
 
 Before any push the conversion is checked against an independent reference: the HF model's own
 checkpoint tensors (transformers' `revert_weight_conversion`, epic_slime.runtime.hf_export), exactly.
@@ -86,12 +86,8 @@ def _gaps(served, mine):
 
 @pytest.mark.parametrize("mode", PUSH_MODES)
 def test_a_push_from_megatron_serves_megatrons_log_probs(real_engines, converted, mode):
-    from epic_slime.slime.served_weights import (
-        check_push_names,
-        checkpoint_shapes,
-        served_logprobs,
-        served_weight_version,
-    )
+    from epic_slime.slime.served_weights import check_push_names, checkpoint_shapes
+    from support.served_probe import served_logprobs, served_weight_version
     from support.megatron_push import probe_ids
     from support.real_push import push_distributed, restore_initial_weights
 

@@ -1,10 +1,10 @@
 """What breaks against the real SGLang 0.5.15.post1 server when weights are pushed, each handled where a user
 meets it (issue 38 item 4), tested on the session's real server (``real_engines``):
 
-- the version: ``/get_weight_version`` is 404; ``served_weights.served_weight_version`` reads ``/model_info``,
+- the version: ``/get_weight_version`` is 404; ``served_probe.served_weight_version`` reads ``/model_info``,
   and the driver refuses the slime setting that calls the 404 (``--ci-test`` with a disk push);
 - a push that answers ``success: true`` and loads nothing (transformers 5's fused expert names; the tied
-  ``lm_head`` left out): ``served_weights.confirm_push`` catches it, ``hf_export.checkpoint_tensors``
+  ``lm_head`` left out): ``served_probe.confirm_push`` catches it, ``hf_export.checkpoint_tensors``
   names the tensors as the server maps them;
 - a flushing update while a request is held in place kills the server: the in-place engine view
   (``push_mode.HoldingEngine``) sends every weight update with ``flush_cache`` false.
@@ -40,7 +40,7 @@ PROBE = _prompt("9-4+8=Answer:13")
 @pytest.fixture
 def engines(real_engines):
     """The session's engines; afterwards back on the initial weights at the version they had."""
-    from epic_slime.slime.served_weights import served_weight_version
+    from support.served_probe import served_weight_version
 
     version = served_weight_version(real_engines.server.url)
     yield real_engines
@@ -62,7 +62,7 @@ def _other_model(seed: int = 1):
 
 
 def test_served_version_comes_from_model_info_where_get_weight_version_is_404(engines):
-    from epic_slime.slime.served_weights import served_weight_version
+    from support.served_probe import served_weight_version
 
     server = engines.server
     server.post("/update_weight_version", {"new_version": "epic-7"}).raise_for_status()
@@ -99,7 +99,7 @@ def test_ci_test_with_a_disk_push_is_refused_up_front(transport, ci_test, refuse
 def test_a_push_under_in_memory_names_answers_success_loads_nothing_and_is_caught(engines):
     """transformers 5's in-memory names (fused experts, the tied head absent): SGLang answers success and
     keeps serving the old weights; confirm_push says so."""
-    from epic_slime.slime.served_weights import PushNotApplied, confirm_push
+    from support.served_probe import PushNotApplied, confirm_push
 
     from support.real_push import push_distributed
 
@@ -116,7 +116,7 @@ def test_a_push_without_the_untied_head_is_caught(engines):
     """The trainer's model is tied and the served checkpoint is not: a push of every checkpoint tensor
     but ``lm_head.weight`` leaves the served head on the old embedding."""
     from epic_slime.runtime.hf_export import checkpoint_tensors
-    from epic_slime.slime.served_weights import PushNotApplied, confirm_push
+    from support.served_probe import PushNotApplied, confirm_push
 
     from support.real_push import push_distributed
 
@@ -130,7 +130,7 @@ def test_a_push_without_the_untied_head_is_caught(engines):
 
 def test_a_push_of_the_checkpoint_tensors_takes_effect(engines):
     from epic_slime.runtime.hf_export import checkpoint_tensors
-    from epic_slime.slime.served_weights import confirm_push, mean_gap, model_logprobs, served_logprobs
+    from support.served_probe import confirm_push, mean_gap, model_logprobs, served_logprobs
 
     from support.real_push import push_distributed
 
@@ -240,7 +240,7 @@ def test_cpu_tensor_update_loads_and_holds_no_pipe_of_the_sender(engines):
     import os
     import subprocess
 
-    from epic_slime.slime.served_weights import confirm_push, served_weight_version
+    from support.served_probe import confirm_push, served_weight_version
 
     from support.slime_args import REPO
 

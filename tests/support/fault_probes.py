@@ -200,7 +200,7 @@ def push_peer_death_probe(server, model, probe_ids: list[int]) -> dict:
     import torch
 
     from epic_slime.runtime.hf_export import checkpoint_tensors
-    from epic_slime.slime.served_weights import mean_gap, model_logprobs, served_logprobs, served_weight_version
+    from support.served_probe import mean_gap, model_logprobs, served_logprobs, served_weight_version
 
     trained = copy.deepcopy(model)
     with torch.no_grad():

@@ -114,7 +114,7 @@ def checkpoint_model(workdir: str, rollout_id: int | None, path: str | None = No
 def driver_kill_in_push(engines, workdir: str) -> dict:
     """Two sessions against ``engines`` (the caller's OWN: the kill leaves them mid-push): the first killed
     in a push, the engine measured, the second resumed from the last checkpoint."""
-    from epic_slime.slime.served_weights import mean_gap, model_logprobs, served_logprobs, served_weight_version
+    from support.served_probe import mean_gap, model_logprobs, served_logprobs, served_weight_version
 
     os.makedirs(workdir, exist_ok=True)
     h.prepare_workdir(workdir, train_prompts=100, eval_prompts=real.EVAL_PROMPTS)

@@ -5,7 +5,7 @@ What runs: slime 624b824a's rollout function path (the project's ``generate_roll
 ``generate_and_rm``), the project's ``GroupStream``, slime's own ``UpdateWeightFromDistributed.
 update_weights`` over a gloo group into the real server (the checkpoint's tensor names:
 per-expert weights and the untied ``lm_head``, ``hf_export.checkpoint_tensors``), every push confirmed
-by scoring a probe on the server (``served_weights.confirm_push``) and by ``/model_info``'s version.
+by scoring a probe on the server (``served_probe.confirm_push``) and by ``/model_info``'s version.
 
 Three runs (``RUNS``): async K = 2 under ``--weight-push-mode abort``, async K = 2 under ``in_place``,
 sync K = 0. CI runs one of them (``tests/slime_adapter/test_slime_e2e_real.py``); all three:
@@ -56,7 +56,7 @@ def run(
     """One e2e session of ``RUNS[name]`` (or of ``spec``, named ``name``: the multi-turn agent's runs in
     tests/slime_adapter/test_slime_e2e_agent.py) against ``engines`` (a ready ``RealEngines``); its trace
     and summary."""
-    from epic_slime.slime.served_weights import confirm_push, model_logprobs, served_logprobs, served_weight_version
+    from support.served_probe import confirm_push, model_logprobs, served_logprobs, served_weight_version
 
     spec = spec or RUNS[name]
     workdir = workdir or tempfile.mkdtemp(prefix=f"slime_e2e_real_{name}_")

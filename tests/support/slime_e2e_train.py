@@ -255,9 +255,9 @@ class CpuTrainGroup:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _confirm_push(self) -> float:
-        """Each engine scores the probe as the pushed model does (``served_weights.confirm_push``),
+        """Each engine scores the probe as the pushed model does (``served_probe.confirm_push``),
         and reports the pushed version in ``/model_info``; the largest gap."""
-        from epic_slime.slime.served_weights import confirm_push, served_weight_version
+        from support.served_probe import confirm_push, served_weight_version
 
         gaps = []
         for url in self.engine_urls:
