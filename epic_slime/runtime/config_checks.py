@@ -55,7 +55,8 @@ def validate(cfg: RuntimeConfig) -> None:
                 f"the rollout engine, which recompute replaces by the trainer's pi_old (not supported)"
             )
     if get_task(v["task_name"]).agent:
-        if cfg.policy_loss.startswith("dppo_topk"):
+        needs_topk = cfg.policy_loss.startswith("dppo_topk")  # the Top-K modes (no torch import here)
+        if needs_topk:
             raise ConfigError(
                 f"task_name={v['task_name']!r} with policy_loss={cfg.policy_loss}: the multi-turn sampler "
                 "records no Top-K behaviour sets (use a mode without Top-K)"

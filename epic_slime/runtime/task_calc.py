@@ -26,11 +26,8 @@ import dataclasses
 import hashlib
 import random
 
-import torch
-
 from epic_slime.tools.calc import CalcError, calc
 
-from .model import build_policy, response_log_probs, sample
 from .task import ANSWER, Problem, Tokenizer
 
 NAME = "calc"
@@ -112,6 +109,10 @@ def supervised_warm_start(model_cfg, *, steps: int, batch_size: int, lr: float, 
     """The warm start that teaches the call format: cross-entropy on the model's tokens of correct
     trajectories; the tool's digits carry no loss, so it cannot teach the products. One function for
     ``agent_train`` and the runtime (``tasks.Task.supervised_warm_start``). on_step(step, loss)."""
+    import torch
+
+    from .model import build_policy, response_log_probs
+
     torch.manual_seed(seed)
     tok = Tokenizer()
     model = build_policy(model_cfg, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=seed).train()
@@ -158,6 +159,14 @@ def new_trajectory(problem: Problem, tok: Tokenizer) -> dict:
         "tool_errors": 0,
         "stop_reason": None,
     }
+
+
+def sample(*args, **kwargs):
+    """The runtime's sampler (``model.sample``), imported when first used: the task registry imports
+    this module, and parsing a config must not import torch."""
+    from .model import sample as model_sample
+
+    return model_sample(*args, **kwargs)
 
 
 def advance_turn(model, states: list[dict], cfg: AgentSampling, generator, version: int = 0) -> None:
@@ -240,6 +249,9 @@ def _run_call(s: dict, turn_ids: list[int], tok: Tokenizer, cfg: AgentSampling) 
         s["stop_reason"] = "length_cap"
 
 
-def request_generator(seed: int, tag: str) -> torch.Generator:
+def request_generator(seed: int, tag: str):
+    """A torch.Generator for (seed, tag)."""
+    import torch
+
     h = int.from_bytes(hashlib.sha256(f"{NAME}/{tag}/{seed}".encode()).digest()[:8], "big")
     return torch.Generator().manual_seed(h & ((1 << 63) - 1))
