@@ -178,3 +178,32 @@ def test_one_warm_start_serves_agent_train_and_the_runtime(tmp_path):
     assert direct.keys() == cached.keys() and all(torch.equal(direct[k], cached[k]) for k in direct)
     untrained = task_calc.supervised_warm_start(cfg.model, steps=0, batch_size=4, lr=1e-3, seed=3)
     assert not all(torch.equal(direct[k], untrained[k]) for k in direct)  # the two steps did train
+
+
+def test_the_committed_reference_run_trained_each_prompt_once_with_lags_from_the_oldest_token():
+    """docs/agent_task/runtime_run/ (the config's run, cited by docs/agents.md): its batches obey the
+    same rules as the end-to-end test's, and its summary carries the last evaluation's tool counts."""
+    import json
+
+    from support.runtime_helpers import REPO, read_jsonl
+
+    ref = REPO / "docs/agent_task/runtime_run"
+    cfg = parse_config(["--config", str(REPO / "configs/local/agent_calc.yaml")])
+    batches = read_jsonl(ref / "batches.jsonl")
+    trained = [gid for b in batches for gid in b["trained_group_ids"]]
+    assert trained == list(range(cfg.num_rollout * cfg.rollout_batch_size))
+    spanning = 0
+    for b in batches:
+        for lag, versions in zip(b["lags"], b["model_versions"], strict=True):
+            assert lag == b["step"] - 1 - min(versions) <= cfg.max_staleness
+            spanning += len(versions) > 1
+    assert spanning > 0
+    summary = json.loads((ref / "summary.json").read_text())
+    last = read_jsonl(ref / "eval_metrics.jsonl")[-1]
+    assert summary["eval_final_tool"] == {k.split("/")[-1]: v for k, v in last.items() if k.endswith("_per_response")}
+    # the run is the config's: every value equal but where the output went and what it printed
+    run_cfg = json.loads((ref / "config.json").read_text())
+    where = {"output_dir", "warm_start_cache_dir", "progress", "plots", "versions"}
+    assert {k: v for k, v in run_cfg.items() if k not in where} == {
+        k: v for k, v in cfg.to_dict().items() if k not in where
+    }
