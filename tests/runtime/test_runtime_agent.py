@@ -207,3 +207,32 @@ def test_the_committed_reference_run_trained_each_prompt_once_with_lags_from_the
     assert {k: v for k, v in run_cfg.items() if k not in where} == {
         k: v for k, v in cfg.to_dict().items() if k not in where
     }
+
+
+def test_the_reference_config_is_the_agent_train_settings():
+    """configs/local/agent_calc.yaml keeps agent_train's warm start and RL settings (one recipe)."""
+    from epic_slime.runtime.agent_train import RUN
+    from support.runtime_helpers import REPO
+
+    cfg = parse_config(["--config", str(REPO / "configs/local/agent_calc.yaml")])
+    assert (cfg.warm_start_steps, cfg.warm_start_batch_size, cfg.warm_start_lr) == (
+        RUN.warm_steps,
+        RUN.warm_batch,
+        RUN.warm_lr,
+    )
+    assert (cfg.lr, cfg.rollout_batch_size, cfg.n_samples_per_prompt, cfg.update_depth) == (
+        RUN.rl_lr,
+        RUN.prompts_per_step,
+        RUN.samples_per_prompt,
+        RUN.update_depth,
+    )
+    assert (cfg.agent_max_turns, cfg.rollout_max_response_len, cfg.policy_loss) == (
+        RUN.max_turns,
+        RUN.max_new_tokens,
+        RUN.policy_loss,
+    )
+    assert (cfg.num_rollout, cfg.n_samples_per_eval_prompt, cfg.task_eval_num_prompts) == (
+        RUN.rl_steps,
+        RUN.eval_samples,
+        RUN.eval_prompts,
+    )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from pathlib import Path
 
 import pytest
 
@@ -159,31 +158,3 @@ def test_a_push_between_two_turns_lands_inside_the_trajectory(root):
                     assert s["behavior_log_probs"][t] == pytest.approx((lp0, lp1)[v][t], abs=1e-4)
                 else:
                     assert v is None and s["behavior_log_probs"][t] == 0.0
-
-
-def test_the_reference_config_is_the_agent_train_settings():
-    """configs/local/agent_calc.yaml keeps agent_train's warm start and RL settings (one recipe)."""
-    from epic_slime.runtime.agent_train import RUN
-
-    cfg = parse_config(["--config", str(Path(REPO) / "configs/local/agent_calc.yaml")])
-    assert (cfg.warm_start_steps, cfg.warm_start_batch_size, cfg.warm_start_lr) == (
-        RUN.warm_steps,
-        RUN.warm_batch,
-        RUN.warm_lr,
-    )
-    assert (cfg.lr, cfg.rollout_batch_size, cfg.n_samples_per_prompt, cfg.update_depth) == (
-        RUN.rl_lr,
-        RUN.prompts_per_step,
-        RUN.samples_per_prompt,
-        RUN.update_depth,
-    )
-    assert (cfg.agent_max_turns, cfg.rollout_max_response_len, cfg.policy_loss) == (
-        RUN.max_turns,
-        RUN.max_new_tokens,
-        RUN.policy_loss,
-    )
-    assert (cfg.num_rollout, cfg.n_samples_per_eval_prompt, cfg.task_eval_num_prompts) == (
-        RUN.rl_steps,
-        RUN.eval_samples,
-        RUN.eval_prompts,
-    )
