@@ -236,3 +236,44 @@ def test_the_reference_config_is_the_agent_train_settings():
         RUN.eval_samples,
         RUN.eval_prompts,
     )
+
+
+class _Worker:
+    """A rollout worker's interface as the pool calls it: ``generate.remote(...)`` returns a future."""
+
+    class generate:  # noqa: N801
+        @staticmethod
+        def remote(requests, weights, version, sampling):
+            return ("turn", tuple(g.group_id for g in requests))
+
+
+def test_groups_between_turns_on_a_worker_that_dies_are_counted_lost_and_leave_the_budget(monkeypatch):
+    """The continuing groups' last exit: their worker dies during their next turn. They are counted
+    lost (samples), leave the budget, and no batch waits for them any more."""
+    import ray
+
+    from epic_slime.runtime.batches import Group
+    from epic_slime.runtime.rollout_pool import RolloutPool
+
+    cfg = parse_config(["--task-name", "calc", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2"])
+    pool = RolloutPool(cfg)
+    monkeypatch.setattr(pool, "_new_worker", lambda i: _Worker)
+    pool.start(None)
+    full = pool.budget.room(0)
+    pool.budget.start(3)
+    pool.next_group_id = 3
+    pool.continuing = [Group(g, 0, [{}, {}], unfinished=True) for g in (0, 1, 2)]
+    assert pool.first_unfinished() == 0  # a batch waits for groups between turns too
+    pool.fill()  # two workers, two groups per request: the continuing groups go first, no new prompt
+    assert sorted(reqs[0].group_id for _, reqs, _ in pool.pending.values()) == [0, 2] and not pool.continuing
+    assert pool.next_group_id == 3 and pool.first_unfinished() == 0
+    dead = next(f for f, (_, reqs, _) in pool.pending.items() if reqs[0].group_id == 0)
+
+    def died(fut):
+        raise ray.exceptions.RayActorError()
+
+    monkeypatch.setattr(ray, "get", died)
+    pool.collect(dead)
+    assert pool.acc.lost == 4 and pool.acc.worker_restarts == 1 and pool.acc.generated == 0
+    assert pool.budget.room(0) == full - 1  # groups 0 and 1 left it; group 2 is still live
+    assert pool.first_unfinished() == 2
