@@ -34,6 +34,8 @@ def shared_math_dir():
 # on the command line sets one limit for all (0: none, e.g. under a debugger).
 SLOW_FILE_TIMEOUT_S: dict[str, float] = {
     "tests/runtime/test_runtime_e2e.py": 300,  # [20 s idle; the loaded run: 122 s]
+    # the calc agent task: one tiny async run (6 steps), one pool session [344 s the file at load average ~30]
+    "tests/runtime/test_runtime_agent_e2e.py": 600,
     "tests/slime_adapter/test_slime_e2e.py": 300,  # [98 s the two-engine run through the router]
     "tests/slime_adapter/test_slime_e2e_deciles.py": 300,  # one 8-rollout K = 2 session
     "tests/slime_adapter/test_slime_e2e_agent.py": 600,  # [142 s a 4-rollout multi-turn session at load ~10]

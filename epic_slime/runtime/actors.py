@@ -51,8 +51,15 @@ class EvalWorker:
         self.engine = PolicyEngine(model_cfg, init_state, 0, dtype="float32", seed=seed)
 
     def evaluate(self, weights, version: int, problems, sampling: dict):
+        """(the version it scored, correct[prompt][sample], the tool's counts: empty but for the agent task)."""
         self.engine.set_weights(weights, version)
-        return self.engine.version, self.engine.evaluate(problems, **sampling)  # the version it scored
+        if "max_turns" in sampling:
+            from .rollout_agent import evaluate
+
+            correct, stats = evaluate(self.engine, problems, **sampling)
+        else:
+            correct, stats = self.engine.evaluate(problems, **sampling), {}
+        return self.engine.version, correct, stats
 
 
 @ray.remote(num_cpus=1, max_restarts=0)

@@ -23,7 +23,7 @@ import time
 import torch
 
 from . import task_calc
-from .model import ModelConfig, build_policy, response_log_probs
+from .model import ModelConfig, build_policy
 from .task import Tokenizer
 from .trainer import PolicyTrainer, group_advantages
 
@@ -57,41 +57,12 @@ def _policy(seed: int):
     return build_policy(ModelConfig(), tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=seed)
 
 
-def warm_start_batch(problems) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
-    """prompt ids, response ids (with <eos>) and loss masks of the solutions (tool output mask 0)."""
-    tok = Tokenizer()
-    prompts, responses, masks = [], [], []
-    for p in problems:
-        ids, mask = [], []
-        for text, m in task_calc.solution_segments(p):
-            part = tok.encode(text)
-            ids += part
-            mask += [m] * len(part)
-        prompts.append([tok.bos_id] + tok.encode(p.prompt))
-        responses.append(ids + [tok.eos_id])
-        masks.append(mask + [1])
-    return prompts, responses, masks
-
-
 def warm_start(seed: int, run: AgentRun = RUN) -> dict:
-    """Cross-entropy on the model's tokens of correct trajectories (the tool's tokens carry no loss)."""
-    torch.manual_seed(seed)
-    model = _policy(seed).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=run.warm_lr)
-    pad = Tokenizer().pad_id
-    for step in range(run.warm_steps):
-        problems = [task_calc.train_problem(step * run.warm_batch + j, seed) for j in range(run.warm_batch)]
-        prompts, responses, masks = warm_start_batch(problems)
-        lp, valid = response_log_probs(model, prompts, responses, 1.0, pad)
-        weight = torch.zeros_like(lp)
-        for i, m in enumerate(masks):
-            weight[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
-        loss = -(lp * weight * valid).sum() / weight.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """The task's supervised warm start (``task_calc.supervised_warm_start``, shared with the runtime's
+    ``--task-name calc``) at this run's settings."""
+    return task_calc.supervised_warm_start(
+        ModelConfig(), steps=run.warm_steps, batch_size=run.warm_batch, lr=run.warm_lr, seed=seed
+    )
 
 
 @torch.no_grad()

@@ -17,6 +17,9 @@ class Group:
     group_id: int  # data position of the prompt (unique over the run)
     version: int  # weight version that generated it
     samples: list[dict]  # prompt_ids, response_ids, behavior_log_probs, status, reward, ...
+    # the agent task: a group with a trajectory still between turns (``rollout_agent``); its version
+    # is then its first turn's, which stays its oldest model token's
+    unfinished: bool = False
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -50,6 +50,14 @@ def end_of_run_lines(summary: dict, cfg: RuntimeConfig) -> list[str]:
         f"  held-out {summary['eval_key'].split('/')[-1]}: {_fmt(summary['eval_start'])} at start, "
         f"{_fmt(summary['eval_final'])} at the last eval (step {_step(summary['eval_final_step'])}), "
         f"best {_fmt(summary['eval_best'])} at step {_step(summary['eval_best_step'])}",
+        *(
+            [
+                "  tool use at the last eval, per response: "
+                + ", ".join(f"{k.removesuffix('_per_response')} {v:.2f}" for k, v in summary["eval_final_tool"].items())
+            ]
+            if summary.get("eval_final_tool")
+            else []
+        ),
         f"  staleness max {summary['staleness_max']} (K={cfg.max_staleness}); samples dropped "
         f"{summary['accounting/dropped']}, lost {summary['accounting/lost']}; bad tokens skipped "
         f"{summary['bad_tokens']}, optimizer steps skipped {summary['skipped_steps']}",

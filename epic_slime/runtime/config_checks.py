@@ -7,7 +7,7 @@ from __future__ import annotations
 from .config_fields import FIELDS, RuntimeConfig
 from .config_rules import ConfigError
 from .task import VOCAB
-from .tasks import validate_task_config
+from .tasks import get_task, validate_task_config
 
 
 def validate(cfg: RuntimeConfig) -> None:
@@ -53,6 +53,17 @@ def validate(cfg: RuntimeConfig) -> None:
             raise ConfigError(
                 f"{which} with policy_loss={cfg.policy_loss}: the Top-K modes' behaviour set comes from "
                 f"the rollout engine, which recompute replaces by the trainer's pi_old (not supported)"
+            )
+    if get_task(v["task_name"]).agent:
+        needs_topk = cfg.policy_loss.startswith("dppo_topk")  # the Top-K modes (no torch import here)
+        if needs_topk:
+            raise ConfigError(
+                f"task_name={v['task_name']!r} with policy_loss={cfg.policy_loss}: the multi-turn sampler "
+                "records no Top-K behaviour sets (use a mode without Top-K)"
+            )
+        if v["warm_start_init"]:
+            raise ConfigError(
+                f"warm_start_init={v['warm_start_init']!r} is not supported with task_name={v['task_name']!r}"
             )
     if not v["task_min_operands"] <= v["task_max_operands"]:
         raise ConfigError(

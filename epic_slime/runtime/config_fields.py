@@ -201,6 +201,14 @@ class RuntimeConfig:
         "+-", "operators to draw from (subset of '+-*')", unchecked="checked with the task (TaskConfig.validate)"
     )
     task_eval_num_prompts: int = option(64, "held-out prompts evaluated", rule=POSITIVE_INT)
+    agent_max_turns: int = option(
+        3,
+        "task calc: most model turns per trajectory (a tool call and its answer between two turns)",
+        rule=POSITIVE_INT,
+    )
+    agent_eval_tool: bool = option(
+        True, "task calc: the held-out evaluation (mean@k) may call the tool; false scores the model alone"
+    )
     # --- logging ---
     use_wandb: bool = option(
         False, "log to Weights & Biases (needs `pip install wandb`; never needs a key in offline mode)"

@@ -43,7 +43,7 @@ from .run_files import (
     write_summary,
 )
 from .signals import StopRequest
-from .train_step import RunClock, StepInFlight, step_metrics
+from .train_step import RunClock, StepInFlight, model_versions, step_metrics
 
 
 class Run:
@@ -99,7 +99,13 @@ class Run:
         )
         m.update(train_metrics)
         lags_at_generation = [self.version - 1 - g.version for g in done.batch]
-        self.log.batch(self.step, [g.group_id for g in done.batch], done.dropped_ids, lags_at_generation)
+        self.log.batch(
+            self.step,
+            [g.group_id for g in done.batch],
+            done.dropped_ids,
+            lags_at_generation,
+            model_versions(done.batch),
+        )
         pool.acc.check(pool.buffered_samples())
         return m
 

@@ -13,7 +13,7 @@ from collections import deque
 
 from .config import RuntimeConfig
 from .run_files import HELDOUT, RunLog
-from .tasks import eval_problems
+from .tasks import eval_problems, get_task
 
 
 class EvalQueue:
@@ -39,6 +39,7 @@ class EvalQueue:
             top_p=c.eval_top_p,
             max_new_tokens=c.rollout_max_response_len,
             seed=c.seed,
+            **({"max_turns": c.agent_max_turns, "tool": c.agent_eval_tool} if get_task(c.task_name).agent else {}),
         )
 
     def due_now(self, weights_ref, version: int) -> None:
@@ -66,7 +67,7 @@ class EvalQueue:
         """The evaluation in flight finished: its result is logged (at ``step``) and the next one starts."""
         import ray
 
-        scored, correct = ray.get(self.future)  # the version the eval worker held
+        scored, correct, tool_stats = ray.get(self.future)  # the version the eval worker held
         version, self.future = self.future_version, None  # the version it was due on: its step
         k = self.cfg.n_samples_per_eval_prompt
         flat = [c for row in correct for c in row]
@@ -74,6 +75,7 @@ class EvalQueue:
             f"eval/{HELDOUT}/mean@{k}": statistics.fmean(flat),
             f"eval/{HELDOUT}/pass@{k}": statistics.fmean(any(r) for r in correct),
             "eval/version": version,
+            **{f"eval/{HELDOUT}/{name}": value for name, value in tool_stats.items()},
         }
         self.done.append(result)
         self.log.evaluation(step, result, version, correct, weight_version=scored)

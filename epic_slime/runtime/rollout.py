@@ -66,7 +66,23 @@ class PolicyEngine:
         max_new_tokens: int,
         seed: int,
         topk: int = 0,
+        max_turns: int | None = None,
     ) -> list[Group]:
+        """max_turns: the agent task (``rollout_agent.generate_turn``): one turn of each request."""
+        if max_turns is not None:
+            from .rollout_agent import generate_turn
+
+            return generate_turn(
+                self,
+                requests,
+                n_samples=n_samples,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                seed=seed,
+                max_turns=max_turns,
+                topk=topk,
+            )
         if not requests:
             return []
         prompts = [self._prompt_ids(p) for _, p in requests for _ in range(n_samples)]

@@ -8,6 +8,10 @@ Asynchronous schedule: every idle worker gets a request whenever the admission b
 cap (``rollout_buffer_batches``) allow; new weights reach a worker with its next request (every
 ``update_weights_interval`` versions; ``--rollout-lag`` L: the version L behind the trainer). A worker
 that dies is restarted on the newest weights and its requested groups leave the budget (counted lost).
+
+The agent task (``rollout_agent``): a request runs one turn; groups with a trajectory still going come
+back ``unfinished`` and wait in ``continuing`` until an idle worker runs their next turn, on the
+weights it holds then. They were admitted with their first turn, so they pass the budget and the cap.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from epic_slime.admission import AdmissionBudget
 
 from .batches import Accounting, Group, Selection, select_batch, trainable_groups
 from .config import RuntimeConfig
-from .tasks import train_problem
+from .tasks import get_task, train_problem
 
 MAX_WORKER_RESTARTS = 20
 
@@ -37,6 +41,8 @@ class RolloutPool:
         # the runtime trains its first batch on the initial weights: first_train_version 0
         self.budget = AdmissionBudget(cfg.rollout_batch_size, cfg.max_staleness, first_train_version=0)
         self.buffer: deque[Group] = deque()  # generated, not yet trained or dropped
+        self.continuing: list[Group] = []  # the agent task: admitted, between two turns (by group id)
+        self.agent = get_task(cfg.task_name).agent
         self.acc = Accounting()
         self.trained_group_ids: list[int] = []
         self.dropped_group_ids: list[int] = []
@@ -85,6 +91,7 @@ class RolloutPool:
             max_new_tokens=c.rollout_max_response_len,
             seed=c.seed,
             topk=topk,
+            **({"max_turns": c.agent_max_turns} if self.agent else {}),
         )
 
     # ---------------- requests ----------------
@@ -100,6 +107,9 @@ class RolloutPool:
 
     def buffered_samples(self) -> int:
         return sum(len(g) for g in self.buffer)
+
+    def continuing_samples(self) -> int:
+        return sum(len(g) for g in self.continuing)
 
     def _lagged_version(self) -> int:
         """--rollout-lag L (sync): the version every batch is generated with, L behind the trainer (the
@@ -120,22 +130,31 @@ class RolloutPool:
         n < (g + K + 1) B) and, on top, the memory cap (``rollout_buffer_batches``)."""
         cap = self.cfg.rollout_buffer_batches * self.cfg.samples_per_step
         request = self.prompts_per_request * self.cfg.n_samples_per_prompt
-        if self.buffered_samples() + self.pending_samples() + request > cap:
+        if self.buffered_samples() + self.pending_samples() + self.continuing_samples() + request > cap:
             return 0
         _, version = self.submit_version(i)
         return min(self.prompts_per_request, self.budget.room(version))
 
     def first_unfinished(self) -> int | None:
         """The oldest group still generating: a batch in start order waits for it."""
-        ids = [gid for _, reqs, _ in self.pending.values() for gid, _ in reqs]
+        ids = [_group_id(r) for _, reqs, _ in self.pending.values() for r in reqs]
+        ids += [g.group_id for g in self.continuing]
         return min(ids) if ids else None
 
     def submit(self, i: int, count: int | None = None) -> None:
         """A request of ``count`` prompts (default ``prompts_per_request``) to worker i."""
-        send, version = self.submit_version(i)
-        weights = (self.weights_by_version[version] if self.cfg.rollout_lag else self.weights_ref) if send else None
         reqs = self.next_requests(count)
         self.budget.start(len(reqs))
+        self._send(i, reqs)
+
+    def submit_continuing(self, i: int) -> None:
+        """The next turn of the oldest unfinished groups to worker i (admitted already: no budget)."""
+        reqs, self.continuing = self.continuing[: self.prompts_per_request], self.continuing[self.prompts_per_request :]
+        self._send(i, reqs)
+
+    def _send(self, i: int, reqs: list) -> None:
+        send, version = self.submit_version(i)
+        weights = (self.weights_by_version[version] if self.cfg.rollout_lag else self.weights_ref) if send else None
         fut = self.workers[i].generate.remote(reqs, weights, version, self._sampling())
         self.pending[fut] = (i, reqs, version)
         if send:
@@ -148,6 +167,9 @@ class RolloutPool:
     def fill(self) -> None:
         """A request to every idle worker the budget and the cap have room for."""
         for i in self.idle_workers():
+            if self.continuing:  # trajectories already admitted go first
+                self.submit_continuing(i)
+                continue
             room = self.room(i)  # the last request before the budget's limit may be smaller
             if room > 0:
                 self.submit(i, room)
@@ -184,8 +206,12 @@ class RolloutPool:
             self._restart_worker(i, len(reqs) * self.cfg.n_samples_per_prompt, e)
             return
         for g in groups:
+            if g.unfinished:
+                self.continuing.append(g)
+                continue
             self.buffer.append(g)
             self.acc.generated += len(g)
+        self.continuing.sort(key=lambda g: g.group_id)
 
     def _restart_worker(self, i: int, lost_samples: int, error) -> None:
         self.budget.discard(lost_samples // self.cfg.n_samples_per_prompt)  # lost groups leave the budget
@@ -202,10 +228,13 @@ class RolloutPool:
         self.worker_versions[i] = self.version
 
     def drain(self) -> None:
-        """Collect every generation in flight."""
+        """Collect every generation in flight (the agent task: every trajectory to its end)."""
         import ray
 
-        while self.pending:
+        while self.pending or self.continuing:
+            for i in self.idle_workers():
+                if self.continuing:
+                    self.submit_continuing(i)
             ready, _ = ray.wait(list(self.pending), num_returns=1)
             self.collect(ready[0])
         if self.cfg.rollout_mode == "sync":
@@ -252,6 +281,7 @@ class RolloutPool:
     # ---------------- checkpoints ----------------
     def state(self) -> dict:
         """What a checkpoint saves of the pool (checkpoint.DRIVER_STATE_KEYS; quiescent: nothing in flight)."""
+        assert not self.pending and not self.continuing, "a checkpoint is taken with nothing in flight"
         return {
             "next_group_id": self.next_group_id,
             "buffer": list(self.buffer),
@@ -269,3 +299,8 @@ class RolloutPool:
         self.dropped_group_ids = list(state["dropped_group_ids"])
         # a checkpoint is quiescent (nothing generating or training): live = trained + buffered
         self.budget.restore(len(self.trained_group_ids) + len(self.buffer))
+
+
+def _group_id(request) -> int:
+    """A request's group: a (group_id, Problem) pair, or an unfinished ``Group`` (the agent task)."""
+    return request.group_id if isinstance(request, Group) else request[0]

@@ -148,15 +148,21 @@ class RunLog:
         if self.tensorboard is not None:
             log_scalars(self.tensorboard, line, line["step"])
 
-    def batch(self, step: int, trained_ids: list[int], dropped_ids: list[int], lags: list[int]) -> None:
-        """batches.jsonl: which prompts a step trained and dropped, and the trained groups' lags."""
+    def batch(
+        self,
+        step: int,
+        trained_ids: list[int],
+        dropped_ids: list[int],
+        lags: list[int],
+        model_versions: list[list[int]] | None = None,
+    ) -> None:
+        """batches.jsonl: which prompts a step trained and dropped, and the trained groups' lags; for the
+        agent task also each trained group's model-token versions (``train_step.model_versions``)."""
+        line = {"step": step, "trained_group_ids": trained_ids, "dropped_group_ids": dropped_ids, "lags": lags}
+        if model_versions is not None:
+            line["model_versions"] = model_versions
         with open(self.out / BATCHES_FILE, "a") as f:
-            f.write(
-                json.dumps(
-                    {"step": step, "trained_group_ids": trained_ids, "dropped_group_ids": dropped_ids, "lags": lags}
-                )
-                + "\n"
-            )
+            f.write(json.dumps(line) + "\n")
 
     def evaluation(
         self, step: int, result: dict, version: int, correct: list[list[bool]], weight_version: int | None = None
@@ -199,7 +205,11 @@ def run_outcome(out: Path, cfg: RuntimeConfig) -> dict:
     """What the end-of-run summary reports, from the run's own files (so resumed runs count all steps)."""
     rows = _read_jsonl(out / METRICS_FILE)
     key = eval_key(cfg)
-    evals = [(e["eval/version"], e[key]) for e in _read_jsonl(out / EVAL_METRICS_FILE) if key in e]
+    eval_rows = [e for e in _read_jsonl(out / EVAL_METRICS_FILE) if key in e]
+    evals = [(e["eval/version"], e[key]) for e in eval_rows]
+    final_row = max(eval_rows, key=lambda e: e["eval/version"]) if eval_rows else {}
+    # the agent task: the tool's counts per response at the last evaluation (rollout_agent.tool_stats)
+    tool = {k.split("/")[-1]: v for k, v in final_row.items() if k.endswith("_per_response")}
     rewards = [r[names.REWARD_MEAN] for r in rows]
     n = max(1, min(10, len(rewards) // 2))
     best = max(evals, key=lambda e: (e[1], -e[0])) if evals else None  # earliest step on ties
@@ -214,6 +224,7 @@ def run_outcome(out: Path, cfg: RuntimeConfig) -> dict:
         "eval_best_step": best[0] if best else None,
         "eval_final": final[1] if final else None,
         "eval_final_step": final[0] if final else None,
+        **({"eval_final_tool": tool} if tool else {}),
         "staleness_max": max((r[names.STALENESS_MAX] for r in rows), default=None),
         "bad_tokens": sum(r.get(names.BAD_TOKENS, 0) for r in rows),
         "skipped_steps": sum(r.get(names.SKIPPED_STEPS, 0) for r in rows),

@@ -26,11 +26,8 @@ import dataclasses
 import hashlib
 import random
 
-import torch
-
 from epic_slime.tools.calc import CalcError, calc
 
-from .model import sample
 from .task import ANSWER, Problem, Tokenizer
 
 NAME = "calc"
@@ -92,6 +89,51 @@ def solution_segments(problem: Problem) -> list[tuple[str, int]]:
     return [(f"{a_times_b}{CALL_TOKEN}", 1), (f"{value};", 0), (f"{ANSWER}{value}", 1)]
 
 
+def warm_start_batch(problems) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """prompt ids, response ids (with <eos>) and loss masks of the solutions (tool output mask 0)."""
+    tok = Tokenizer()
+    prompts, responses, masks = [], [], []
+    for p in problems:
+        ids, mask = [], []
+        for text, m in solution_segments(p):
+            part = tok.encode(text)
+            ids += part
+            mask += [m] * len(part)
+        prompts.append([tok.bos_id] + tok.encode(p.prompt))
+        responses.append(ids + [tok.eos_id])
+        masks.append(mask + [1])
+    return prompts, responses, masks
+
+
+def supervised_warm_start(model_cfg, *, steps: int, batch_size: int, lr: float, seed: int, on_step=None) -> dict:
+    """The warm start that teaches the call format: cross-entropy on the model's tokens of correct
+    trajectories; the tool's digits carry no loss, so it cannot teach the products. One function for
+    ``agent_train`` and the runtime (``tasks.Task.supervised_warm_start``). on_step(step, loss)."""
+    import torch
+
+    from .model import build_policy, response_log_probs
+
+    torch.manual_seed(seed)
+    tok = Tokenizer()
+    model = build_policy(model_cfg, tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id, seed=seed).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    for step in range(steps):
+        problems = [train_problem(step * batch_size + j, seed) for j in range(batch_size)]
+        prompts, responses, masks = warm_start_batch(problems)
+        lp, valid = response_log_probs(model, prompts, responses, 1.0, tok.pad_id)
+        weight = torch.zeros_like(lp)
+        for i, m in enumerate(masks):
+            weight[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
+        loss = -(lp * weight * valid).sum() / weight.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if on_step is not None:
+            on_step(step + 1, float(loss.detach()))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
 @dataclasses.dataclass(frozen=True)
 class AgentSampling:
     tool: bool = True  # False: the same sampler with no tool (the no-tool baseline): '=' is a token
@@ -101,66 +143,92 @@ class AgentSampling:
     top_p: float = 1.0
 
 
-def sample_with_tool(model, problems: list[Problem], n: int, cfg: AgentSampling, generator) -> list[dict]:
-    """``n`` trajectories per problem. Per sample: prompt_ids, response_ids, behavior_log_probs (0.0 on
-    tool tokens), loss_mask (0 on tool tokens), reward, turns, tool_calls, tool_errors, stop_reason."""
-    from .task import answer_reward
+def new_trajectory(problem: Problem, tok: Tokenizer) -> dict:
+    """A trajectory before its first turn. ``token_versions``: the weight version of each model token,
+    None on tool tokens (a trajectory whose turns span pushes holds several versions)."""
+    return {
+        "problem": problem,
+        "prompt_ids": [tok.bos_id] + tok.encode(problem.prompt),
+        "response_ids": [],
+        "behavior_log_probs": [],
+        "sampling_log_probs": [],
+        "loss_mask": [],
+        "token_versions": [],
+        "turns": 0,
+        "tool_calls": 0,
+        "tool_errors": 0,
+        "stop_reason": None,
+    }
 
+
+def sample(*args, **kwargs):
+    """The runtime's sampler (``model.sample``), imported when first used: the task registry imports
+    this module, and parsing a config must not import torch."""
+    from .model import sample as model_sample
+
+    return model_sample(*args, **kwargs)
+
+
+def advance_turn(model, states: list[dict], cfg: AgentSampling, generator, version: int = 0) -> None:
+    """One model turn for every unfinished trajectory of ``states`` (sampled by ``model`` at weight
+    ``version``), then each turn's call and its observation. A trajectory stops (``stop_reason``) when
+    it answers, at the turn cap or at the length cap; the others wait for their next turn."""
     tok = Tokenizer()
     call_id = tok.token_to_id[CALL_TOKEN]
-    states = []
-    for p in problems:
-        for _ in range(n):
-            states.append(
-                {
-                    "problem": p,
-                    "prompt_ids": [tok.bos_id] + tok.encode(p.prompt),
-                    "response_ids": [],
-                    "behavior_log_probs": [],
-                    "loss_mask": [],
-                    "turns": 0,
-                    "tool_calls": 0,
-                    "tool_errors": 0,
-                    "stop_reason": None,
-                }
-            )
-    active = list(range(len(states)))
-    while active:
-        rooms = [cfg.max_new_tokens - len(states[i]["response_ids"]) for i in active]
-        results = sample(
-            model,
-            [states[i]["prompt_ids"] + states[i]["response_ids"] for i in active],
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_new_tokens=max(rooms),
-            eos_id=tok.eos_id,
-            pad_id=tok.pad_id,
-            generator=generator,
-            stop_ids=(call_id,) if cfg.tool else (),
-        )
-        still = []
-        for i, room, r in zip(active, rooms, results):
-            s = states[i]
-            ids, lps = r["response_ids"][:room], r["behavior_log_probs"][:room]
-            s["response_ids"] += ids
-            s["behavior_log_probs"] += lps
-            s["loss_mask"] += [1] * len(ids)
-            s["turns"] += 1
-            if not ids or ids[-1] == tok.eos_id:
-                s["stop_reason"] = "answered"
-            elif not cfg.tool or ids[-1] != call_id:  # ('=' stops a turn: a last '=' is the call's)
-                s["stop_reason"] = "length_cap"
-            elif s["turns"] >= cfg.max_turns:
-                s["stop_reason"] = "turn_cap"
-            else:
-                _run_call(s, ids, tok, cfg)
-                if s["stop_reason"] is None:
-                    still.append(i)
-        active = still
-    for s in states:
-        s["reward"] = answer_reward(s["response_ids"], s["problem"].answer, tok)
-        s["label"] = s.pop("problem").answer
-    return states
+    active = [s for s in states if s["stop_reason"] is None]
+    if not active:
+        return
+    rooms = [cfg.max_new_tokens - len(s["response_ids"]) for s in active]
+    results = sample(
+        model,
+        [s["prompt_ids"] + s["response_ids"] for s in active],
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=max(rooms),
+        eos_id=tok.eos_id,
+        pad_id=tok.pad_id,
+        generator=generator,
+        stop_ids=(call_id,) if cfg.tool else (),
+    )
+    for s, room, r in zip(active, rooms, results):
+        ids = r["response_ids"][:room]
+        s["response_ids"] += ids
+        s["behavior_log_probs"] += r["behavior_log_probs"][:room]
+        s["sampling_log_probs"] += r["sampling_log_probs"][:room]
+        s["loss_mask"] += [1] * len(ids)
+        s["token_versions"] += [version] * len(ids)
+        s["turns"] += 1
+        if not ids or ids[-1] == tok.eos_id:
+            s["stop_reason"] = "answered"
+        elif not cfg.tool or ids[-1] != call_id:  # ('=' stops a turn: a last '=' is the call's)
+            s["stop_reason"] = "length_cap"
+        elif s["turns"] >= cfg.max_turns:
+            s["stop_reason"] = "turn_cap"
+        else:
+            _run_call(s, ids, tok, cfg)
+
+
+def finish_trajectory(s: dict) -> dict:
+    """A stopped trajectory scored: reward (the exact verifier), label, and the runtime's status."""
+    from .task import answer_reward
+
+    assert s["stop_reason"] is not None, "an unfinished trajectory is never scored"
+    problem = s.pop("problem")
+    s["reward"] = answer_reward(s["response_ids"], problem.answer, Tokenizer())
+    s["label"] = problem.answer
+    s["status"] = "completed" if s["stop_reason"] == "answered" else "truncated"
+    return s
+
+
+def sample_with_tool(model, problems: list[Problem], n: int, cfg: AgentSampling, generator) -> list[dict]:
+    """``n`` trajectories per problem, every turn on the same weights. Per sample: prompt_ids,
+    response_ids, behavior_log_probs (0.0 on tool tokens), loss_mask (0 on tool tokens), reward,
+    turns, tool_calls, tool_errors, stop_reason."""
+    tok = Tokenizer()
+    states = [new_trajectory(p, tok) for p in problems for _ in range(n)]
+    while any(s["stop_reason"] is None for s in states):
+        advance_turn(model, states, cfg, generator)
+    return [finish_trajectory(s) for s in states]
 
 
 def _run_call(s: dict, turn_ids: list[int], tok: Tokenizer, cfg: AgentSampling) -> None:
@@ -174,11 +242,16 @@ def _run_call(s: dict, turn_ids: list[int], tok: Tokenizer, cfg: AgentSampling) 
     kept = obs_ids[:room]
     s["response_ids"] += kept
     s["behavior_log_probs"] += [0.0] * len(kept)
+    s["sampling_log_probs"] += [0.0] * len(kept)
     s["loss_mask"] += [0] * len(kept)
+    s["token_versions"] += [None] * len(kept)
     if len(kept) < len(obs_ids) or len(s["response_ids"]) >= cfg.max_new_tokens:
         s["stop_reason"] = "length_cap"
 
 
-def request_generator(seed: int, tag: str) -> torch.Generator:
+def request_generator(seed: int, tag: str):
+    """A torch.Generator for (seed, tag)."""
+    import torch
+
     h = int.from_bytes(hashlib.sha256(f"{NAME}/{tag}/{seed}".encode()).digest()[:8], "big")
     return torch.Generator().manual_seed(h & ((1 << 63) - 1))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import task_arith, task_chain, task_fib
+from . import task_arith, task_calc, task_chain, task_fib
 from .task import Problem, TaskConfig
 
 
@@ -28,6 +28,17 @@ class Task:
     validate: Callable[[TaskConfig], None] | None = None  # the task's own config rules
     # the warm start's careless solver for this task (None: the generic one, operands read from the prompt)
     slipped_solution: Callable | None = None
+    # a tool-using task (multi-turn rollouts, ``rollout_agent``) with its own supervised warm start
+    agent: bool = False
+    supervised_warm_start: Callable | None = None
+
+
+def _calc_train_problem(index: int, seed: int, cfg: TaskConfig) -> Problem:
+    return task_calc.train_problem(index, seed)
+
+
+def _calc_eval_problems(cfg: TaskConfig) -> list[Problem]:
+    return task_calc.eval_problems(cfg.eval_num_prompts)
 
 
 TASKS: dict[str, Task] = {
@@ -72,6 +83,18 @@ TASKS: dict[str, Task] = {
             task_fib.split_problems,
             task_fib.validate,
             task_fib.slipped_solution,
+        ),
+        # the agent task: products of two two-digit numbers through the calc tool; the operand fields
+        # do not apply (its max_operands 3 only lets their defaults stand)
+        Task(
+            task_calc.NAME,
+            "products of two-digit numbers through the calc tool (multi-turn rollouts, tool tokens mask 0)",
+            3,
+            None,
+            _calc_train_problem,
+            _calc_eval_problems,
+            agent=True,
+            supervised_warm_start=task_calc.supervised_warm_start,
         ),
     )
 }

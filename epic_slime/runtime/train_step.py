@@ -92,4 +92,27 @@ def step_metrics(
         "accounting/worker_restarts": acc.worker_restarts,
         **timing,
         "driver/rss_mb": resident_memory_mib(),
+        **agent_metrics(samples),
     }
+
+
+def agent_metrics(samples: list[dict]) -> dict:
+    """The agent task's trajectories (samples with ``tool_calls``): the tool's counts per response, and
+    the share of trajectories whose model tokens came from more than one weight version."""
+    if not samples or "tool_calls" not in samples[0]:
+        return {}
+    from .rollout_agent import tool_stats
+
+    spans = [len({v for v in s["token_versions"] if v is not None}) > 1 for s in samples]
+    return {
+        **{f"rollout/{name}": value for name, value in tool_stats(samples).items()},
+        "rollout/multi_version_frac": statistics.fmean(spans),
+    }
+
+
+def model_versions(batch: list[Group]) -> list[list[int]] | None:
+    """Per trained group of the agent task, the sorted weight versions of its model tokens (None for
+    other tasks): a group spans a push when it holds two."""
+    if not batch or "token_versions" not in batch[0].samples[0]:
+        return None
+    return [sorted({v for s in g.samples for v in s["token_versions"] if v is not None}) for g in batch]

@@ -211,19 +211,32 @@ def load_or_train_warm_start(
         )
     bar = Progress(steps, desc=WARM_START_BAR, enabled=progress, interval=max(1, steps // 10))
     try:
+        own = get_task(task_cfg.name).supervised_warm_start  # a task with its own recipe (calc)
         with torch_threads():
-            state = supervised_warm_start(
-                model_cfg,
-                task_cfg,
-                steps=steps,
-                lr=lr,
-                batch_size=batch_size,
-                seed=seed,
-                answer_noise=answer_noise,
-                step_noise=step_noise,
-                init_state=init_state,
-                on_step=lambda i, loss: bar.update(i, {"loss": loss}),
-            )
+            if own is not None:
+                if init_state is not None:
+                    raise ValueError(f"warm_start_init: not supported with task_name {task_cfg.name!r}")
+                state = own(
+                    model_cfg,
+                    steps=steps,
+                    batch_size=batch_size,
+                    lr=lr,
+                    seed=seed,
+                    on_step=lambda i, loss: bar.update(i, {"loss": loss}),
+                )
+            else:
+                state = supervised_warm_start(
+                    model_cfg,
+                    task_cfg,
+                    steps=steps,
+                    lr=lr,
+                    batch_size=batch_size,
+                    seed=seed,
+                    answer_noise=answer_noise,
+                    step_noise=step_noise,
+                    init_state=init_state,
+                    on_step=lambda i, loss: bar.update(i, {"loss": loss}),
+                )
     finally:
         bar.close()
     try:

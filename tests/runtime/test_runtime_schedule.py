@@ -71,7 +71,7 @@ def _queue(tmp_path, monkeypatch):
     from epic_slime.runtime.eval_queue import EvalQueue
 
     # the stand-in's future is ("eval", version): the worker held that version and scored 1 of 2 right
-    monkeypatch.setattr(ray, "get", lambda fut: (fut[1], [[True, False]]))
+    monkeypatch.setattr(ray, "get", lambda fut: (fut[1], [[True, False]], {}))  # EvalWorker.evaluate
     monkeypatch.setattr(ray, "wait", lambda futs, **kw: (futs, []))
     queue = EvalQueue(tiny_config(tmp_path), _Log())
     queue.worker = _EvalWorker()

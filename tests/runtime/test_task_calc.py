@@ -60,7 +60,14 @@ def _scripted(turns: list[str]):
         ids = TOK.encode(text.removesuffix("<eos>")) + ([eos_id] if text.endswith("<eos>") else [])
         assert not set(ids[:-1]) & set(stop_ids)  # as the engine: a stop token ends the turn
         ids = ids[:max_new_tokens]
-        return [{"response_ids": ids, "behavior_log_probs": [-0.5] * len(ids), "status": "x"}]
+        return [
+            {
+                "response_ids": ids,
+                "behavior_log_probs": [-0.5] * len(ids),
+                "sampling_log_probs": [-0.5] * len(ids),
+                "status": "x",
+            }
+        ]
 
     return fake, prefixes
 
