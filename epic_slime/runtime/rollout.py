@@ -10,14 +10,8 @@ import torch
 
 from .batches import Group
 from .model import ModelConfig, build_policy, sample
+from .seeding import request_generator
 from .task import Problem, Tokenizer, answer_reward
-
-
-def request_generator(seed: int, tag: str, first_id: int) -> torch.Generator:
-    import hashlib
-
-    h = int.from_bytes(hashlib.sha256(f"{tag}/{seed}/{first_id}".encode()).digest()[:8], "big")
-    return torch.Generator().manual_seed(h & ((1 << 63) - 1))
 
 
 class PolicyEngine:

@@ -19,7 +19,7 @@ import statistics
 
 from . import task_calc
 from .batches import Group
-from .rollout import request_generator
+from .seeding import request_generator
 from .task import Problem, Tokenizer
 
 
