@@ -75,7 +75,7 @@ def test_exact_verifier():
 
 
 def test_the_registry_names_each_task_once_and_checks_its_limits():
-    assert sorted(TASKS) == ["arith", "chain", "chain_long", "fib"]
+    assert sorted(TASKS) == ["arith", "calc", "chain", "chain_long", "fib"]
     assert get_task("chain").modulus == 10 and get_task("arith").modulus is None
     # the stress ladder's long variant: the chain task's problems, longer chains allowed
     validate_task_config(TaskConfig(name="chain_long", min_operands=34, max_operands=34))
@@ -84,7 +84,7 @@ def test_the_registry_names_each_task_once_and_checks_its_limits():
     long = train_problem(3, 1, TaskConfig(name="chain_long", min_operands=34, max_operands=34))
     assert long.solution.count(";") == 33 and len(long.solution) >= 199
     with pytest.raises(
-        ValueError, match="task_name must be one of \\['arith', 'chain', 'chain_long', 'fib'\\], got 'poetry'"
+        ValueError, match="task_name must be one of \\['arith', 'calc', 'chain', 'chain_long', 'fib'\\], got 'poetry'"
     ):
         get_task("poetry")
     validate_task_config(TaskConfig(name="chain", min_operands=12, max_operands=14))
