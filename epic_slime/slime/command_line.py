@@ -21,7 +21,6 @@ from collections.abc import Sequence
 
 from epic_slime.slime.flags import (
     DATA_SOURCE_PATH,
-    HOLDING_PUSH_MODES,
     PUSH_TRAIN_HOOK_PATH,
     ROLLOUT_FUNCTION_PATH,
     TOKEN_MEAN,
@@ -195,20 +194,13 @@ def data_source_flags(parsed: argparse.Namespace) -> list[str]:
 
 
 def train_hook_flags(parsed: argparse.Namespace) -> list[str]:
-    """``--custom-megatron-init-path`` of the project's train hook, when one is needed and none is
-    given: under ``--weight-push-mode in_place`` or ``retract``, or with external engines
-    (``--rollout-external-engine-addrs``: ``epic_slime.slime.push_recovery``), the push-mode hook
-    (``epic_slime.slime.push_mode``, which also installs the R3 hook when R3 is on), else with R3 and the project's rollout function
-    the R3 train hook (the rollout function stages R3 routing out of slime's per-DP data and each
-    train rank fetches its own rows through it, ``epic_slime.slime.routing``). Another init path is
-    left alone here and refused by the checks."""
+    """``--custom-megatron-init-path`` of the project's train hook when none is given: always the push-mode
+    hook (``epic_slime.slime.push_mode.install_train_hook``). On every train rank it name-checks each bucket
+    slime's distributed updater broadcasts (the server answers success to a name it does not load), clears
+    an update group left by a driver killed mid-push (``epic_slime.slime.push_recovery``: external engines
+    outlive it), pauses pushes with ``--weight-push-mode in_place`` / ``retract``, and installs the R3 train
+    hook when R3 is on with the project's rollout function (``epic_slime.slime.routing``). Another init
+    path is left alone here and refused by the checks where the project needs its own."""
     if parsed.custom_megatron_init_path is not None:
         return []
-    # external engines outlive a killed driver: the push-mode hook also clears its leftover update group
-    if parsed.weight_push_mode in HOLDING_PUSH_MODES or getattr(parsed, "rollout_external_engine_addrs", None):
-        return ["--custom-megatron-init-path", PUSH_TRAIN_HOOK_PATH]
-    if parsed.rollout_function_path != ROLLOUT_FUNCTION_PATH or not parsed.use_rollout_routing_replay:
-        return []
-    from epic_slime.slime.routing import HOOK_PATH
-
-    return ["--custom-megatron-init-path", HOOK_PATH]
+    return ["--custom-megatron-init-path", PUSH_TRAIN_HOOK_PATH]

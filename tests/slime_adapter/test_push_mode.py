@@ -40,11 +40,14 @@ def _init_path(argv):
     return out[out.index("--custom-megatron-init-path") + 1] if "--custom-megatron-init-path" in out else None
 
 
-def test_default_push_mode_is_abort_and_adds_nothing():
+def test_default_push_mode_is_abort_and_still_gets_the_push_hook_for_its_name_check():
+    """Every push is name-checked on the train ranks, also in abort mode without R3 (the hook's
+    holding half stays off there: test_without_the_flag_the_mode_is_abort_and_no_hook_is_installed)."""
     config, args, _ = check_argv(BASE)
     assert args.weight_push_mode == "abort"
-    assert _init_path(BASE) is None
-    assert _init_path(BASE + ["--use-rollout-routing-replay"]) == R3_TRAIN_HOOK
+    assert _init_path(BASE) == PUSH_TRAIN_HOOK_PATH
+    assert _init_path(BASE + ["--use-rollout-routing-replay"]) == PUSH_TRAIN_HOOK_PATH
+    check_argv(BASE + ["--use-rollout-routing-replay", "--custom-megatron-init-path", R3_TRAIN_HOOK])  # still accepted
 
 
 @pytest.mark.parametrize("mode", ["in_place", "retract"])

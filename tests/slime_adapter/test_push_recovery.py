@@ -75,13 +75,14 @@ def test_install_wraps_slimes_own_connect_once(monkeypatch):
     assert installed is not original and installed.__wrapped__ is original
 
 
-def test_the_driver_adds_the_push_hook_for_external_engines_only():
+def test_the_driver_adds_the_push_hook_for_external_engines_and_slimes_own():
     """External engines outlive a killed driver: the driver adds the push-mode train hook (which installs the
-    reset) for them even in abort mode; slime's own engines (none named) get no hook in abort mode."""
+    reset) for them in abort mode; slime's own engines get it too (its name check; the reset finds no group)."""
     from epic_slime.slime.command_line import driver_argv
     from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH
 
     base = ["--weight-push-mode", "abort"]
     external = driver_argv(base + ["--rollout-external-engine-addrs", "10.0.0.1:30000", "10.0.0.2:30000"])
     assert external[external.index("--custom-megatron-init-path") + 1] == PUSH_TRAIN_HOOK_PATH
-    assert "--custom-megatron-init-path" not in driver_argv(base)
+    own = driver_argv(base)
+    assert own[own.index("--custom-megatron-init-path") + 1] == PUSH_TRAIN_HOOK_PATH

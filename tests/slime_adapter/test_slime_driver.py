@@ -171,9 +171,10 @@ def test_r3_with_the_project_rollout_gets_the_train_hook_and_refuses_another():
     from epic_slime.slime.command_line import driver_argv
     from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK
 
+    from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH
+
     out = driver_argv(BASE + ["--use-rollout-routing-replay"])
-    assert out[out.index("--custom-megatron-init-path") + 1] == R3_TRAIN_HOOK
-    assert "--custom-megatron-init-path" not in driver_argv(BASE)
+    assert out[out.index("--custom-megatron-init-path") + 1] == PUSH_TRAIN_HOOK_PATH  # installs R3's hook too
     config, args, _ = check_argv(BASE + ["--use-rollout-routing-replay", "--custom-megatron-init-path", R3_TRAIN_HOOK])
     args.custom_megatron_init_path = "my.own.init"
     from epic_slime.slime.checks import validate_project_args
@@ -229,7 +230,7 @@ def test_the_command_line_is_parsed_once_for_every_rewrite(monkeypatch):
         "--use-rollout-routing-replay",
     ]
     line = read_command_line(argv)
-    # update depth, aggregation, oversampling, warmup; rollout log-probs, data source, R3 hook
+    # update depth, aggregation, oversampling, warmup; rollout log-probs, data source, the train hook (R3 in it)
     assert line.slime_flags == [
         "--num-steps-per-rollout",
         "4",
@@ -244,6 +245,6 @@ def test_the_command_line_is_parsed_once_for_every_rewrite(monkeypatch):
         "--data-source-path",
         "epic_slime.slime.data_source.StreamingDataSource",
         "--custom-megatron-init-path",
-        "epic_slime.slime.routing.install_train_hook",
+        "epic_slime.slime.push_mode.install_train_hook",
     ]
     assert parsed == [argv]  # the checks included (spelling, then the values of slime flags)
