@@ -15,17 +15,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importable (SLIME_PATH)")
 
 import schedule_sim as sim  # noqa: E402
+from support.schedsim_small import small  # noqa: E402
 from schedsim import agentic  # noqa: E402
 from schedsim.agentic import AgentWorkload  # noqa: E402
 
 logging.getLogger("epic_slime").setLevel(logging.WARNING)
-
-
-def small(**kw):
-    """The paper preset at a quarter of the batch, shorter responses (as tests/bench/test_schedule_sim.py)."""
-    base = dict(rollout_batch_size=16, mean_response_len=3000.0, max_response_len=6000)
-    base.update(kw)
-    return sim.paper_preset(**base)
 
 
 def collecting(monkeypatch) -> list:

@@ -14,15 +14,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importable (SLIME_PATH)")
 
 import schedule_sim as sim  # noqa: E402
+from support.schedsim_small import small  # noqa: E402
 
 logging.getLogger("epic_slime").setLevel(logging.WARNING)
-
-
-def small(**kw):
-    """The paper preset at a quarter of the batch (16 prompts x 8; 18 groups in flight), shorter responses."""
-    base = dict(rollout_batch_size=16, mean_response_len=3000.0, max_response_len=6000)
-    base.update(kw)
-    return sim.paper_preset(**base)
 
 
 def test_the_simulator_runs_the_drivers_loops(monkeypatch):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -17,6 +18,7 @@ pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importa
 from slime.utils.async_utils import run  # noqa: E402
 
 from epic_slime.slime import engine_faults, group_stream  # noqa: E402
+from support.recording_engine import settle  # noqa: E402
 from support.stream_data_source import DataSource  # noqa: E402
 
 
@@ -52,10 +54,7 @@ def _stream(engine, **kw):
     return stream
 
 
-async def _settle(stream, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while stream.active and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
+_settle = functools.partial(settle, timeout=20.0, poll_s=0.005)
 
 
 @pytest.mark.parametrize(

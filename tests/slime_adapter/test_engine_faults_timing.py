@@ -7,7 +7,7 @@ health probe. Each test names the mutants (tests/mutation/mutants.yaml) it kills
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import http.server
 import json
 import threading
@@ -19,7 +19,7 @@ pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importa
 from slime.utils.async_utils import run  # noqa: E402
 
 from epic_slime.slime import engine_faults, group_stream  # noqa: E402
-from support.recording_engine import RecordingEngine  # noqa: E402
+from support.recording_engine import RecordingEngine, settle  # noqa: E402
 from support.stream_data_source import DataSource  # noqa: E402
 
 
@@ -31,10 +31,7 @@ def _stream(engine, **kw):
     return stream
 
 
-async def _settle(stream, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while stream.active and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
+_settle = functools.partial(settle, timeout=30.0, poll_s=0.005)
 
 
 def _gaps(starts: list[float]) -> list[float]:

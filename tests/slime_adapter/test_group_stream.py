@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import time
+import functools
 
 import pytest
 
@@ -22,7 +22,7 @@ from slime.utils.types import Sample  # noqa: E402
 from epic_slime.slime import group_stream, rollout  # noqa: E402
 from epic_slime.slime.checkpoint_marks import mark_model_complete  # noqa: E402
 from epic_slime.slime.data_source import StreamingDataSource, group_key  # noqa: E402
-from support.recording_engine import RecordingEngine  # noqa: E402
+from support.recording_engine import RecordingEngine, settle  # noqa: E402
 from support.stream_data_source import DataSource  # noqa: E402
 
 
@@ -53,10 +53,7 @@ def _stream(engine, cap=None, **kw):
     return group_stream.GroupStream(args, DataSource(), cap=cap, sampling_params={}, generate_group=engine.generate)
 
 
-async def _settle(stream, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while stream.active and time.monotonic() < deadline:
-        await asyncio.sleep(0.002)
+_settle = functools.partial(settle, timeout=30.0, poll_s=0.002)
 
 
 # mutant: stream_crash_retries_one_more

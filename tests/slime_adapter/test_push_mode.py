@@ -18,6 +18,7 @@ from epic_slime.slime.command_line import driver_argv
 from epic_slime.slime.dry_run import check_argv
 from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH, ROLLOUT_FUNCTION_PATH, ProjectFlagError
 from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK
+from support.slime_push import OneRankDist
 
 BASE = [
     "--loss-type",
@@ -96,18 +97,6 @@ def test_the_train_hook_chains_r3_in_either_mode(monkeypatch):
 # ---- the train hook on slime's own update_weights, against the stand-in
 
 
-class _OneRank:
-    """``torch.distributed`` as slime's updater uses it on rank 0 of a one-rank train group."""
-
-    @staticmethod
-    def get_rank():
-        return 0
-
-    @staticmethod
-    def barrier(group=None):
-        return None
-
-
 @pytest.fixture
 def slime_updater(monkeypatch, tmp_path):
     """start(mode) -> (stand-in, engine actor, slime's updater) with the push-mode train hook
@@ -119,7 +108,7 @@ def slime_updater(monkeypatch, tmp_path):
 
     module = updater_module()
     monkeypatch.setattr(module, "ray", RayStandIn)
-    monkeypatch.setattr(module, "dist", _OneRank)
+    monkeypatch.setattr(module, "dist", OneRankDist)
     monkeypatch.setattr(module, "get_gloo_group", lambda: None)
     monkeypatch.setattr(
         module.UpdateWeightFromDistributed, "update_weights", module.UpdateWeightFromDistributed.update_weights

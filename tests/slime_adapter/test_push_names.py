@@ -13,6 +13,7 @@ import torch
 
 from epic_slime.slime.served_weights import PushNamesWrong, check_push_names, checkpoint_shapes
 from support.preconditions import missing, put_slime_on_path
+from support.slime_push import OneRankDist
 
 
 @pytest.fixture(scope="module")
@@ -59,18 +60,6 @@ def test_a_folder_without_safetensors_is_an_error_naming_it(tmp_path):
 # ---- on the train ranks: slime's own updater with the project's train hook
 
 
-class _OneRank:
-    """``torch.distributed`` as slime's updater uses it on rank 0 of a one-rank train group."""
-
-    @staticmethod
-    def get_rank():
-        return 0
-
-    @staticmethod
-    def barrier(group=None):
-        return None
-
-
 @pytest.fixture
 def slime_send_weights(monkeypatch, tmp_path):
     """slime's own ``UpdateWeightFromDistributed._send_weights`` on one rank, its chunks given and its
@@ -90,7 +79,7 @@ def slime_send_weights(monkeypatch, tmp_path):
     monkeypatch.setattr(
         module, "connect_rollout_engines_from_distributed", module.connect_rollout_engines_from_distributed
     )
-    monkeypatch.setattr(module, "dist", _OneRank)
+    monkeypatch.setattr(module, "dist", OneRankDist)
     monkeypatch.setattr(module, "get_gloo_group", lambda: None)
     folder, model = export_initial_checkpoint(tmp_path / "hf")
     install_train_hook(argparse.Namespace(weight_push_mode="abort", use_rollout_routing_replay=False))

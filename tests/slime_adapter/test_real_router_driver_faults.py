@@ -20,15 +20,11 @@ from collections import Counter
 
 import pytest
 
-from support.preconditions import skip_unless
+from support.preconditions import SLIME_CONTRACT, skip_unless
 
 
 skip_unless(
-    "slime",
-    "megatron.core",
-    "httpx",
-    "aiohttp",
-    "pylatexenc",
+    *SLIME_CONTRACT,
     why="the real-engine fault tests need slime's source and the slime-contract extra",
 )
 

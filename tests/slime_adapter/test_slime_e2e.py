@@ -32,14 +32,10 @@ from collections import Counter
 import pytest
 
 from support import slime_e2e_harness as h
-from support.preconditions import skip_unless
+from support.preconditions import SLIME_CONTRACT, skip_unless
 
 skip_unless(
-    "slime",
-    "megatron.core",
-    "httpx",
-    "aiohttp",
-    "pylatexenc",
+    *SLIME_CONTRACT,
     why="slime end-to-end test needs slime's source (SLIME_PATH or ../shared/vendor/slime-624b824a) and the "
     "slime-contract extra",
 )

@@ -9,14 +9,10 @@ import os
 
 
 from support import slime_e2e_harness as h
-from support.preconditions import skip_unless
+from support.preconditions import SLIME_CONTRACT, skip_unless
 
 skip_unless(
-    "slime",
-    "megatron.core",
-    "httpx",
-    "aiohttp",
-    "pylatexenc",
+    *SLIME_CONTRACT,
     why="the slime e2e needs slime's source and the slime-contract extra",
 )
 

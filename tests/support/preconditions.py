@@ -12,6 +12,11 @@ import pytest
 from support.slime_args import slime_path
 
 
+# slime's source and what the slime-contract extra adds for slime's rollout side (sglang_rollout,
+# http_utils, the reward's latex parsing): the end-to-end files' precondition
+SLIME_CONTRACT = ("slime", "megatron.core", "httpx", "aiohttp", "pylatexenc")
+
+
 def put_slime_on_path() -> str | None:
     """slime's source folder, put first on ``sys.path`` when it exists; None when there is none."""
     path = slime_path()

@@ -1,7 +1,8 @@
 """An engine injected at ``GroupStream``'s ``generate_group`` seam that records what each call was given:
 each group's calls, their start times and the response length the group already had. It answers one
 two-token response carrying ``version(key, call)`` as its weight version, or raises ``ConnectionError``
-while ``raises(key, call)``. Needs slime's ``Sample`` (the groups it is handed)."""
+while ``raises(key, call)``. Needs slime's ``Sample`` (the groups it is handed). ``settle`` waits for the
+stream's generations to end, as the stream tests do between steps."""
 
 from __future__ import annotations
 
@@ -36,3 +37,11 @@ class RecordingEngine:
                 meta_info={"weight_version": self.version(key, call), "finish_reason": {"type": "stop"}},
             )
         return group
+
+
+async def settle(stream, timeout: float = 30.0, poll_s: float = 0.005) -> None:
+    """Wait until ``stream`` has no generation running, or ``timeout`` seconds (a hang fails the test's
+    own assertions instead of waiting forever)."""
+    deadline = time.monotonic() + timeout
+    while stream.active and time.monotonic() < deadline:
+        await asyncio.sleep(poll_s)
