@@ -12,25 +12,32 @@ from collections import defaultdict
 from pathlib import Path
 
 
+def rows(path: Path) -> list[tuple[float, list[str], str]]:
+    """(seconds, tier names, node id) per test line, after the header."""
+    out = []
+    for line in path.read_text().splitlines()[1:]:
+        seconds, _outcome, tiers, nodeid = line.split("\t", 3)
+        out.append((float(seconds), [t for t in tiers.split(",") if t != "-"], nodeid))
+    return out
+
+
 def summarize(path: Path) -> dict[str, tuple[int, float]]:
     """tier -> (tests, seconds); "all" and "fast" (no `slow` marker) beside the markers' own tiers."""
     out: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for line in path.read_text().splitlines()[1:]:
-        seconds, _outcome, tiers, _nodeid = line.split("\t", 3)
-        names = [t for t in tiers.split(",") if t != "-"]
+    for seconds, names, _nodeid in rows(path):
         for name in ["all", *names, *([] if "slow" in names else ["fast"])]:
             out[name][0] += 1
-            out[name][1] += float(seconds)
+            out[name][1] += seconds
     return {k: (int(n), s) for k, (n, s) in out.items()}
 
 
 def slowest_files(path: Path, n: int = 12) -> list[tuple[str, int, float]]:
     """(file, tests, seconds) of the ``n`` files that take the most time, slowest first."""
     by_file: dict[str, list] = defaultdict(lambda: [0, 0.0])
-    for line in path.read_text().splitlines()[1:]:
-        seconds, _outcome, _tiers, nodeid = line.split("\t", 3)
-        by_file[nodeid.split("::", 1)[0]][0] += 1
-        by_file[nodeid.split("::", 1)[0]][1] += float(seconds)
+    for seconds, _names, nodeid in rows(path):
+        counts = by_file[nodeid.split("::", 1)[0]]
+        counts[0] += 1
+        counts[1] += seconds
     ranked = sorted(by_file.items(), key=lambda kv: -kv[1][1])[:n]
     return [(name, int(count), seconds) for name, (count, seconds) in ranked]
 

@@ -212,6 +212,7 @@ def load_or_train_warm_start(
     bar = Progress(steps, desc=WARM_START_BAR, enabled=progress, interval=max(1, steps // 10))
     try:
         own = get_task(task_cfg.name).supervised_warm_start  # a task with its own recipe (calc)
+        on_step = lambda i, loss: bar.update(i, {"loss": loss})  # noqa: E731
         with torch_threads():
             if own is not None:
                 if init_state is not None:
@@ -222,7 +223,7 @@ def load_or_train_warm_start(
                     batch_size=batch_size,
                     lr=lr,
                     seed=seed,
-                    on_step=lambda i, loss: bar.update(i, {"loss": loss}),
+                    on_step=on_step,
                 )
             else:
                 state = supervised_warm_start(
@@ -235,7 +236,7 @@ def load_or_train_warm_start(
                     answer_noise=answer_noise,
                     step_noise=step_noise,
                     init_state=init_state,
-                    on_step=lambda i, loss: bar.update(i, {"loss": loss}),
+                    on_step=on_step,
                 )
     finally:
         bar.close()
