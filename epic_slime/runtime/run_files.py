@@ -207,13 +207,14 @@ def run_outcome(out: Path, cfg: RuntimeConfig) -> dict:
     key = eval_key(cfg)
     eval_rows = [e for e in _read_jsonl(out / EVAL_METRICS_FILE) if key in e]
     evals = [(e["eval/version"], e[key]) for e in eval_rows]
-    final_row = max(eval_rows, key=lambda e: e["eval/version"]) if eval_rows else {}
-    # the agent task: the tool's counts per response at the last evaluation (rollout_agent.tool_stats)
+    # the latest version, last written (sorted is stable: of two rows at one version, the later)
+    final_row = sorted(eval_rows, key=lambda e: e["eval/version"])[-1] if eval_rows else {}
+    final = (final_row["eval/version"], final_row[key]) if eval_rows else None
+    # the agent task: the tool's counts per response at that evaluation (rollout_agent.tool_stats)
     tool = {k.split("/")[-1]: v for k, v in final_row.items() if k.endswith("_per_response")}
     rewards = [r[names.REWARD_MEAN] for r in rows]
     n = max(1, min(10, len(rewards) // 2))
     best = max(evals, key=lambda e: (e[1], -e[0])) if evals else None  # earliest step on ties
-    final = sorted(evals, key=lambda e: e[0])[-1] if evals else None  # the latest version, last written
     return {
         "reward_first": statistics.fmean(rewards[:n]) if rewards else None,
         "reward_last": statistics.fmean(rewards[-n:]) if rewards else None,

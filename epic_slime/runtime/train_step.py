@@ -103,7 +103,7 @@ def agent_metrics(samples: list[dict]) -> dict:
         return {}
     from .rollout_agent import tool_stats
 
-    spans = [len({v for v in s["token_versions"] if v is not None}) > 1 for s in samples]
+    spans = [len(_model_versions(s)) > 1 for s in samples]
     return {
         **{f"rollout/{name}": value for name, value in tool_stats(samples).items()},
         "rollout/multi_version_frac": statistics.fmean(spans),
@@ -115,4 +115,9 @@ def model_versions(batch: list[Group]) -> list[list[int]] | None:
     other tasks): a group spans a push when it holds two."""
     if not batch or "token_versions" not in batch[0].samples[0]:
         return None
-    return [sorted({v for s in g.samples for v in s["token_versions"] if v is not None}) for g in batch]
+    return [sorted(set().union(*(_model_versions(s) for s in g.samples))) for g in batch]
+
+
+def _model_versions(sample: dict) -> set[int]:
+    """The weight versions of a trajectory's model tokens (its tool tokens carry None)."""
+    return {v for v in sample["token_versions"] if v is not None}
