@@ -9,6 +9,11 @@ import hashlib
 import torch
 
 
-def request_generator(seed: int, tag: str, first_id: int) -> torch.Generator:
-    h = int.from_bytes(hashlib.sha256(f"{tag}/{seed}/{first_id}".encode()).digest()[:8], "big")
+def generator_for(key: str) -> torch.Generator:
+    """A torch.Generator seeded by the first 63 bits of sha256(key): the same key, the same draws."""
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
     return torch.Generator().manual_seed(h & ((1 << 63) - 1))
+
+
+def request_generator(seed: int, tag: str, first_id: int) -> torch.Generator:
+    return generator_for(f"{tag}/{seed}/{first_id}")

@@ -251,7 +251,6 @@ def _run_call(s: dict, turn_ids: list[int], tok: Tokenizer, cfg: AgentSampling) 
 
 def request_generator(seed: int, tag: str):
     """A torch.Generator for (seed, tag)."""
-    import torch
+    from .seeding import generator_for
 
-    h = int.from_bytes(hashlib.sha256(f"{NAME}/{tag}/{seed}".encode()).digest()[:8], "big")
-    return torch.Generator().manual_seed(h & ((1 << 63) - 1))
+    return generator_for(f"{NAME}/{tag}/{seed}")
