@@ -18,32 +18,9 @@ pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importa
 from slime.utils.async_utils import run  # noqa: E402
 
 from epic_slime.slime import engine_faults, group_stream  # noqa: E402
+from support.recording_engine import OneTokenEngine as Engine  # noqa: E402
 from support.recording_engine import settle  # noqa: E402
 from support.stream_data_source import DataSource  # noqa: E402
-
-
-class Engine:
-    """Answers with ``version(key, call)``; raises while ``raises(key, call)``."""
-
-    def __init__(self, version=lambda key, call: "1", raises=lambda key, call: False):
-        self.calls: list[int] = []
-        self.version, self.raises = version, raises
-
-    async def generate(self, args, group, sampling_params, evaluation=False):
-        key = group[0].group_index
-        call = self.calls.count(key)
-        self.calls.append(key)
-        await asyncio.sleep(0.001)
-        if self.raises(key, call):
-            raise ConnectionError(f"engine lost while generating group {key}")
-        for sample in group:
-            sample.append_response_tokens(
-                argparse.Namespace(partial_rollout=False),
-                tokens=[7],
-                log_probs=[-0.1],
-                meta_info={"weight_version": self.version(key, call), "finish_reason": {"type": "stop"}},
-            )
-        return group
 
 
 def _stream(engine, **kw):

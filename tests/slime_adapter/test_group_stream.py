@@ -22,29 +22,9 @@ from slime.utils.types import Sample  # noqa: E402
 from epic_slime.slime import group_stream, rollout  # noqa: E402
 from epic_slime.slime.checkpoint_marks import mark_model_complete  # noqa: E402
 from epic_slime.slime.data_source import StreamingDataSource, group_key  # noqa: E402
+from support.recording_engine import OneTokenEngine as Engine  # noqa: E402
 from support.recording_engine import RecordingEngine, settle  # noqa: E402
 from support.stream_data_source import DataSource  # noqa: E402
-
-
-class Engine:
-    def __init__(self, raises=lambda key: False):
-        self.calls: list[int] = []
-        self.raises = raises
-
-    async def generate(self, args, group, sampling_params, evaluation=False):
-        key = group[0].group_index
-        self.calls.append(key)
-        await asyncio.sleep(0.001)
-        if self.raises(key):
-            raise ConnectionError(f"engine lost while generating group {key}")
-        for sample in group:
-            sample.append_response_tokens(
-                argparse.Namespace(partial_rollout=False),
-                tokens=[7],
-                log_probs=[-0.1],
-                meta_info={"weight_version": "1", "finish_reason": {"type": "stop"}},
-            )
-        return group
 
 
 def _stream(engine, cap=None, **kw):
@@ -58,7 +38,7 @@ _settle = functools.partial(settle, timeout=30.0, poll_s=0.002)
 
 # mutant: stream_crash_retries_one_more
 def test_a_group_that_always_raises_is_tried_exactly_max_group_attempts_times():
-    engine = Engine(raises=lambda key: key == 0)
+    engine = Engine(raises=lambda key, call: key == 0)
     stream = _stream(engine, cap=1)
 
     async def go():

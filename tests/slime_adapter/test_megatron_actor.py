@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from support.megatron_run import REPO, skip_reason, worker_env
+from support.megatron_run import REPO, skip_reason, wait_or_kill, worker_env
 
 pytestmark = pytest.mark.slow
 if skip_reason():
@@ -40,12 +40,7 @@ def _start(phase: str, workdir, port: int, name: str | None = None, **env: str) 
 
 
 def _result(proc: subprocess.Popen, workdir, name: str) -> dict:
-    try:
-        proc.wait(timeout=900)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    wait_or_kill(proc, 900)
     out = workdir / f"{name}.json"
     log = (workdir / f"{name}.log").read_text()[-4000:]
     assert proc.returncode == 0 and out.is_file(), f"{name} exited {proc.returncode}:\n{log}"

@@ -30,7 +30,7 @@ import sys
 
 import pytest
 
-from support.megatron_run import REPO, skip_reason, worker_env
+from support.megatron_run import REPO, skip_reason, wait_or_kill, worker_env
 
 pytestmark = pytest.mark.slow
 if skip_reason():
@@ -83,11 +83,8 @@ def lives(tmp_path_factory):
                 start_new_session=True,  # its own process group: see below
             )
             try:
-                proc.wait(timeout=900)
+                wait_or_kill(proc, 900)
             finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
                 # a SIGKILLed life leaves its multiprocessing children (a spawn child, a resource tracker)
                 # orphaned in its group: none outlives its life
                 with contextlib.suppress(ProcessLookupError):

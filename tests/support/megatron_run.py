@@ -59,6 +59,17 @@ def start(scenario: str, tp: int, out: Path, **env: str) -> subprocess.Popen:
     )
 
 
+def wait_or_kill(proc: subprocess.Popen, timeout: float) -> None:
+    """Wait for ``proc`` up to ``timeout`` seconds; one still running when the wait ends (its timeout
+    raised, or the test interrupted) is killed and reaped before the error goes on."""
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def finish(proc: subprocess.Popen, out: Path, timeout: float) -> tuple[int, str, dict | None]:
     """(exit code, the log's tail, the JSON result or None)."""
     try:

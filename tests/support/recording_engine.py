@@ -1,8 +1,9 @@
 """An engine injected at ``GroupStream``'s ``generate_group`` seam that records what each call was given:
 each group's calls, their start times and the response length the group already had. It answers one
 two-token response carrying ``version(key, call)`` as its weight version, or raises ``ConnectionError``
-while ``raises(key, call)``. Needs slime's ``Sample`` (the groups it is handed). ``settle`` waits for the
-stream's generations to end, as the stream tests do between steps."""
+while ``raises(key, call)``. Needs slime's ``Sample`` (the groups it is handed). ``OneTokenEngine``: the
+same seam with a one-token answer and no timing record. ``settle`` waits for the stream's generations to
+end, as the stream tests do between steps."""
 
 from __future__ import annotations
 
@@ -45,3 +46,28 @@ async def settle(stream, timeout: float = 30.0, poll_s: float = 0.005) -> None:
     deadline = time.monotonic() + timeout
     while stream.active and time.monotonic() < deadline:
         await asyncio.sleep(poll_s)
+
+
+class OneTokenEngine:
+    """Answers each call with one token carrying ``version(key, call)``; raises ``ConnectionError`` while
+    ``raises(key, call)``. Records the keys of its calls in order."""
+
+    def __init__(self, version=lambda key, call: "1", raises=lambda key, call: False):
+        self.calls: list[int] = []
+        self.version, self.raises = version, raises
+
+    async def generate(self, args, group, sampling_params, evaluation=False):
+        key = group[0].group_index
+        call = self.calls.count(key)
+        self.calls.append(key)
+        await asyncio.sleep(0.001)
+        if self.raises(key, call):
+            raise ConnectionError(f"engine lost while generating group {key}")
+        for sample in group:
+            sample.append_response_tokens(
+                argparse.Namespace(partial_rollout=False),
+                tokens=[7],
+                log_probs=[-0.1],
+                meta_info={"weight_version": self.version(key, call), "finish_reason": {"type": "stop"}},
+            )
+        return group
