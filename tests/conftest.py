@@ -119,9 +119,11 @@ def time_limit_s(item, default_s: float) -> float:
 #
 # The list above that sets a slow file's time limit also sets its tier: each of its tests is marked `slow`
 # (`-m "not slow"` is the fast tier). A test that needs the real SGLang server is also `real_sglang`, and
-# one whose module imports slime's own code (or calls support.slime_env.require_slime) is `needs_slime`.
+# one whose module imports slime's own code (or calls support.slime_env.require_slime) is `needs_slime`, and
+# one in a Megatron file (MEGATRON_FILES: Megatron-core on CPU in processes of its own) is `megatron`.
 # Markers are added before -m deselects (tryfirst), so `-m` sees them.
-TIER_MARKERS = ("slow", "real_sglang", "needs_slime")
+TIER_MARKERS = ("slow", "real_sglang", "needs_slime", "megatron")
+MEGATRON_FILES = "tests/slime_adapter/test_megatron_"  # the prefix of every such file
 
 
 def tier_markers(item) -> list[str]:
@@ -135,6 +137,8 @@ def tier_markers(item) -> list[str]:
         tiers.append("real_sglang")
     if _imports_slime(getattr(item, "module", None)):
         tiers.append("needs_slime")
+    if path.startswith(MEGATRON_FILES):
+        tiers.append("megatron")
     return tiers
 
 

@@ -179,6 +179,16 @@ def test_a_module_that_imports_slime_is_needs_slime():
     assert _collected("tests/project/test_packaging.py", "-m", "needs_slime") == []
 
 
+def test_a_megatron_file_is_megatron_and_nothing_else_is():
+    path = "tests/slime_adapter/test_megatron_cpu_patches.py"
+    assert path.startswith(conftest.MEGATRON_FILES)
+    every = _collected(path)
+    if not every:
+        pytest.skip("Megatron-core or megatron.training is not importable here: the file skipped at collection")
+    assert _collected(path, "-m", "megatron") == every
+    assert _collected("tests/project/test_packaging.py", "-m", "megatron") == []
+
+
 def test_a_marker_nobody_registered_is_refused(tmp_path):
     (tmp_path / "test_typo.py").write_text("import pytest\n\n@pytest.mark.slwo\ndef test_x():\n    pass\n")
     done = subprocess.run(
