@@ -28,6 +28,7 @@ BEGIN = re.compile(r"^<!-- generated: (\w+) \(python bench/make_results\.py\) --
 
 sys.path.insert(0, str(HERE))
 from async_pairs import read_pairs, summary  # noqa: E402
+from results_agent import agent_runtime  # noqa: E402
 from runtime_cpu_pairs import read_summary  # noqa: E402
 
 
@@ -356,6 +357,7 @@ SECTIONS = {
     "stall_probe": stall_probe,
     "schedules": schedules,
     "agentic": agentic,
+    "agent_runtime": agent_runtime,
     "ladder": ladder,
     "stress": stress,
 }
