@@ -8,8 +8,7 @@ Table 1 cell carries a bootstrap 95% interval over prompts and seeds (``--bootst
 
 Writes ``table1.md`` (Table 1, per-run selections, notes), ``scores.csv`` (every run, step
 and benchmark), ``selection.json`` and ``average.png`` + one ``<benchmark>.png`` per benchmark.
-Records with the agent's tool counts add a "Tool use" section and three columns
-(``epic_slime.evaluation.tool_use``).
+Records with the agent's tool counts add a "Tool use" section and three columns (``tool_use``).
 
 A record file whose step and weight version disagree (an eval that scored other weights than its
 step names) is refused with an error naming the file, line, step and version; records from before
@@ -35,7 +34,7 @@ from epic_slime.evaluation.metrics import (
     method_table,
 )
 from epic_slime.evaluation.records import RecordError, read_record_paths
-from epic_slime.evaluation.tool_use import CSV_COLUMNS, ToolUse, tool_use_notes, tool_use_section
+from epic_slime.evaluation.tool_use import ToolUse, tool_use_notes, tool_use_section
 
 
 def format_cell(cell: tuple[float, float | None] | None, interval: Interval | None = None) -> str:
@@ -191,12 +190,12 @@ def notes(
 def write_scores_csv(
     path: str, runs: dict[str, RunInfo], benchmarks: Sequence[str], tool_use: ToolUse | None = None
 ) -> None:
-    """``tool_use`` holding any counts: three more columns (``tool_use.CSV_COLUMNS``)."""
-    tools = tool_use if tool_use is not None and tool_use.any else None
+    """``tool_use`` holding any counts adds its three columns."""
+    tools = tool_use or ToolUse(())
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         header = ["run", "method", "seed", "step", "benchmark", "mean_at_k", "num_prompts", "samples_per_prompt"]
-        writer.writerow(header + list(CSV_COLUMNS if tools else ()))
+        writer.writerow(header + tools.csv_header())
         for info in sorted(runs.values(), key=lambda i: (i.method, i.seed, i.run)):
             for step in sorted(info.scores):
                 scores = info.scores[step]
@@ -213,13 +212,13 @@ def write_scores_csv(
                             s.num_prompts,
                             s.min_samples if s.min_samples == s.max_samples else f"{s.min_samples}-{s.max_samples}",
                         ]
-                        + (tools.csv_cells(info.run, step, [b]) if tools else [])
+                        + tools.csv_cells(info.run, step, [b])
                     )
                 average = checkpoint_average(scores, benchmarks)
                 if average is not None:
-                    tool_cells = tools.csv_cells(info.run, step, benchmarks) if tools else []
+                    tool_cells = tools.csv_cells(info.run, step, benchmarks)
                     writer.writerow(
-                        [info.run, info.method, info.seed, step, "average", f"{average:.6f}", "", ""] + tool_cells
+                        [info.run, info.method, info.seed, step, "average", f"{average:.6f}", "", "", *tool_cells]
                     )
 
 

@@ -68,8 +68,14 @@ class ToolUse:
             total += self.cells.get((run, step, benchmark), ToolCounts())
         return total
 
+    def csv_header(self) -> list[str]:
+        """scores.csv's three columns, when any record carries counts (else none: the file as before)."""
+        return list(CSV_COLUMNS) if self.any else []
+
     def csv_cells(self, run: str, step: int, benchmarks: Sequence[str]) -> list[str]:
-        """scores.csv's three columns for one row ("" where no counted response carries counts)."""
+        """One row's cells of those columns ("" where no counted response carries counts)."""
+        if not self.any:
+            return []
         means = self.at(run, step, benchmarks).per_response()
         return [f"{m:.6f}" for m in means] if means else ["", "", ""]
 

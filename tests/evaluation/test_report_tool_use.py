@@ -108,7 +108,9 @@ def test_records_without_counts_give_the_report_as_before(tmp_path):
     table, rows = _report(tmp_path, plain)
     assert "Tool use" not in table and "tool counts" not in table
     header = "run,method,seed,step,benchmark,mean_at_k,num_prompts,samples_per_prompt"
-    assert (tmp_path / "out" / "scores.csv").read_text().splitlines()[0] == header
+    with open(tmp_path / "out" / "scores.csv") as handle:
+        lines = list(csv.reader(handle))
+    assert ",".join(lines[0]) == header and {len(line) for line in lines} == {8}
     assert '"tool_calls"' not in (tmp_path / "e.jsonl").read_text()  # absent, not null
 
 
