@@ -21,6 +21,11 @@ and version (``VersionMismatchError``). Fallback for files written before record
 field: it is absent (``None``) and the step is trusted as is; ``epic-slime report`` counts such
 records in its notes.
 
+``tool_calls``, ``tool_errors``, ``turns`` (a tool-using task's records, issue 44): the sample's tool
+calls, the calls answered with an error, and its engine turns; integers >= 0, the three together,
+``tool_errors <= tool_calls``. Absent (``None``) for single-turn tasks, written as before (not as
+null). ``epic-slime report`` shows them per response (``epic_slime.evaluation.tool_use``).
+
 Resume (``replace_run_records``, what the slime eval hook writes with): every write of run R's
 evaluation at step s replaces R's records at steps >= s and adds the new ones, so a resumed run
 supersedes its own records from the first step it evaluates again (the crashed process's evals
@@ -47,6 +52,8 @@ from typing import Iterable
 
 
 PRE_TRAINING_STEP = -1  # slime's evaluation before training rollout 0
+TOOL_COUNT_FIELDS = ("tool_calls", "tool_errors", "turns")  # optional, a tool-using task's records
+OPTIONAL_FIELDS = ("weight_version", *TOOL_COUNT_FIELDS)
 
 
 class RecordError(ValueError):
@@ -68,6 +75,9 @@ class EvalRecord:
     sample_idx: int
     correct: bool
     weight_version: int | None = None  # None: a record written before records named their weights
+    tool_calls: int | None = None  # None (the three alike): a single-turn task's record
+    tool_errors: int | None = None
+    turns: int | None = None
 
     def key(self) -> tuple:
         """Identity of a sample: a second record with the same key is a duplicate."""
@@ -75,15 +85,16 @@ class EvalRecord:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        if data["weight_version"] is None:  # unknown: written as before, not as null
-            del data["weight_version"]
+        for name in OPTIONAL_FIELDS:
+            if data[name] is None:  # unknown / not a tool-using task: written as before, not as null
+                del data[name]
         return data
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "record") -> "EvalRecord":
         if not isinstance(data, dict):
             raise RecordError(f"{where}: expected a JSON object, got {type(data).__name__}")
-        missing = [f.name for f in fields(cls) if f.name not in data and f.name != "weight_version"]
+        missing = [f.name for f in fields(cls) if f.name not in data and f.name not in OPTIONAL_FIELDS]
         if missing:
             raise RecordError(f"{where}: missing field(s) {', '.join(missing)}")
         values = {}
@@ -122,6 +133,7 @@ class EvalRecord:
             ):
                 raise RecordError(f"{where}: field 'weight_version' must be an integer or absent, got {version!r}")
             values["weight_version"] = int(version)
+        values.update(_tool_counts(data, where))
         return cls(**values)
 
     def check_version(self, where: str = "record") -> None:
@@ -133,6 +145,31 @@ class EvalRecord:
                 f"(before the push of step {self.step}'s weights?); its scores would shift the curve and "
                 f"the checkpoint selection by {self.step - self.weight_version} step(s)"
             )
+
+
+def _tool_counts(data: dict, where: str) -> dict:
+    """The optional tool counts of a record: none, or all three as integers >= 0 with errors <= calls."""
+    held = [name for name in TOOL_COUNT_FIELDS if data.get(name) is not None]
+    if not held:
+        return {}
+    if len(held) < len(TOOL_COUNT_FIELDS):
+        absent = [name for name in TOOL_COUNT_FIELDS if name not in held]
+        raise RecordError(
+            f"{where}: field(s) {', '.join(absent)} absent beside {', '.join(held)}: the tool counts come together"
+        )
+    counts = {}
+    for name in TOOL_COUNT_FIELDS:
+        value = data[name]
+        integral = isinstance(value, int) or isinstance(value, float) and value.is_integer()
+        if isinstance(value, bool) or not integral or value < 0:
+            raise RecordError(f"{where}: field '{name}' must be an integer >= 0 or absent, got {value!r}")
+        counts[name] = int(value)
+    if counts["tool_errors"] > counts["tool_calls"]:
+        raise RecordError(
+            f"{where}: field 'tool_errors' {counts['tool_errors']} exceeds 'tool_calls' {counts['tool_calls']} "
+            "(an error is a call answered with one)"
+        )
+    return counts
 
 
 def write_records(path: str, records: Iterable[EvalRecord | dict], append: bool = True) -> int:

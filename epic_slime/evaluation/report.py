@@ -8,6 +8,7 @@ Table 1 cell carries a bootstrap 95% interval over prompts and seeds (``--bootst
 
 Writes ``table1.md`` (Table 1, per-run selections, notes), ``scores.csv`` (every run, step
 and benchmark), ``selection.json`` and ``average.png`` + one ``<benchmark>.png`` per benchmark.
+Records with the agent's tool counts add a "Tool use" section and three columns (``tool_use``).
 
 A record file whose step and weight version disagree (an eval that scored other weights than its
 step names) is refused with an error naming the file, line, step and version; records from before
@@ -33,6 +34,7 @@ from epic_slime.evaluation.metrics import (
     method_table,
 )
 from epic_slime.evaluation.records import RecordError, read_record_paths
+from epic_slime.evaluation.tool_use import ToolUse, tool_use_notes, tool_use_section
 
 
 def format_cell(cell: tuple[float, float | None] | None, interval: Interval | None = None) -> str:
@@ -185,12 +187,15 @@ def notes(
     return out
 
 
-def write_scores_csv(path: str, runs: dict[str, RunInfo], benchmarks: Sequence[str]) -> None:
+def write_scores_csv(
+    path: str, runs: dict[str, RunInfo], benchmarks: Sequence[str], tool_use: ToolUse | None = None
+) -> None:
+    """``tool_use`` holding any counts adds its three columns."""
+    tools = tool_use or ToolUse(())
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(
-            ["run", "method", "seed", "step", "benchmark", "mean_at_k", "num_prompts", "samples_per_prompt"]
-        )
+        header = ["run", "method", "seed", "step", "benchmark", "mean_at_k", "num_prompts", "samples_per_prompt"]
+        writer.writerow(header + tools.csv_header())
         for info in sorted(runs.values(), key=lambda i: (i.method, i.seed, i.run)):
             for step in sorted(info.scores):
                 scores = info.scores[step]
@@ -207,10 +212,14 @@ def write_scores_csv(path: str, runs: dict[str, RunInfo], benchmarks: Sequence[s
                             s.num_prompts,
                             s.min_samples if s.min_samples == s.max_samples else f"{s.min_samples}-{s.max_samples}",
                         ]
+                        + tools.csv_cells(info.run, step, [b])
                     )
                 average = checkpoint_average(scores, benchmarks)
                 if average is not None:
-                    writer.writerow([info.run, info.method, info.seed, step, "average", f"{average:.6f}", "", ""])
+                    tool_cells = tools.csv_cells(info.run, step, benchmarks)
+                    writer.writerow(
+                        [info.run, info.method, info.seed, step, "average", f"{average:.6f}", "", "", *tool_cells]
+                    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -337,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = group_records(records, k=k)
         _check_benchmarks_present(runs, args.benchmarks)
         rows = method_table(runs, args.benchmarks, args.methods)
+        tool_use = ToolUse(records, k)
         intervals = {
             row.method: method_intervals(row, runs, args.benchmarks, args.bootstrap, args.bootstrap_seed)
             for row in rows
@@ -373,14 +383,16 @@ def main(argv: list[str] | None = None) -> int:
         "",
         runs_markdown(rows, runs, args.benchmarks, titles, args.pass_at_k),
         "",
+        *tool_use_section(rows, tool_use, args.benchmarks),
         "## Notes",
         "",
         *[f"- {line}" for line in notes(rows, runs, args.benchmarks, args.samples_per_prompt, k, records)],
+        *[f"- {line}" for line in tool_use_notes(rows, tool_use, args.benchmarks)],
         "",
     ]
     with open(os.path.join(args.out, "table1.md"), "w") as handle:
         handle.write("\n".join(document))
-    write_scores_csv(os.path.join(args.out, "scores.csv"), runs, args.benchmarks)
+    write_scores_csv(os.path.join(args.out, "scores.csv"), runs, args.benchmarks, tool_use)
     selection = {
         row.method: {run: {"seed": runs[run].seed, "step": row.selected_steps[run]} for run in row.runs} for row in rows
     }

@@ -51,15 +51,16 @@ class EvalWorker:
         self.engine = PolicyEngine(model_cfg, init_state, 0, dtype="float32", seed=seed)
 
     def evaluate(self, weights, version: int, problems, sampling: dict):
-        """(the version it scored, correct[prompt][sample], the tool's counts: empty but for the agent task)."""
+        """(the version it scored, correct[prompt][sample], the tool's counts per response and per sample
+        [prompt][sample]: empty and None but for the agent task)."""
         self.engine.set_weights(weights, version)
         if "max_turns" in sampling:
             from .rollout_agent import evaluate
 
-            correct, stats = evaluate(self.engine, problems, **sampling)
+            correct, stats, counts = evaluate(self.engine, problems, **sampling)
         else:
-            correct, stats = self.engine.evaluate(problems, **sampling), {}
-        return self.engine.version, correct, stats
+            correct, stats, counts = self.engine.evaluate(problems, **sampling), {}, None
+        return self.engine.version, correct, stats, counts
 
 
 @ray.remote(num_cpus=1, max_restarts=0)

@@ -67,7 +67,7 @@ class EvalQueue:
         """The evaluation in flight finished: its result is logged (at ``step``) and the next one starts."""
         import ray
 
-        scored, correct, tool_stats = ray.get(self.future)  # the version the eval worker held
+        scored, correct, tool_stats, tool_counts = ray.get(self.future)  # scored: the version the worker held
         version, self.future = self.future_version, None  # the version it was due on: its step
         k = self.cfg.n_samples_per_eval_prompt
         flat = [c for row in correct for c in row]
@@ -78,7 +78,7 @@ class EvalQueue:
             **{f"eval/{HELDOUT}/{name}": value for name, value in tool_stats.items()},
         }
         self.done.append(result)
-        self.log.evaluation(step, result, version, correct, weight_version=scored)
+        self.log.evaluation(step, result, version, correct, weight_version=scored, tool_counts=tool_counts)
         self.start_next()
 
     def finish(self, step: int, weights_ref, version: int) -> None:

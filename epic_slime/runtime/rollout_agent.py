@@ -78,6 +78,11 @@ def generate_turn(
     return groups
 
 
+def tool_counts(sample: dict) -> dict:
+    """One trajectory's counts, as its eval record carries them (``EvalRecord.tool_calls`` ...)."""
+    return {name: int(sample[name]) for name in ("tool_calls", "tool_errors", "turns")}
+
+
 def tool_stats(samples: list[dict]) -> dict:
     """The tool's counts per response (``eval/heldout/*`` and ``rollout/*`` metrics)."""
     return {
@@ -98,13 +103,14 @@ def evaluate(
     seed: int,
     max_turns: int,
     tool: bool,
-) -> tuple[list[list[bool]], dict]:
-    """correct[prompt][sample] for k whole trajectories per held-out prompt (seeded by version), and
-    the tool's counts per response over all of them."""
+) -> tuple[list[list[bool]], dict, list[list[dict]]]:
+    """correct[prompt][sample] for k whole trajectories per held-out prompt (seeded by version), the
+    tool's counts per response over all of them, and each trajectory's counts [prompt][sample]."""
     cfg = task_calc.AgentSampling(
         tool=tool, max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
     )
     gen = request_generator(seed, "agent/eval", engine.version)
     samples = task_calc.sample_with_tool(engine.model, problems, k, cfg, gen)
     correct = [[samples[i * k + j]["reward"] == 1.0 for j in range(k)] for i in range(len(problems))]
-    return correct, tool_stats(samples)
+    counts = [[tool_counts(samples[i * k + j]) for j in range(k)] for i in range(len(problems))]
+    return correct, tool_stats(samples), counts

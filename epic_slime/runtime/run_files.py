@@ -165,12 +165,19 @@ class RunLog:
             f.write(json.dumps(line) + "\n")
 
     def evaluation(
-        self, step: int, result: dict, version: int, correct: list[list[bool]], weight_version: int | None = None
+        self,
+        step: int,
+        result: dict,
+        version: int,
+        correct: list[list[bool]],
+        weight_version: int | None = None,
+        tool_counts: list[list[dict]] | None = None,
     ) -> None:
         """eval_metrics.jsonl (one line per evaluation) and eval_records.jsonl (one record per
         sample, the evaluation package's format, so `epic-slime report` reads local runs as-is).
         Records are keyed by ``version`` (the one the eval was due on) and name ``weight_version``,
-        the one the eval worker scored (default: the same)."""
+        the one the eval worker scored (default: the same). ``tool_counts`` (the agent task): each
+        sample's ``tool_calls``, ``tool_errors``, ``turns`` [prompt][sample], carried by its record."""
         with open(self.out / EVAL_METRICS_FILE, "a") as f:
             f.write(json.dumps({"step": step, **result}) + "\n")
         write_records(
@@ -186,6 +193,7 @@ class RunLog:
                     sample_idx=j,
                     correct=bool(c),
                     weight_version=version if weight_version is None else int(weight_version),
+                    **(tool_counts[pid][j] if tool_counts is not None else {}),
                 )
                 for pid, row in enumerate(correct)
                 for j, c in enumerate(row)

@@ -25,6 +25,9 @@ SGLang ``weight_versions`` translated by ``served_step`` (the project's rollout 
 knows this process's first training rollout; with another, records name none). An eval that ran
 before the push of its step's weights names the step before, is logged as an error here, and
 ``epic-slime report`` refuses the file.
+The agent generate function's samples (``epic_slime.slime.agent_generate``: its ``TrajectoryLog`` in
+``sample.metadata["agent"]``) give each record its ``tool_calls``, ``tool_errors`` (the errors of
+every kind) and ``turns``; other samples' records carry none.
 
 Resume: each eval of a training run replaces the run's records from its step on
 (``replace_run_records``, atomic), so a run resumed from a checkpoint supersedes the evals its
@@ -90,6 +93,15 @@ def _sample_weights_step(sample, step: int, first_training_rollout: int | None, 
     return served_step(min(versions, key=parse_weight_version), step, first_training_rollout)
 
 
+def _agent_counts(metadata: dict) -> dict:
+    """A tool-using sample's counts for its record (``TrajectoryLog`` fields), else none."""
+    log = metadata.get("agent")
+    if not log:
+        return {}
+    errors = log.get("tool_errors") or {}
+    return {"tool_calls": int(log["tool_calls"]), "tool_errors": sum(errors.values()), "turns": int(log["turns"])}
+
+
 def eval_records_from_rollout(
     rollout_id: int, args, data: dict, first_training_rollout: int | None = None, versions_known: bool = False
 ) -> list[EvalRecord]:
@@ -104,7 +116,7 @@ def eval_records_from_rollout(
         samples = entry.get("samples")
         if samples is not None and len(samples) != len(rewards):
             raise ValueError(f"eval dataset {dataset_name!r}: {len(samples)} samples but {len(rewards)} rewards")
-        keyed = []  # (benchmark, prompt_id, order key, correct, weights step)
+        keyed = []  # (benchmark, prompt_id, order key, correct, weights step, tool counts)
         for position, reward in enumerate(rewards):
             sample = samples[position] if samples is not None else None
             metadata = getattr(sample, "metadata", None) or {}
@@ -114,12 +126,13 @@ def eval_records_from_rollout(
             prompt_id = metadata.get("problem_id")
             prompt_id = str(prompt_id) if prompt_id is not None else str(index // default_k)
             weights = _sample_weights_step(sample, int(rollout_id), first_training_rollout, versions_known)
-            keyed.append((benchmark, prompt_id, index, _reward_value(reward) > 0.5, weights))
+            counts = _agent_counts(metadata)
+            keyed.append((benchmark, prompt_id, index, _reward_value(reward) > 0.5, weights, counts))
         groups = defaultdict(list)
-        for benchmark, prompt_id, index, correct, weights in keyed:
-            groups[(benchmark, prompt_id)].append((index, correct, weights))
+        for benchmark, prompt_id, index, correct, weights, counts in keyed:
+            groups[(benchmark, prompt_id)].append((index, correct, weights, counts))
         for (benchmark, prompt_id), members in groups.items():
-            for sample_idx, (_, correct, weights) in enumerate(sorted(members, key=lambda m: m[0])):
+            for sample_idx, (_, correct, weights, counts) in enumerate(sorted(members, key=lambda m: m[0])):
                 records.append(
                     EvalRecord(
                         run,
@@ -131,6 +144,7 @@ def eval_records_from_rollout(
                         sample_idx,
                         correct,
                         weight_version=weights,
+                        **counts,
                     )
                 )
     return records

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.calc_script import VersionedEngine, scripted_sample
 
 from epic_slime.runtime import rollout_agent, task_calc
 from epic_slime.runtime.config import parse_config
@@ -17,33 +18,6 @@ from epic_slime.runtime.train_step import agent_metrics, model_versions
 
 TOK = Tokenizer()
 SAMPLING = dict(temperature=1.0, top_p=1.0, max_new_tokens=24, seed=0, max_turns=3)
-
-
-def scripted_sample(script: dict[str, list[str]]):
-    """Stands in for ``model.sample`` (its interface: prompts in, one dict per prompt out): the prompt
-    names the trajectory's script, and its turn is the number of calls in it so far (every earlier turn
-    ended with '='). "<eos>" at a reply's end is the end-of-sequence token."""
-
-    def fake(model, prompts, *, max_new_tokens, eos_id, stop_ids, **_):
-        out = []
-        for p in prompts:
-            text = TOK.decode(p, stop_at_eos=False)
-            reply = next(turns for key, turns in script.items() if key in text)[text.count("=") - 1]
-            ids = TOK.encode(reply.removesuffix("<eos>")) + ([eos_id] if reply.endswith("<eos>") else [])
-            ids = ids[:max_new_tokens]
-            out.append(
-                {"response_ids": ids, "behavior_log_probs": [-0.5] * len(ids), "sampling_log_probs": [-0.5] * len(ids)}
-            )
-        return out
-
-    return fake
-
-
-class VersionedEngine:
-    """The engine's interface that ``generate_turn`` reads: a model and the version it holds."""
-
-    def __init__(self, version: int):
-        self.model, self.version = None, version
 
 
 def test_a_trajectory_spans_the_versions_of_its_turns_and_its_group_is_as_old_as_its_oldest_token(monkeypatch):
@@ -89,7 +63,7 @@ def _eval(monkeypatch, tool=True):
 
 
 def test_eval_with_the_tool_scores_mean_at_k_and_counts_the_tools_use(monkeypatch):
-    correct, stats = _eval(monkeypatch)
+    correct, stats, _ = _eval(monkeypatch)
     assert correct == [[True, True], [True, True], [False, False]]
     assert stats == pytest.approx(
         {"tool_calls_per_response": 3 / 3, "tool_errors_per_response": 1 / 3, "turns_per_response": 6 / 3}
@@ -120,11 +94,11 @@ def test_the_eval_line_and_the_summary_carry_the_tools_counts(tmp_path, monkeypa
     assert EvalQueue(cfg, None)._sampling()["max_turns"] == cfg.agent_max_turns
     log, queue = RunLog(cfg), EvalQueue(cfg, None)
     queue.log = log
-    correct, stats = _eval(monkeypatch)
+    correct, stats, counts = _eval(monkeypatch)
     import ray
 
     monkeypatch.setattr(ray, "get", lambda fut: fut)
-    queue.future, queue.future_version = (7, correct, stats), 7
+    queue.future, queue.future_version = (7, correct, stats, counts), 7
     queue.collect(step=7)
     line = queue.take_done()
     assert line["eval/heldout/mean@2"] == pytest.approx(4 / 6) and line["eval/version"] == 7

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import statistics
 
 import pytest
 
@@ -20,6 +21,7 @@ ray = pytest.importorskip("ray")
 
 import torch  # noqa: E402
 
+from epic_slime.evaluation.records import read_records  # noqa: E402
 from epic_slime.runtime import cli, driver, local_ray  # noqa: E402
 from epic_slime.runtime.config import parse_config  # noqa: E402
 from epic_slime.runtime.model import ModelConfig, build_policy, response_log_probs  # noqa: E402
@@ -75,6 +77,13 @@ def test_the_one_command_runs_the_agent_task_to_the_end(agent_run):
         k.split("/")[-1]: v for k, v in evals[-1].items() if k.endswith("_per_response")
     }
     assert "tool use at the last eval, per response: tool_calls" in stdout
+    records = read_records(str(out / "eval_records.jsonl"))  # the report's input carries each trajectory's counts
+    for e in evals:
+        scored = [r for r in records if r.step == e["eval/version"]]
+        assert len(scored) == 8 * 2
+        for name in ("tool_calls", "tool_errors", "turns"):
+            mean = statistics.fmean(getattr(r, name) for r in scored)
+            assert mean == pytest.approx(e[f"eval/heldout/{name}_per_response"]), name
 
 
 def test_every_prompt_is_trained_exactly_once(agent_run):

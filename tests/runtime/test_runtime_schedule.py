@@ -60,7 +60,7 @@ class _Log:
     def __init__(self):
         self.lines = []
 
-    def evaluation(self, step, result, version, correct, weight_version):
+    def evaluation(self, step, result, version, correct, weight_version, tool_counts=None):
         self.lines.append((step, version, weight_version))
 
 
@@ -71,7 +71,7 @@ def _queue(tmp_path, monkeypatch):
     from epic_slime.runtime.eval_queue import EvalQueue
 
     # the stand-in's future is ("eval", version): the worker held that version and scored 1 of 2 right
-    monkeypatch.setattr(ray, "get", lambda fut: (fut[1], [[True, False]], {}))  # EvalWorker.evaluate
+    monkeypatch.setattr(ray, "get", lambda fut: (fut[1], [[True, False]], {}, None))  # EvalWorker.evaluate
     monkeypatch.setattr(ray, "wait", lambda futs, **kw: (futs, []))
     queue = EvalQueue(tiny_config(tmp_path), _Log())
     queue.worker = _EvalWorker()
