@@ -80,7 +80,7 @@ def fresh_group(Sample, key: int, n: int, prompt_len: int, rng: random.Random):
 def time_bookkeeping(args, Sample) -> dict:
     import epic_slime.slime.rollout as ro
     from epic_slime.metric_names import STALENESS_PREFIX
-    from epic_slime.slime.oversampling import groups_in_flight
+    from epic_slime.slime.cli.oversampling import groups_in_flight
     from epic_slime.slime.routing import finish_group_routing, remember_partial_routing
     from epic_slime.slime.gate import StalenessGate, collect_admitted_groups
     from epic_slime.slime.ledger import GroupLedger
@@ -182,7 +182,7 @@ def memory(args, Sample) -> dict:
     number of samples, extrapolated."""
     import numpy as np
 
-    from epic_slime.slime.oversampling import groups_in_flight
+    from epic_slime.slime.cli.oversampling import groups_in_flight
 
     rng = random.Random(1)
     groups_alive = groups_in_flight(args.prompts, args.oversample)  # the batch + the held leftovers

@@ -36,7 +36,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from epic_slime.metric_names import POLICY_PREFIX, SLIME_LOG_PREFIX
 from epic_slime.slime.cp import Gather, gather_full_responses, with_live_local_entries, zigzag_response_positions
-from epic_slime.slime.flags import TOKEN_MEAN, resolve_behavior_logprobs
+from epic_slime.slime.cli.flags import TOKEN_MEAN, resolve_behavior_logprobs
 from epic_slime.slime.tis import TisSettings, local_tis_weights, local_valid, tis_ratio_base, tis_settings_from_args
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]

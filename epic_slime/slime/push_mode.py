@@ -91,7 +91,7 @@ import sys
 import uuid
 from typing import Any
 
-from epic_slime.slime.flags import (
+from epic_slime.slime.cli.flags import (
     ABORT,
     DEFAULT_PUSH_MODE,
     HOLDING_PUSH_MODES,
@@ -100,7 +100,7 @@ from epic_slime.slime.flags import (
     RETRACT,
     ROLLOUT_FUNCTION_PATH,
 )
-from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH as TRAIN_HOOK_PATH
+from epic_slime.slime.cli.flags import PUSH_TRAIN_HOOK_PATH as TRAIN_HOOK_PATH
 
 __all__ = [
     "ABORT",

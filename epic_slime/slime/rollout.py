@@ -53,7 +53,7 @@ import threading
 from epic_slime.length_deciles import decile_metrics, format_deciles, length_deciles
 from epic_slime.metric_names import STALENESS_PREFIX
 from epic_slime.slime.data_source import StreamingDataSource, group_key
-from epic_slime.slime.flags import DATA_SOURCE_PATH
+from epic_slime.slime.cli.flags import DATA_SOURCE_PATH
 from epic_slime.slime.gate import (
     StalenessGate,
     annotate_group,

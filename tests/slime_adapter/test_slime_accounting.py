@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from epic_slime.slime.flags import DATA_SOURCE_PATH, ProjectFlagError
-from epic_slime.slime.command_line import driver_argv, needs_old_logprob_forward
+from epic_slime.slime.cli.flags import DATA_SOURCE_PATH, ProjectFlagError
+from epic_slime.slime.cli.command_line import driver_argv, needs_old_logprob_forward
 from epic_slime.slime.train import log_driver_metrics
 from epic_slime.slime.ledger import GroupLedger
 

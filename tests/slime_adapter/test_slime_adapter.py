@@ -238,7 +238,7 @@ def test_unbiased_kl_weights_k3_by_the_ratio_to_the_recomputed_log_probs():
 
 
 def test_bad_tokens_are_skipped_on_the_cluster_path():
-    from epic_slime.slime.flags import add_project_arguments
+    from epic_slime.slime.cli.flags import add_project_arguments
 
     registered = add_project_arguments(argparse.ArgumentParser()).parse_args([])
     assert (registered.on_bad_tokens, registered.max_bad_token_frac) == ("skip", 0.01)  # the cluster default

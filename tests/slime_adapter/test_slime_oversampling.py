@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from epic_slime.slime.command_line import translate_argv
-from epic_slime.slime.dry_run import check_argv
-from epic_slime.slime.flags import ProjectFlagError
-from epic_slime.slime.oversampling import OversamplingError, groups_in_flight, oversampled_count
+from epic_slime.slime.cli.command_line import translate_argv
+from epic_slime.slime.cli.dry_run import check_argv
+from epic_slime.slime.cli.flags import ProjectFlagError
+from epic_slime.slime.cli.oversampling import OversamplingError, groups_in_flight, oversampled_count
 
 # slime's source: SLIME_PATH, else the vendored snapshot next to the repository (CI has one of them)
 _SLIME = os.environ.get("SLIME_PATH") or str(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from epic_slime.slime.flags import (
+from epic_slime.slime.cli.flags import (
     ASYNCHRONOUS,
     DATA_SOURCE_PATH,
     DEFAULT_POLICY_LOSS_TOPK,
@@ -248,7 +248,7 @@ def _check_slime_flags(args: Any, aggregation: str, depth: int | None, staleness
 
 
 def check_oversampling(args: Any) -> float:
-    from epic_slime.slime.oversampling import OversamplingError, check_ratio, groups_in_flight
+    from epic_slime.slime.cli.oversampling import OversamplingError, check_ratio, groups_in_flight
 
     ratio = _get(args, "oversample_ratio", 0.0) or 0.0
     try:
@@ -344,8 +344,8 @@ def check_disk_version_check(args: Any) -> None:
 
 def check_spelling(argv: Sequence[str]) -> list:
     """Unsupported, unknown and abbreviated flags raise ProjectFlagError; returns the overrides
-    (``epic_slime.slime.option_strings.Override``: a flag given more than once, the last value wins)."""
-    from epic_slime.slime.option_strings import FlagSpellingError, check_flag_spelling, known_options
+    (``epic_slime.slime.cli.option_strings.Override``: a flag given more than once, the last value wins)."""
+    from epic_slime.slime.cli.option_strings import FlagSpellingError, check_flag_spelling, known_options
 
     check_unsupported_flags(argv)
     try:
