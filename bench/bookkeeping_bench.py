@@ -82,8 +82,8 @@ def time_bookkeeping(args, Sample) -> dict:
     from epic_slime.metric_names import STALENESS_PREFIX
     from epic_slime.slime.cli.oversampling import groups_in_flight
     from epic_slime.slime.routing import finish_group_routing, remember_partial_routing
-    from epic_slime.slime.gate import StalenessGate, collect_admitted_groups
-    from epic_slime.slime.ledger import GroupLedger
+    from epic_slime.slime.stream.gate import StalenessGate, collect_admitted_groups
+    from epic_slime.slime.stream.ledger import GroupLedger
 
     rng = random.Random(0)
     capacity = groups_in_flight(args.prompts, args.oversample)

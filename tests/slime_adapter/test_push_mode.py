@@ -81,7 +81,7 @@ def test_check_names_a_bad_mode_from_a_config_file():
 def test_the_train_hook_chains_r3_in_either_mode(monkeypatch):
     from epic_slime.slime import routing
 
-    from epic_slime.slime import push_recovery
+    from epic_slime.slime.stream import push_recovery
 
     calls = []
     monkeypatch.setattr(routing, "install_train_hook", lambda args: calls.append(args))

@@ -1,4 +1,4 @@
-"""``epic_slime.slime.push_recovery``: before slime's distributed connect, the update group a killed driver
+"""``epic_slime.slime.stream.push_recovery``: before slime's distributed connect, the update group a killed driver
 left on each engine is destroyed (the real server refuses a second group of the same name:
 tests/slime_adapter/test_real_router_driver_faults.py shows it, and the resume that needs this)."""
 
@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from epic_slime.slime import push_recovery
+from epic_slime.slime.stream import push_recovery
 
 
 class _Engine:

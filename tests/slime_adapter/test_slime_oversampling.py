@@ -127,8 +127,8 @@ def test_the_oversampling_ratio_caps_the_groups_the_stream_holds(monkeypatch):
     from slime.utils.types import Sample
 
     import epic_slime.slime.rollout as rollout
-    from epic_slime.slime.gate import StalenessGate
-    from epic_slime.slime.ledger import GroupLedger
+    from epic_slime.slime.stream.gate import StalenessGate
+    from epic_slime.slime.stream.ledger import GroupLedger
 
     release = asyncio.Event()
     running = {"now": 0, "max": 0, "started": 0}

@@ -61,7 +61,7 @@ def _ledger_data_source():
     (what slime's generate_rollout consumes through get_samples is recorded in it)."""
     from collections import deque
 
-    from epic_slime.slime.ledger import GroupLedger
+    from epic_slime.slime.stream.ledger import GroupLedger
 
     source = object.__new__(rollout.StreamingDataSource)
     source.ledger, source._returned = GroupLedger(), deque()

@@ -197,7 +197,7 @@ def train_hook_flags(parsed: argparse.Namespace) -> list[str]:
     """``--custom-megatron-init-path`` of the project's train hook when none is given: always the push-mode
     hook (``epic_slime.slime.push_mode.install_train_hook``). On every train rank it name-checks each bucket
     slime's distributed updater broadcasts (the server answers success to a name it does not load), clears
-    an update group left by a driver killed mid-push (``epic_slime.slime.push_recovery``: external engines
+    an update group left by a driver killed mid-push (``epic_slime.slime.stream.push_recovery``: external engines
     outlive it), pauses pushes with ``--weight-push-mode in_place`` / ``retract``, and installs the R3 train
     hook when R3 is on with the project's rollout function (``epic_slime.slime.routing``). Another init
     path is left alone here and refused by the checks where the project needs its own."""
