@@ -19,8 +19,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.utils.rnn import pad_sequence
 
-from epic_slime.slime.adapter import approx_kl, slime_policy_loss_from_log_probs
-from epic_slime.slime.cp import make_all_reduce_gather
+from epic_slime.slime.loss_parts.adapter import approx_kl, slime_policy_loss_from_log_probs
+from epic_slime.slime.loss_parts.cp import make_all_reduce_gather
 from epic_slime.losses import LOSS_MODES
 from support.slime_loss import full_data, loss_args, sample_mean_reducer, slime_inputs
 

@@ -29,8 +29,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch.nn.utils.rnn import pad_sequence  # noqa: E402
 
-from epic_slime.slime.adapter import approx_kl  # noqa: E402
-from epic_slime.slime.cp import zigzag_response_ranges  # noqa: E402
+from epic_slime.slime.loss_parts.adapter import approx_kl  # noqa: E402
+from epic_slime.slime.loss_parts.cp import zigzag_response_ranges  # noqa: E402
 from epic_slime.losses import LOSS_MODES  # noqa: E402
 from support.slime_loss import loss_args  # noqa: E402
 
