@@ -3,7 +3,7 @@
     SLIME_PATH=... PYTHONPATH=.:$SLIME_PATH python bench/bookkeeping_bench.py [--prompts 64] [--samples 8]
         [--response-len 9000] [--rollouts 5] [--rollout-wall-s S]
 
-What is timed (the real functions of epic_slime/slime/rollout.py, gate.py and ledger.py, on one
+What is timed (the real functions of epic_slime/slime/rollout.py, stream/gate.py and stream/ledger.py, on one
 thread, with synthetic slime ``Sample`` objects: token ids and per-token log-probs as Python lists, as
 slime holds them): per rollout, the RolloutManager's work outside generation:
   - ``StreamingDataSource``-style consumption: ``GroupLedger.consume`` with a deep copy of the fresh group
