@@ -25,7 +25,7 @@ COPY eval ./eval
 # command line (dry run: every flag against the stored option strings).
 RUN pip install --no-cache-dir --no-deps -e . \
     && pip install --no-cache-dir "pyyaml>=6" "tqdm>=4.60" "math-verify[antlr4-13-2]>=0.7" "matplotlib>=3.7" "scipy>=1.15" "pyarrow>=14" \
-    && python -c "import epic_slime.slime.flags, epic_slime.slime.command_line, epic_slime.slime.dry_run, epic_slime.slime.loss, epic_slime.slime.train, slime, slime.utils.arguments, slime.backends.megatron_utils.loss" \
+    && python -c "import epic_slime.slime.cli.flags, epic_slime.slime.cli.command_line, epic_slime.slime.cli.dry_run, epic_slime.slime.loss, epic_slime.slime.train, slime, slime.utils.arguments, slime.backends.megatron_utils.loss" \
     && DRY_RUN=1 bash launch/qwen3_30b_epic.sh > /dev/null
 
 ENV PYTHONUNBUFFERED=1

@@ -3,7 +3,7 @@
     SLIME_PATH=... PYTHONPATH=.:$SLIME_PATH python bench/bookkeeping_bench.py [--prompts 64] [--samples 8]
         [--response-len 9000] [--rollouts 5] [--rollout-wall-s S]
 
-What is timed (the real functions of epic_slime/slime/rollout.py, gate.py and ledger.py, on one
+What is timed (the real functions of epic_slime/slime/rollout.py, stream/gate.py and stream/ledger.py, on one
 thread, with synthetic slime ``Sample`` objects: token ids and per-token log-probs as Python lists, as
 slime holds them): per rollout, the RolloutManager's work outside generation:
   - ``StreamingDataSource``-style consumption: ``GroupLedger.consume`` with a deep copy of the fresh group
@@ -80,10 +80,10 @@ def fresh_group(Sample, key: int, n: int, prompt_len: int, rng: random.Random):
 def time_bookkeeping(args, Sample) -> dict:
     import epic_slime.slime.rollout as ro
     from epic_slime.metric_names import STALENESS_PREFIX
-    from epic_slime.slime.oversampling import groups_in_flight
+    from epic_slime.slime.cli.oversampling import groups_in_flight
     from epic_slime.slime.routing import finish_group_routing, remember_partial_routing
-    from epic_slime.slime.gate import StalenessGate, collect_admitted_groups
-    from epic_slime.slime.ledger import GroupLedger
+    from epic_slime.slime.stream.gate import StalenessGate, collect_admitted_groups
+    from epic_slime.slime.stream.ledger import GroupLedger
 
     rng = random.Random(0)
     capacity = groups_in_flight(args.prompts, args.oversample)
@@ -182,7 +182,7 @@ def memory(args, Sample) -> dict:
     number of samples, extrapolated."""
     import numpy as np
 
-    from epic_slime.slime.oversampling import groups_in_flight
+    from epic_slime.slime.cli.oversampling import groups_in_flight
 
     rng = random.Random(1)
     groups_alive = groups_in_flight(args.prompts, args.oversample)  # the batch + the held leftovers

@@ -131,7 +131,7 @@ class _GroupErrors(logging.Filter):
 def main(argv=None) -> int:
     logging.getLogger("epic_slime").setLevel(logging.WARNING)
     errors = _GroupErrors()
-    logging.getLogger("epic_slime.slime.group_stream").addFilter(errors)
+    logging.getLogger("epic_slime.slime.stream.group_stream").addFilter(errors)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "command",

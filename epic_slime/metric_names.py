@@ -3,7 +3,7 @@ cluster run show the same names in metrics.jsonl, W&B and TensorBoard.
 
 The names are slime's: slime logs every metric its loss function returns as ``train/<name>``, its
 rollout data as ``rollout/<name>``, and cannot be renamed from outside. Both paths write these
-names where they make a metric: ``epic_slime.slime.adapter`` builds ``train/policy/<core name>``
+names where they make a metric: ``epic_slime.slime.loss_parts.adapter`` builds ``train/policy/<core name>``
 from ``POLICY_PREFIX``, ``epic_slime.slime.rollout`` uses ``STALENESS_PREFIX``, and the runtime's
 trainer and driver use the constants below.
 

@@ -4,7 +4,7 @@ lag (staleness) = the trainer's weight version when a group trains minus the ver
 it (``epic_slime.admission.AdmissionBudget`` states the version convention); K = max_staleness. A
 group with lag > K is dropped (stale_policy "drop"; on the slime path its prompt is regenerated
 instead, up to a cap: "requeued") or trained anyway and counted ("keep"). ``is_dropped`` is that one
-decision, for the slime gate (``epic_slime.slime.gate``) and the runtime's batch selection
+decision, for the slime gate (``epic_slime.slime.stream.gate``) and the runtime's batch selection
 (``epic_slime.runtime.batches``). A GRPO group is kept or dropped as a whole (advantages are
 normalised inside the group).
 

@@ -73,7 +73,7 @@ read_config_args() {
   CONFIG_ARGS=()
   local arg
   while IFS= read -r -d '' arg; do CONFIG_ARGS+=("${arg}"); done < <(
-    cd "${REPO_DIR}" && "${PYTHON}" -m epic_slime.slime.config_flags -0 "$@"
+    cd "${REPO_DIR}" && "${PYTHON}" -m epic_slime.slime.cli.config_flags -0 "$@"
   )
   [[ ${#CONFIG_ARGS[@]} -gt 0 ]] || die "reading the YAML configs failed"
 }
@@ -117,7 +117,7 @@ dry_run_or_check_flags() {
   cluster_settings
   submit_command
   if [[ "${DRY_RUN}" != "1" ]]; then
-    "${PYTHON}" -m epic_slime.slime.dry_run "${DRIVER_ARGS[@]}" >/dev/null
+    "${PYTHON}" -m epic_slime.slime.cli.dry_run "${DRIVER_ARGS[@]}" >/dev/null
     return
   fi
   echo "# runtime env (RUNTIME_ENV_YAML):"
@@ -129,7 +129,7 @@ dry_run_or_check_flags() {
   printf '%q ' "${SUBMIT[@]}"; echo
   cd "${REPO_DIR}"
   local status=0
-  "${PYTHON}" -m epic_slime.slime.dry_run "${DRIVER_ARGS[@]}" || status=$?
+  "${PYTHON}" -m epic_slime.slime.cli.dry_run "${DRIVER_ARGS[@]}" || status=$?
   if [[ "${status}" -eq 0 ]]; then
     # say how to submit the way the dry run was asked for: the flag (DRY_RUN_ASKED, set by the launcher) or the variable
     echo "# dry run (DRY_RUN=1): nothing was submitted and no Ray cluster started; to submit, run again without" \

@@ -48,7 +48,12 @@ class SimRolloutManager:
 
     async def _generate(self, rollout_id: int):
         from epic_slime.slime import rollout as ro
-        from epic_slime.slime.gate import StalenessGate, select_groups, trainer_version_for_rollout, sample_version
+        from epic_slime.slime.stream.gate import (
+            StalenessGate,
+            select_groups,
+            trainer_version_for_rollout,
+            sample_version,
+        )
 
         args, sim = self.args, self.sim
         t0 = sim.now()
@@ -110,7 +115,7 @@ class SimRolloutManager:
 def _trained_record(group, trainer_version: int) -> dict:
     """A trained group's lag as the gate saw it (the real code's oldest version) and as it was (the
     simulator's record of each call's first-token version)."""
-    from epic_slime.slime import gate as staleness
+    from epic_slime.slime.stream import gate as staleness
 
     oldest = getattr(staleness, "sample_oldest_version", None)
     seen = [oldest(s) if oldest else staleness.sample_version(s.weight_versions, s.index) for s in group]
@@ -235,7 +240,7 @@ class SimDataSource:
     """StreamingDataSource's interface for the stream: numbered prompts, the real GroupLedger."""
 
     def __init__(self, sim: Sim, n_samples: int):
-        from epic_slime.slime.ledger import GroupLedger
+        from epic_slime.slime.stream.ledger import GroupLedger
 
         self.sim, self.n_samples = sim, n_samples
         self.ledger = GroupLedger()
@@ -300,6 +305,6 @@ def active(sim: Sim):
 
 def real_group_stream(sim: Sim, args, data_source, capacity: int):
     """The real GroupStream, on the simulated loop with the simulated engine (both injected)."""
-    from epic_slime.slime.group_stream import GroupStream
+    from epic_slime.slime.stream.group_stream import GroupStream
 
     return GroupStream(args, data_source, capacity, loop=sim.loop, sampling_params={}, generate_group=_generate_group)

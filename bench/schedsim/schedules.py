@@ -46,7 +46,7 @@ def driver_groups_in_flight(batch: int, ratio: float, max_staleness: int) -> int
     """``--async-groups-in-flight`` as the driver sets it (``command_line.oversampling_flags``): the
     oversampled batch at K >= 2 with a ratio; otherwise no flag, which the budget stream takes as no cap
     (None) and the stream before it as one batch."""
-    from epic_slime.slime.command_line import oversampling_flags, read_command_line
+    from epic_slime.slime.cli.command_line import oversampling_flags, read_command_line
 
     parsed = read_command_line(
         ["--rollout-batch-size", str(batch), "--oversample-ratio", str(ratio), "--max-staleness", str(max_staleness)],

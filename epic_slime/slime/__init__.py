@@ -1,10 +1,11 @@
 """slime integration: the only package that imports slime (lazily, inside functions).
 
+On top, the modules slime or a user names by dotted path (flags, configs, ``python -m``):
 - ``loss.policy_loss``: the custom loss for ``--loss-type custom_loss``.
 - ``train``: the asynchronous driver (``python -m epic_slime.slime.train``).
-- ``rollout.generate_rollout``: streaming generation with a staleness bound.
-- ``flags``: the project's flag definitions; ``command_line``: the driver's command line in one
-  parse and the flags it adds for slime; ``checks``: their validation; ``dry_run``: the launch
-  scripts' ``DRY_RUN=1`` check (none of the four imports slime).
-- ``adapter``, ``cp``, ``staleness``: slime-free arithmetic behind the above.
+- ``rollout.generate_rollout``, ``data_source``, ``generate``, ``agent_generate``, ``eval_hooks``,
+  ``push_mode`` and ``routing``: slime's rollout, data-source, generate, eval-log and init hooks.
+By job beneath them: ``cli/`` (the driver's command line: flags, one-pass parse, checks, dry run),
+``stream/`` (the rollout's group stream, gate, ledger, faults and pushes) and ``loss_parts/`` (the
+adapter, CP, TIS and Top-K arithmetic behind the loss).
 """

@@ -50,7 +50,7 @@ def _refuse_topk(args: Any) -> None:
 
 
 def _version(sample: Any, calls_before: int):
-    from epic_slime.slime.gate import parse_weight_version
+    from epic_slime.slime.stream.gate import parse_weight_version
 
     if len(sample.weight_versions) > calls_before:
         return parse_weight_version(sample.weight_versions[-1])

@@ -19,8 +19,8 @@ import os
 import threading
 from collections import deque
 
-from epic_slime.slime.checkpoint_marks import MEGATRON_TRACKER, MODEL_DONE_FILE, model_checkpoint_complete
-from epic_slime.slime.ledger import GroupLedger
+from epic_slime.slime.stream.checkpoint_marks import MEGATRON_TRACKER, MODEL_DONE_FILE, model_checkpoint_complete
+from epic_slime.slime.stream.ledger import GroupLedger
 
 logger = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ from collections import defaultdict
 
 from epic_slime.evaluation.records import PRE_TRAINING_STEP, EvalRecord, replace_run_records
 from epic_slime.slime import rollout as project_rollout
-from epic_slime.slime.flags import ROLLOUT_FUNCTION_PATH
-from epic_slime.slime.gate import parse_weight_version
+from epic_slime.slime.cli.flags import ROLLOUT_FUNCTION_PATH
+from epic_slime.slime.stream.gate import parse_weight_version
 
 logger = logging.getLogger(__name__)
 _warned_no_path = False

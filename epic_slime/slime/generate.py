@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from epic_slime.slime.topk import TOPK_IDS_KEY, TOPK_LOG_PROBS_KEY
+from epic_slime.slime.loss_parts.topk import TOPK_IDS_KEY, TOPK_LOG_PROBS_KEY
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # SGLang Model Gateway consistent hashing (slime's router policy)
 

@@ -2,11 +2,11 @@
 
 A thin layer: log-probs and entropy come from slime's ``get_log_probs_and_entropy`` (tensor-
 parallel vocabulary shards, temperature, rollout top-p replay), the CP rank and group from
-Megatron's ``mpu``; everything else is ``epic_slime.slime.adapter`` (slime-free, tested in CI).
+Megatron's ``mpu``; everything else is ``epic_slime.slime.loss_parts.adapter`` (slime-free, tested in CI).
 Top-K modes (``dppo_topk_tv`` / ``dppo_topk_kl``) also need pi's log-probs of each position's set
 (rollout top-k ids + the sampled token): computed here from the same logits, sliced per sample by
 slime's ``get_responses``, with the normaliser over the tensor-parallel vocabulary shards
-(``epic_slime.slime.topk.vocab_parallel_log_probs_at``: two TP all-reduces, no gradient).
+(``epic_slime.slime.loss_parts.topk.vocab_parallel_log_probs_at``: two TP all-reduces, no gradient).
 slime is imported inside the function: this module is loaded in slime's training actors.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from epic_slime.slime.adapter import loss_settings, needs_topk, slime_policy_loss_from_log_probs
-from epic_slime.slime.cp import make_all_reduce_gather, zigzag_response_positions
+from epic_slime.slime.loss_parts.adapter import loss_settings, needs_topk, slime_policy_loss_from_log_probs
+from epic_slime.slime.loss_parts.cp import make_all_reduce_gather, zigzag_response_positions
 
 
 def policy_loss(
@@ -62,12 +62,12 @@ def policy_loss(
 
 def _topk_log_probs(args: Any, batch: dict, logits: torch.Tensor, cp_size: int) -> dict[str, Any]:
     """Top-K modes: the set ids of every sample (full response) and log pi of those ids at this
-    rank's tokens, from the vocabulary-sharded logits (``epic_slime.slime.topk``), without gradient."""
+    rank's tokens, from the vocabulary-sharded logits (``epic_slime.slime.loss_parts.topk``), without gradient."""
     import torch.distributed as dist
     from megatron.core import mpu
     from slime.backends.megatron_utils.loss import get_responses
 
-    from epic_slime.slime.topk import topk_token_sets, vocab_parallel_log_probs_at
+    from epic_slime.slime.loss_parts.topk import topk_token_sets, vocab_parallel_log_probs_at
 
     if getattr(args, "allgather_cp", False):
         raise ValueError("the Top-K loss modes do not support --allgather-cp")

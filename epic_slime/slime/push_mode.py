@@ -44,7 +44,7 @@ What SGLang 0.5.15.post1 does (paths under ``sglang/srt``):
 - **versions**: ``TokenizerManager._handle_batch_output`` writes ``meta_info.weight_version =
   server_args.weight_version`` when the answer is built, so a request that spans an update
   reports only the new version (the driver must record the version a request started on: in_place
-and retract, ``epic_slime.slime.group_stream``).
+and retract, ``epic_slime.slime.stream.group_stream``).
 
 **The radix cache under in_place and retract.** With no flush, the radix tree (``mem_cache/radix_cache.py``)
 keeps prefix KV computed under older weights, and a later request whose prompt shares a prefix
@@ -91,7 +91,7 @@ import sys
 import uuid
 from typing import Any
 
-from epic_slime.slime.flags import (
+from epic_slime.slime.cli.flags import (
     ABORT,
     DEFAULT_PUSH_MODE,
     HOLDING_PUSH_MODES,
@@ -100,7 +100,7 @@ from epic_slime.slime.flags import (
     RETRACT,
     ROLLOUT_FUNCTION_PATH,
 )
-from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH as TRAIN_HOOK_PATH
+from epic_slime.slime.cli.flags import PUSH_TRAIN_HOOK_PATH as TRAIN_HOOK_PATH
 
 __all__ = [
     "ABORT",
@@ -267,10 +267,10 @@ def install_train_hook(args) -> None:
 
         install_r3(args)
     install_push_hook(args)
-    from epic_slime.slime.served_weights import install_push_name_check
+    from epic_slime.slime.stream.served_weights import install_push_name_check
 
     install_push_name_check()  # the server answers success to a name it does not load: refuse it here
-    from epic_slime.slime.push_recovery import install_stale_group_reset
+    from epic_slime.slime.stream.push_recovery import install_stale_group_reset
 
     install_stale_group_reset()  # a resumed driver's connect after one killed mid-push (engines that outlived it)
 

@@ -3,14 +3,14 @@ both schedules (with ``--data-source-path epic_slime.slime.data_source.Streaming
 driver sets).
 
 Asynchronous schedule (``--max-staleness K``, K >= 1): a background ``GroupStream``
-(``epic_slime.slime.group_stream``) generates consumed groups through slime's own
+(``epic_slime.slime.stream.group_stream``) generates consumed groups through slime's own
 ``generate_and_rm_group``, across weight updates. It starts a group whenever the admission budget
 allows (``epic_slime.admission.AdmissionBudget``: live groups < (g + K) * B), tops up on every
 completion, whenever a batch is taken and when a push lands, and each rollout takes the oldest
 ``rollout_batch_size`` groups in start order (waiting for them). ``--async-groups-in-flight`` (the
 oversampled batch with ``--oversample-ratio``) is an optional cap on the groups held, on top of the
 budget. This module works out each group's staleness from ``Sample.weight_versions``
-(``epic_slime.slime.gate``), enforces ``--max-staleness`` with ``--stale-policy`` and returns
+(``epic_slime.slime.stream.gate``), enforces ``--max-staleness`` with ``--stale-policy`` and returns
 ``rollout_batch_size`` admitted groups with staleness and accounting metrics
 (``rollout/staleness/*``, ``rollout/accounting/*``). A group too stale to train (under ``drop``) is not
 lost: it is regenerated from its fresh prompt (``rollout/staleness/requeued``), at most
@@ -53,8 +53,8 @@ import threading
 from epic_slime.length_deciles import decile_metrics, format_deciles, length_deciles
 from epic_slime.metric_names import STALENESS_PREFIX
 from epic_slime.slime.data_source import StreamingDataSource, group_key
-from epic_slime.slime.flags import DATA_SOURCE_PATH
-from epic_slime.slime.gate import (
+from epic_slime.slime.cli.flags import DATA_SOURCE_PATH
+from epic_slime.slime.stream.gate import (
     StalenessGate,
     annotate_group,
     collect_admitted_groups,
@@ -62,8 +62,8 @@ from epic_slime.slime.gate import (
     select_groups,
     trainer_version_for_rollout,
 )
-from epic_slime.slime.group_stream import GroupStream
-from epic_slime.slime.sample_checks import check_groups_alignment
+from epic_slime.slime.stream.group_stream import GroupStream
+from epic_slime.slime.stream.sample_checks import check_groups_alignment
 from epic_slime.staleness import over_limit
 
 logger = logging.getLogger(__name__)

@@ -333,7 +333,7 @@ def check_r3_setup(args) -> str | None:
     but the train ranks would load another ``--custom-megatron-init-path`` than the hook that
     fetches it; None when consistent (unset: the driver adds the hook, ``command_line.train_hook_flags``;
     the push-mode hook, ``epic_slime.slime.push_mode.install_train_hook``, installs this one too)."""
-    from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH, ROLLOUT_FUNCTION_PATH
+    from epic_slime.slime.cli.flags import PUSH_TRAIN_HOOK_PATH, ROLLOUT_FUNCTION_PATH
 
     if not _r3_on(args):
         return None

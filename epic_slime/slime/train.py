@@ -33,10 +33,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from epic_slime.provenance import resident_memory_mib
-from epic_slime.slime.checkpoint_marks import ModelSaves
-from epic_slime.slime.checks import validate_project_args
-from epic_slime.slime.command_line import read_command_line
-from epic_slime.slime.flags import ProjectFlagError, add_project_arguments
+from epic_slime.slime.stream.checkpoint_marks import ModelSaves
+from epic_slime.slime.cli.checks import validate_project_args
+from epic_slime.slime.cli.command_line import read_command_line
+from epic_slime.slime.cli.flags import ProjectFlagError, add_project_arguments
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""Regenerate ``epic_slime/slime/option_strings.json`` from the real parsers at the pinned versions.
+"""Regenerate ``epic_slime/slime/cli/option_strings.json`` from the real parsers at the pinned versions.
 
 The driver and the dry run check every flag against the option strings of the three parsers a
-slime command line goes through (see ``epic_slime/slime/option_strings.py``). This script builds
+slime command line goes through (see ``epic_slime/slime/cli/option_strings.py``). This script builds
 those parsers with their own code and stores ``{option string: kind}`` for each:
 
 - ``megatron``: Megatron-LM's ``megatron.training.arguments.add_megatron_arguments`` (the parser of
@@ -50,7 +50,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO / "epic_slime" / "slime" / "option_strings.json"
+DEFAULT_OUT = REPO / "epic_slime" / "slime" / "cli" / "option_strings.json"
 SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 MEGATRON_COMMIT = "1dcf0dafa884ad52ffb243625717a3471643e087"
 
@@ -113,7 +113,7 @@ def collect(stub_torchvision: bool) -> dict:
     from slime.backends.sglang_utils.arguments import add_sglang_arguments
     from slime.utils import arguments as slime_arguments
 
-    from epic_slime.slime.option_strings import option_kinds_of
+    from epic_slime.slime.cli.option_strings import option_kinds_of
 
     megatron_parser = argparse.ArgumentParser(allow_abbrev=False)
     add_megatron_arguments(megatron_parser)

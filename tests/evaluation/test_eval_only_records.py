@@ -13,7 +13,7 @@ from epic_slime.evaluation import read_records
 from epic_slime.evaluation.records import PRE_TRAINING_STEP, EvalRecord, replace_run_records
 from epic_slime.slime import eval_hooks
 from epic_slime.slime import rollout as project_rollout
-from epic_slime.slime.flags import ROLLOUT_FUNCTION_PATH
+from epic_slime.slime.cli.flags import ROLLOUT_FUNCTION_PATH
 from epic_slime.slime.train import eval_before_training
 
 BENCH, PROMPTS, K = "aime_2024", 3, 2

@@ -18,7 +18,7 @@ from epic_slime.evaluation import read_record_paths, read_records, write_records
 from epic_slime.evaluation.records import PRE_TRAINING_STEP, EvalRecord, RecordError
 from epic_slime.slime import eval_hooks
 from epic_slime.slime import rollout as project_rollout
-from epic_slime.slime.flags import ROLLOUT_FUNCTION_PATH
+from epic_slime.slime.cli.flags import ROLLOUT_FUNCTION_PATH
 
 BENCH = "aime_2024"
 PROMPTS, K = 3, 2

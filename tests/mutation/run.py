@@ -66,18 +66,18 @@ REQUIRED = ("id", "file", "original", "replacement", "tests", "user_meets")
 # folder ending in "/". tests/project/test_mutation_list.py checks every real-engine file is listed here.
 REAL_ENGINE_TESTS: dict[str, tuple[str, ...]] = {
     "tests/slime_adapter/test_engine_faults_real.py": (
-        "epic_slime/slime/engine_faults.py",
-        "epic_slime/slime/group_stream.py",
+        "epic_slime/slime/stream/engine_faults.py",
+        "epic_slime/slime/stream/group_stream.py",
         "epic_slime/slime/data_source.py",
         "epic_slime/slime/rollout.py",
     ),
     "tests/slime_adapter/test_real_router_driver_faults.py": (
-        "epic_slime/slime/engine_faults.py",
-        "epic_slime/slime/group_stream.py",
+        "epic_slime/slime/stream/engine_faults.py",
+        "epic_slime/slime/stream/group_stream.py",
         "epic_slime/slime/data_source.py",
         "epic_slime/slime/rollout.py",
-        "epic_slime/slime/push_recovery.py",
-        "epic_slime/slime/checkpoint_marks.py",
+        "epic_slime/slime/stream/push_recovery.py",
+        "epic_slime/slime/stream/checkpoint_marks.py",
     ),
     "tests/slime_adapter/test_real_sglang_pushes.py": (
         "epic_slime/slime/push_mode.py",
@@ -86,10 +86,10 @@ REAL_ENGINE_TESTS: dict[str, tuple[str, ...]] = {
     # Megatron's converted tensors pushed into the real server under each push mode
     "tests/slime_adapter/test_megatron_push.py": (
         "epic_slime/slime/push_mode.py",
-        "epic_slime/slime/served_weights.py",
+        "epic_slime/slime/stream/served_weights.py",
     ),
     "tests/slime_adapter/test_real_sglang_retract.py": (
-        "epic_slime/slime/group_stream.py",
+        "epic_slime/slime/stream/group_stream.py",
         "epic_slime/slime/push_mode.py",
     ),
     "tests/slime_adapter/test_real_sglang.py": ("epic_slime/runtime/hf_export.py", "epic_slime/runtime/task.py"),
@@ -101,7 +101,7 @@ REAL_ENGINE_TESTS: dict[str, tuple[str, ...]] = {
     "tests/slime_adapter/test_megatron_ray_actor.py": (
         "epic_slime/slime/train.py",
         "epic_slime/slime/rollout.py",
-        "epic_slime/slime/group_stream.py",
+        "epic_slime/slime/stream/group_stream.py",
         "epic_slime/slime/loss.py",
     ),
     "tests/evaluation/test_evaluate_real_sglang.py": ("epic_slime/evaluation/",),

@@ -10,7 +10,7 @@ import yaml
 
 from epic_slime.losses import LOSS_MODES, resolve_params
 from epic_slime.losses.flags import add_policy_loss_arguments, policy_loss_config_from_args
-from epic_slime.slime.config_flags import config_argv
+from epic_slime.slime.cli.config_flags import config_argv
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 METHOD_FILES = sorted((CONFIGS / "methods").glob("*.yaml"))

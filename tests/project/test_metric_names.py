@@ -12,8 +12,8 @@ import pytest
 from support.eval_helpers import REPO_ROOT
 from support.runtime_helpers import tiny_trainer
 from epic_slime import metric_names as names
-from epic_slime.slime.adapter import slime_policy_loss_from_log_probs
-from epic_slime.slime.gate import StalenessGate
+from epic_slime.slime.loss_parts.adapter import slime_policy_loss_from_log_probs
+from epic_slime.slime.stream.gate import StalenessGate
 from support.slime_loss import full_data, loss_args, slime_inputs
 
 # present on one path only, by design: slime drops counts (it logs the empty-response and bad-token

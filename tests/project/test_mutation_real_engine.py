@@ -50,26 +50,28 @@ def test_every_real_engine_file_is_listed_with_source_that_exists():
 
 def test_a_source_file_reaches_the_real_engine_files_that_cover_it():
     run = _runner()
-    faults = run.real_engine_tests("epic_slime/slime/engine_faults.py", ["tests/slime_adapter/test_engine_faults.py"])
+    faults = run.real_engine_tests(
+        "epic_slime/slime/stream/engine_faults.py", ["tests/slime_adapter/test_engine_faults.py"]
+    )
     assert "tests/slime_adapter/test_engine_faults_real.py" in faults
     assert "tests/slime_adapter/test_slime_e2e_real.py" in faults  # through its folder, epic_slime/slime/
     assert "tests/slime_adapter/test_real_sglang.py" not in faults
     # a file the mutant already names is not run twice
     assert "tests/slime_adapter/test_engine_faults_real.py" not in run.real_engine_tests(
-        "epic_slime/slime/engine_faults.py", ["tests/slime_adapter/test_engine_faults_real.py"]
+        "epic_slime/slime/stream/engine_faults.py", ["tests/slime_adapter/test_engine_faults_real.py"]
     )
     assert run.real_engine_tests("epic_slime/losses/core.py", []) == ["tests/slime_adapter/test_slime_e2e_real.py"]
     assert run.real_engine_tests("epic_slime/runtime/driver.py", []) == []
 
 
 def _mutant_tree(tmp_path):
-    (tmp_path / "epic_slime" / "slime").mkdir(parents=True)
-    (tmp_path / "epic_slime" / "slime" / "engine_faults.py").write_text("DELAY = 2\n")
+    (tmp_path / "epic_slime" / "slime" / "stream").mkdir(parents=True)
+    (tmp_path / "epic_slime" / "slime" / "stream" / "engine_faults.py").write_text("DELAY = 2\n")
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_own.py").write_text("")
     return {
         "id": "m",
-        "file": "epic_slime/slime/engine_faults.py",
+        "file": "epic_slime/slime/stream/engine_faults.py",
         "original": "DELAY = 2",
         "replacement": "DELAY = 0",
         "tests": ["tests/test_own.py"],

@@ -28,8 +28,8 @@ import pytest
 
 from epic_slime.slime import rollout as project_rollout
 from epic_slime.slime import train
-from epic_slime.slime.checkpoint_marks import MODEL_DONE_FILE, ModelSaves, model_checkpoint_complete
-from epic_slime.slime.ledger import GroupLedger
+from epic_slime.slime.stream.checkpoint_marks import MODEL_DONE_FILE, ModelSaves, model_checkpoint_complete
+from epic_slime.slime.stream.ledger import GroupLedger
 
 BATCH, NUM_ROLLOUT, SAVE_INTERVAL, KILL_AT = 3, 6, 2, 3  # saves after rollouts 1, 3, 5
 

@@ -1,4 +1,4 @@
-"""GroupStream's engine-fault rules (``epic_slime.slime.engine_faults``, issue 35 items 1-2) on slime's
+"""GroupStream's engine-fault rules (``epic_slime.slime.stream.engine_faults``, issue 35 items 1-2) on slime's
 global loop with an injected engine: the behind-version guard at its boundary, the fault-tolerance
 deadline, and the one-line error without fault tolerance that names the dead engine and the checkpoint.
 The same rules against real engines: ``test_engine_faults_real.py``."""
@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importable (SLIME_PATH)")
 from slime.utils.async_utils import run  # noqa: E402
 
-from epic_slime.slime import engine_faults, group_stream  # noqa: E402
+from epic_slime.slime.stream import engine_faults, group_stream  # noqa: E402
 from support.recording_engine import OneTokenEngine as Engine  # noqa: E402
 from support.recording_engine import settle  # noqa: E402
 from support.stream_data_source import DataSource  # noqa: E402
@@ -48,7 +48,7 @@ def test_a_reply_behind_the_landed_version_is_regenerated_never_trained(served, 
         await _settle(stream)
         return stream.pop(2)
 
-    with caplog.at_level(logging.WARNING, logger="epic_slime.slime.engine_faults"):
+    with caplog.at_level(logging.WARNING, logger="epic_slime.slime.stream.engine_faults"):
         batch = run(go())
     assert [g[0].group_index for g in batch] == [0, 1]
     assert engine.calls.count(0) == (2 if regenerated else 1)
@@ -146,7 +146,7 @@ def test_with_fault_tolerance_a_group_failing_past_the_deadline_ends_the_run(mon
 def _write_save(save, rollout_id, model_complete):
     import torch
 
-    from epic_slime.slime.checkpoint_marks import mark_model_complete
+    from epic_slime.slime.stream.checkpoint_marks import mark_model_complete
     from epic_slime.slime.data_source import DATA_STATE_FILE, PENDING_FILE
 
     os.makedirs(os.path.join(save, "rollout"), exist_ok=True)
@@ -217,7 +217,7 @@ def test_groups_a_failed_rollout_had_taken_stay_accounted_for():
     regenerates it), and the stream's count must say so, or the accounting check calls it lost (a
     clean-clone CI run of the real engine-fault test failed this way)."""
     from epic_slime.slime import rollout
-    from epic_slime.slime.gate import StalenessGate
+    from epic_slime.slime.stream.gate import StalenessGate
 
     engine = Engine(raises=lambda key, call: key == 1)
     original = engine.generate

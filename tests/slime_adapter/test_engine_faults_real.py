@@ -70,7 +70,7 @@ class Rig:
         from slime.utils import http_utils
 
         from epic_slime.slime.data_source import StreamingDataSource
-        from epic_slime.slime.group_stream import GroupStream
+        from epic_slime.slime.stream.group_stream import GroupStream
         from support.slime_args import build_args
 
         self.engines, self.server, self.victim, self.workdir = engines, engines.server, victim, workdir
@@ -118,7 +118,7 @@ class Rig:
 
         from epic_slime.slime import rollout as project_rollout
         from epic_slime.slime.data_source import group_key
-        from epic_slime.slime.gate import StalenessGate
+        from epic_slime.slime.stream.gate import StalenessGate
 
         gate = StalenessGate(self.args.max_staleness, "drop")
         groups, _, _ = run(
@@ -310,7 +310,7 @@ def test_without_fault_tolerance_a_dead_only_engine_ends_the_run_naming_it_and_t
     """A run whose engines are all dead (here: the other engine taken out of the router), no fault tolerance:
     slime's client gives up after its retries, the stream probes the router and the engines and stops the
     run with one line naming the dead engine and the checkpoint to resume from."""
-    from epic_slime.slime.engine_faults import EngineFailedError, EngineFaults
+    from epic_slime.slime.stream.engine_faults import EngineFailedError, EngineFaults
 
     fresh = rig.restarted[0]
     listed = rig.router.http.get(rig.router.url + "/workers", timeout=10).json()["workers"]

@@ -1,4 +1,4 @@
-"""The engine-fault rules' timing (``epic_slime.slime.engine_faults``, issue 46 patterns 1-2): how far
+"""The engine-fault rules' timing (``epic_slime.slime.stream.engine_faults``, issue 46 patterns 1-2): how far
 apart the regenerations of a failed (or behind) group are, not only how many; and a worker whose
 ``/health`` hangs is found dead within the probe's timeout. The real GroupStream on slime's global loop
 with an injected engine (its ``generate_group``), and a real HTTP router and worker (127.0.0.1) for the
@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importable (SLIME_PATH)")
 from slime.utils.async_utils import run  # noqa: E402
 
-from epic_slime.slime import engine_faults, group_stream  # noqa: E402
+from epic_slime.slime.stream import engine_faults, group_stream  # noqa: E402
 from support.recording_engine import RecordingEngine, settle  # noqa: E402
 from support.stream_data_source import DataSource  # noqa: E402
 

@@ -26,7 +26,7 @@ from epic_slime.evaluation.records import PRE_TRAINING_STEP, VersionMismatchErro
 from epic_slime.slime import eval_hooks
 from epic_slime.slime import rollout as project_rollout
 from epic_slime.slime import train
-from epic_slime.slime.flags import ROLLOUT_FUNCTION_PATH
+from epic_slime.slime.cli.flags import ROLLOUT_FUNCTION_PATH
 
 BENCH, PROMPTS, K = "aime_2024", 2, 2
 

@@ -1,4 +1,4 @@
-"""GroupStream (epic_slime.slime.group_stream) driven through its ``generate_group`` seam: the real stream
+"""GroupStream (epic_slime.slime.stream.group_stream) driven through its ``generate_group`` seam: the real stream
 on slime's global loop, with an injected engine and the data-source interface it uses (test_slime_stream.py
 drives it through slime's generate_and_rm_group instead). The crash-retry bound at its edge, the first
 steady rollout of the run's length-decile report, the cap while a requeued prompt waits to start, and a
@@ -19,8 +19,10 @@ pytest.importorskip("slime.rollout.sglang_rollout", reason="slime is not importa
 from slime.utils.async_utils import run  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
-from epic_slime.slime import group_stream, rollout  # noqa: E402
-from epic_slime.slime.checkpoint_marks import mark_model_complete  # noqa: E402
+from epic_slime.slime import rollout  # noqa: E402
+
+from epic_slime.slime.stream import group_stream  # noqa: E402
+from epic_slime.slime.stream.checkpoint_marks import mark_model_complete  # noqa: E402
 from epic_slime.slime.data_source import StreamingDataSource, group_key  # noqa: E402
 from support.recording_engine import OneTokenEngine as Engine  # noqa: E402
 from support.recording_engine import RecordingEngine, settle  # noqa: E402

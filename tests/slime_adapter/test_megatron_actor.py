@@ -104,9 +104,9 @@ def test_the_load_needs_the_optimizer_state_patch(runs):
 
 
 def test_the_projects_checkpoint_marks_read_megatrons_own_save(runs):
-    """The resume rule (epic_slime.slime.checkpoint_marks) trusts Megatron's tracker for its own iteration:
+    """The resume rule (epic_slime.slime.stream.checkpoint_marks) trusts Megatron's tracker for its own iteration:
     megatron.training's real save writes it as the rule reads it."""
-    from epic_slime.slime.checkpoint_marks import megatron_tracker_iteration, model_checkpoint_complete
+    from epic_slime.slime.stream.checkpoint_marks import megatron_tracker_iteration, model_checkpoint_complete
 
     ckpt = str(runs[-1] / "ckpt")
     assert megatron_tracker_iteration(ckpt) == 1

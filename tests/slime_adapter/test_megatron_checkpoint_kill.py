@@ -64,7 +64,7 @@ def _newest_data_state_resume(ckpt) -> str:
 def lives(tmp_path_factory):
     """The four lives in turn; after each: its exit code, Megatron's tracker, the driver's marks and what
     the resume rule says of the newest data state. Returns (per life, the journal's events)."""
-    from epic_slime.slime.checkpoint_marks import megatron_tracker_iteration
+    from epic_slime.slime.stream.checkpoint_marks import megatron_tracker_iteration
     from support.real_sglang import free_port
 
     work = tmp_path_factory.mktemp("megatron_kill")

@@ -12,7 +12,7 @@ serving of the float model; served_probe.CONFIRM_MEAN_TOL).
 
 Before any push the conversion is checked against an independent reference: the HF model's own
 checkpoint tensors (transformers' `revert_weight_conversion`, epic_slime.runtime.hf_export), exactly.
-The project's own name check (epic_slime.slime.served_weights.check_push_names, against the names and
+The project's own name check (epic_slime.slime.stream.served_weights.check_push_names, against the names and
 shapes in the safetensors of the folder the server loaded) refuses a push naming a parameter the server
 does not load, leaving one out or changing a shape, before anything is sent: the real server answers
 success to such a push (tests/slime_adapter/test_real_sglang_pushes.py).
@@ -63,7 +63,7 @@ def test_slimes_conversion_of_the_initial_model_is_the_hf_checkpoint(converted):
 
 def test_the_push_names_exactly_what_the_server_loads(converted, tmp_path):
     from epic_slime.runtime.hf_export import export_initial_checkpoint
-    from epic_slime.slime.served_weights import PushNamesWrong, check_push_names, checkpoint_shapes
+    from epic_slime.slime.stream.served_weights import PushNamesWrong, check_push_names, checkpoint_shapes
 
     folder, _ = export_initial_checkpoint(tmp_path / "served")  # as the session's server loads it
     served = checkpoint_shapes(folder)
@@ -86,7 +86,7 @@ def _gaps(served, mine):
 
 @pytest.mark.parametrize("mode", PUSH_MODES)
 def test_a_push_from_megatron_serves_megatrons_log_probs(real_engines, converted, mode):
-    from epic_slime.slime.served_weights import check_push_names, checkpoint_shapes
+    from epic_slime.slime.stream.served_weights import check_push_names, checkpoint_shapes
     from support.served_probe import served_logprobs, served_weight_version
     from support.megatron_push import probe_ids
     from support.real_push import push_distributed, restore_initial_weights

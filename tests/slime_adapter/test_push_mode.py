@@ -14,9 +14,9 @@ import types
 import pytest
 
 from epic_slime.slime import push_mode
-from epic_slime.slime.command_line import driver_argv
-from epic_slime.slime.dry_run import check_argv
-from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH, ROLLOUT_FUNCTION_PATH, ProjectFlagError
+from epic_slime.slime.cli.command_line import driver_argv
+from epic_slime.slime.cli.dry_run import check_argv
+from epic_slime.slime.cli.flags import PUSH_TRAIN_HOOK_PATH, ROLLOUT_FUNCTION_PATH, ProjectFlagError
 from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK
 from support.slime_push import OneRankDist
 
@@ -81,7 +81,7 @@ def test_check_names_a_bad_mode_from_a_config_file():
 def test_the_train_hook_chains_r3_in_either_mode(monkeypatch):
     from epic_slime.slime import routing
 
-    from epic_slime.slime import push_recovery
+    from epic_slime.slime.stream import push_recovery
 
     calls = []
     monkeypatch.setattr(routing, "install_train_hook", lambda args: calls.append(args))
@@ -358,8 +358,8 @@ def test_in_place_from_args_without_a_transport_is_slimes_nccl_default():
 # mutant: driver_adds_a_second_init_path
 @pytest.mark.parametrize("extra", [["--weight-push-mode", "in_place"], ["--use-rollout-routing-replay"]])
 def test_a_train_hook_named_on_the_command_line_is_not_added_again(extra):
-    from epic_slime.slime.command_line import driver_argv
-    from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH, ROLLOUT_FUNCTION_PATH
+    from epic_slime.slime.cli.command_line import driver_argv
+    from epic_slime.slime.cli.flags import PUSH_TRAIN_HOOK_PATH, ROLLOUT_FUNCTION_PATH
     from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK
 
     hook = PUSH_TRAIN_HOOK_PATH if "in_place" in extra else R3_TRAIN_HOOK

@@ -1,4 +1,4 @@
-"""The project's own push-name check (epic_slime.slime.served_weights.check_push_names): the real SGLang
+"""The project's own push-name check (epic_slime.slime.stream.served_weights.check_push_names): the real SGLang
 server answers success to a push naming a tensor it does not load (tests/slime_adapter/test_real_sglang_pushes.py),
 so a push is checked, before it is sent, against the names and shapes of the checkpoint the server loaded.
 The Megatron push (test_megatron_push.py) runs it on slime's conversion. The train hook installs it on
@@ -11,7 +11,7 @@ import argparse
 import pytest
 import torch
 
-from epic_slime.slime.served_weights import PushNamesWrong, check_push_names, checkpoint_shapes
+from epic_slime.slime.stream.served_weights import PushNamesWrong, check_push_names, checkpoint_shapes
 from support.preconditions import missing, put_slime_on_path
 from support.slime_push import OneRankDist
 
@@ -121,6 +121,6 @@ def test_without_safetensors_to_compare_with_the_push_goes_unchecked_with_a_warn
 ):
     send, tensors = slime_send_weights
     fused = [("model.layers.0.mlp.experts.gate_up_proj", torch.zeros(1))]
-    with caplog.at_level("WARNING", logger="epic_slime.slime.served_weights"):
+    with caplog.at_level("WARNING", logger="epic_slime.slime.stream.served_weights"):
         assert send([fused], hf_checkpoint=str(tmp_path)) == [[fused[0][0]]]
     assert f"push-name check off: --hf-checkpoint {str(tmp_path)!r} holds no *.safetensors" in caplog.text

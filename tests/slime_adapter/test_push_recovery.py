@@ -1,4 +1,4 @@
-"""``epic_slime.slime.push_recovery``: before slime's distributed connect, the update group a killed driver
+"""``epic_slime.slime.stream.push_recovery``: before slime's distributed connect, the update group a killed driver
 left on each engine is destroyed (the real server refuses a second group of the same name:
 tests/slime_adapter/test_real_router_driver_faults.py shows it, and the resume that needs this)."""
 
@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from epic_slime.slime import push_recovery
+from epic_slime.slime.stream import push_recovery
 
 
 class _Engine:
@@ -78,8 +78,8 @@ def test_install_wraps_slimes_own_connect_once(monkeypatch):
 def test_the_driver_adds_the_push_hook_for_external_engines_and_slimes_own():
     """External engines outlive a killed driver: the driver adds the push-mode train hook (which installs the
     reset) for them in abort mode; slime's own engines get it too (its name check; the reset finds no group)."""
-    from epic_slime.slime.command_line import driver_argv
-    from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH
+    from epic_slime.slime.cli.command_line import driver_argv
+    from epic_slime.slime.cli.flags import PUSH_TRAIN_HOOK_PATH
 
     base = ["--weight-push-mode", "abort"]
     external = driver_argv(base + ["--rollout-external-engine-addrs", "10.0.0.1:30000", "10.0.0.2:30000"])

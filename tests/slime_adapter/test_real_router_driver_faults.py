@@ -86,7 +86,7 @@ def test_slimes_client_waits_about_a_minute_per_request_for_an_empty_router():
 
     from slime.utils import http_utils
 
-    from epic_slime.slime.group_stream import MAX_GROUP_ATTEMPTS
+    from epic_slime.slime.stream.group_stream import MAX_GROUP_ATTEMPTS
 
     assert inspect.signature(http_utils._post).parameters["max_retries"].default == 60
     assert inspect.signature(http_utils.post).parameters["max_retries"].default == 60

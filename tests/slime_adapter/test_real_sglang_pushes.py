@@ -76,8 +76,8 @@ def test_served_version_comes_from_model_info_where_get_weight_version_is_404(en
 def test_ci_test_with_a_disk_push_is_refused_up_front(transport, ci_test, refused):
     """slime checks the version after a disk reload under --ci-test with the 404 endpoint: the driver
     refuses that pair with a one-line error naming both flags, and only that pair."""
-    from epic_slime.slime.checks import check_unsupported_settings
-    from epic_slime.slime.flags import ProjectFlagError
+    from epic_slime.slime.cli.checks import check_unsupported_settings
+    from epic_slime.slime.cli.flags import ProjectFlagError
 
     args = Namespace(
         ci_test=ci_test,

@@ -4,7 +4,7 @@ weights change (``flush_cache: false``: a flush is refused while they wait), and
 ``/continue_generation`` they are prefilled again and finish on the new weights. Each answer reports
 ``num_retractions`` and the new ``weight_version``; its log-probs are the old weights' up to the pause and
 the new weights' after it (which is why the stream counts a retracted sample's staleness from the version
-it was submitted at, ``epic_slime.slime.group_stream``). The re-prefill is not the whole sequence: the
+it was submitted at, ``epic_slime.slime.stream.group_stream``). The re-prefill is not the whole sequence: the
 prompt's KV still sits in the radix tree (computed by the old weights, never flushed), so only the output
 so far is recomputed, and the tokens after the push are the new weights over the old prompt KV.
 

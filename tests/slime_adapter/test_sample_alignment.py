@@ -12,7 +12,7 @@ from support.preconditions import slime_or_skip
 with slime_or_skip("needs slime's source (set SLIME_PATH)"):
     from slime.utils.types import Sample
 
-from epic_slime.slime.sample_checks import SampleAlignmentError, check_groups_alignment, check_sample_alignment  # noqa: E402
+from epic_slime.slime.stream.sample_checks import SampleAlignmentError, check_groups_alignment, check_sample_alignment  # noqa: E402
 
 
 def _sample(**fields):

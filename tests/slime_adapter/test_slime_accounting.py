@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from epic_slime.slime.flags import DATA_SOURCE_PATH, ProjectFlagError
-from epic_slime.slime.command_line import driver_argv, needs_old_logprob_forward
+from epic_slime.slime.cli.flags import DATA_SOURCE_PATH, ProjectFlagError
+from epic_slime.slime.cli.command_line import driver_argv, needs_old_logprob_forward
 from epic_slime.slime.train import log_driver_metrics
-from epic_slime.slime.ledger import GroupLedger
+from epic_slime.slime.stream.ledger import GroupLedger
 
 BASE = [
     "--loss-type",
@@ -162,7 +162,7 @@ def _source(tmp_path, load=None):
 
 def _model_saved(tmp_path, *rollout_ids):
     """The driver's marker that the model checkpoint of these rollouts is on disk whole."""
-    from epic_slime.slime.checkpoint_marks import mark_model_complete
+    from epic_slime.slime.stream.checkpoint_marks import mark_model_complete
 
     for rollout_id in rollout_ids:
         mark_model_complete(str(tmp_path), rollout_id)
@@ -234,8 +234,8 @@ def test_the_resume_hint_names_the_newest_consistent_of_several_saves(tmp_path):
     """Issue 46 pattern 5: with more than one good save, the hint a dead engine's error carries
     (``engine_faults.resume_hint``) names the newest consistent one, and the one before it once the
     newest's model write is torn."""
-    from epic_slime.slime.checkpoint_marks import MODEL_DONE_FILE
-    from epic_slime.slime.engine_faults import resume_hint
+    from epic_slime.slime.stream.checkpoint_marks import MODEL_DONE_FILE
+    from epic_slime.slime.stream.engine_faults import resume_hint
 
     source = _source(tmp_path)
     source.get_samples(3)

@@ -19,8 +19,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.utils.rnn import pad_sequence
 
-from epic_slime.slime.adapter import approx_kl, slime_policy_loss_from_log_probs
-from epic_slime.slime.cp import make_all_reduce_gather
+from epic_slime.slime.loss_parts.adapter import approx_kl, slime_policy_loss_from_log_probs
+from epic_slime.slime.loss_parts.cp import make_all_reduce_gather
 from epic_slime.losses import LOSS_MODES
 from support.slime_loss import full_data, loss_args, sample_mean_reducer, slime_inputs
 
@@ -238,7 +238,7 @@ def test_unbiased_kl_weights_k3_by_the_ratio_to_the_recomputed_log_probs():
 
 
 def test_bad_tokens_are_skipped_on_the_cluster_path():
-    from epic_slime.slime.flags import add_project_arguments
+    from epic_slime.slime.cli.flags import add_project_arguments
 
     registered = add_project_arguments(argparse.ArgumentParser()).parse_args([])
     assert (registered.on_bad_tokens, registered.max_bad_token_frac) == ("skip", 0.01)  # the cluster default

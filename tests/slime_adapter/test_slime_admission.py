@@ -224,7 +224,7 @@ def test_the_gate_counts_from_the_recorded_oldest_version_not_the_reported_newes
     import asyncio
     from types import SimpleNamespace
 
-    from epic_slime.slime.gate import StalenessGate, collect_admitted_groups, sample_oldest_version
+    from epic_slime.slime.stream.gate import StalenessGate, collect_admitted_groups, sample_oldest_version
 
     spanning = [SimpleNamespace(index=0, weight_versions=["3"], metadata={"oldest_weight_version": 1})]
     fresh = [SimpleNamespace(index=1, weight_versions=["3"], metadata={})]

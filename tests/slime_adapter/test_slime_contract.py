@@ -29,8 +29,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch.nn.utils.rnn import pad_sequence  # noqa: E402
 
-from epic_slime.slime.adapter import approx_kl  # noqa: E402
-from epic_slime.slime.cp import zigzag_response_ranges  # noqa: E402
+from epic_slime.slime.loss_parts.adapter import approx_kl  # noqa: E402
+from epic_slime.slime.loss_parts.cp import zigzag_response_ranges  # noqa: E402
 from epic_slime.losses import LOSS_MODES  # noqa: E402
 from support.slime_loss import loss_args  # noqa: E402
 
@@ -304,8 +304,8 @@ def test_rollout_function_returns_slime_output_with_staleness(monkeypatch):
     from slime.utils.types import Sample
 
     import epic_slime.slime.rollout as rollout
-    from epic_slime.slime.engine_faults import EngineFaults
-    from epic_slime.slime.ledger import GroupLedger
+    from epic_slime.slime.stream.engine_faults import EngineFaults
+    from epic_slime.slime.stream.ledger import GroupLedger
 
     def group(index, version):
         return [Sample(index=2 * index + i, group_index=index, weight_versions=[str(version)]) for i in range(2)]
@@ -448,7 +448,7 @@ def test_a_call_aborted_before_its_first_token_adds_no_weight_version():
     from slime.utils.types import Sample
 
     from epic_slime.slime.rollout import GroupStream
-    from epic_slime.slime.gate import sample_version
+    from epic_slime.slime.stream.gate import sample_version
 
     args = argparse.Namespace(partial_rollout=False)
     waited, partial = Sample(index=0, tokens=[1, 2]), Sample(index=1, tokens=[1, 2])

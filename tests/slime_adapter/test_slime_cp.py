@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from epic_slime.slime.cp import (
+from epic_slime.slime.loss_parts.cp import (
     gather_full_responses,
     make_all_reduce_gather,
     with_live_local_entries,

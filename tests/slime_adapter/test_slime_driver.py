@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from epic_slime.slime.config_flags import config_argv, mapping_to_argv
-from epic_slime.slime.command_line import translate_argv
-from epic_slime.slime.dry_run import check_argv
-from epic_slime.slime.flags import ProjectFlagError
+from epic_slime.slime.cli.config_flags import config_argv, mapping_to_argv
+from epic_slime.slime.cli.command_line import translate_argv
+from epic_slime.slime.cli.dry_run import check_argv
+from epic_slime.slime.cli.flags import ProjectFlagError
 from epic_slime.slime.train import async_training_loop
 
 BASE = [
@@ -168,16 +168,16 @@ def test_overlap_schedule_without_global_dataset_saves_only_the_model():
 
 
 def test_r3_with_the_project_rollout_gets_the_train_hook_and_refuses_another():
-    from epic_slime.slime.command_line import driver_argv
+    from epic_slime.slime.cli.command_line import driver_argv
     from epic_slime.slime.routing import HOOK_PATH as R3_TRAIN_HOOK
 
-    from epic_slime.slime.flags import PUSH_TRAIN_HOOK_PATH
+    from epic_slime.slime.cli.flags import PUSH_TRAIN_HOOK_PATH
 
     out = driver_argv(BASE + ["--use-rollout-routing-replay"])
     assert out[out.index("--custom-megatron-init-path") + 1] == PUSH_TRAIN_HOOK_PATH  # installs R3's hook too
     config, args, _ = check_argv(BASE + ["--use-rollout-routing-replay", "--custom-megatron-init-path", R3_TRAIN_HOOK])
     args.custom_megatron_init_path = "my.own.init"
-    from epic_slime.slime.checks import validate_project_args
+    from epic_slime.slime.cli.checks import validate_project_args
 
     with pytest.raises(
         ProjectFlagError, match="--custom-megatron-init-path epic_slime.slime.routing.install_train_hook"
@@ -206,7 +206,7 @@ def _write(tmp_path, text):
 def test_the_command_line_is_parsed_once_for_every_rewrite(monkeypatch):
     import argparse
 
-    from epic_slime.slime.command_line import read_command_line
+    from epic_slime.slime.cli.command_line import read_command_line
 
     parsed = []
     parse_known_args = argparse.ArgumentParser.parse_known_args

@@ -311,10 +311,10 @@ def _e2e_argv(workdir: str) -> list[str]:
 def test_harness_parser_has_the_real_parsers_option_strings():
     """Without SGLang: the harness's parser (slime's flags read from its source, slime's reset_arg
     run on the Megatron flags it stands in for) against the option strings stored from the real
-    parsers at the pinned versions (epic_slime/slime/option_strings.json). Every option it has is
+    parsers at the pinned versions (epic_slime/slime/cli/option_strings.json). Every option it has is
     one of theirs and takes a value exactly when theirs does (a BooleanOptionalAction flag read as
     taking a value would swallow the next flag), and it has every option of slime's own parser."""
-    from epic_slime.slime.option_strings import known_options, load_option_strings, option_kinds_of
+    from epic_slime.slime.cli.option_strings import known_options, load_option_strings, option_kinds_of
 
     ours = option_kinds_of(h.slime_argument_parser())
     real = known_options()
@@ -328,9 +328,9 @@ def test_harness_command_line_is_spelt_for_the_real_parsers(tmp_path):
     """Every flag the e2e sessions pass (after the driver's flag layer) is known to the real
     parsers or the project, unabbreviated, given once, and takes a value exactly when the real
     parser's option does."""
-    from epic_slime.slime.command_line import driver_argv
-    from epic_slime.slime.flags import project_option_kinds
-    from epic_slime.slime.option_strings import check_flag_spelling, known_options
+    from epic_slime.slime.cli.command_line import driver_argv
+    from epic_slime.slime.cli.flags import project_option_kinds
+    from epic_slime.slime.cli.option_strings import check_flag_spelling, known_options
 
     argv = driver_argv(_e2e_argv(str(tmp_path)))
     known = known_options(project_option_kinds())

@@ -1,6 +1,6 @@
 """Typos, abbreviations, overrides and unsupported flags on the slime path (issue 9, defects 3, 8, 9).
 
-The option strings come from ``epic_slime/slime/option_strings.json`` (written from the real
+The option strings come from ``epic_slime/slime/cli/option_strings.json`` (written from the real
 parsers by ``launch/tools/regenerate_option_strings.py``); no slime import except the cross-check
 against the vendored slime source, which skips when ../shared is absent.
 """
@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epic_slime.slime import flags, train
-from epic_slime.slime.checks import UNSUPPORTED_FLAGS
-from epic_slime.slime.command_line import read_command_line
-from epic_slime.slime.dry_run import check_argv
-from epic_slime.slime.flags import ProjectFlagError
-from epic_slime.slime.option_strings import (
+from epic_slime.slime import train
+
+from epic_slime.slime.cli import flags
+from epic_slime.slime.cli.checks import UNSUPPORTED_FLAGS
+from epic_slime.slime.cli.command_line import read_command_line
+from epic_slime.slime.cli.dry_run import check_argv
+from epic_slime.slime.cli.flags import ProjectFlagError
+from epic_slime.slime.cli.option_strings import (
     FlagSpellingError,
     Override,
     check_flag_spelling,
@@ -188,7 +190,7 @@ def test_driver_exits_2_with_the_message_before_slime_is_needed(extra, message, 
 def test_dry_run_exits_2_naming_the_flag_and_reports_overrides():
     def run(*a):
         return subprocess.run(
-            [sys.executable, "-m", "epic_slime.slime.dry_run", *BASE, *a],
+            [sys.executable, "-m", "epic_slime.slime.cli.dry_run", *BASE, *a],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -262,7 +264,7 @@ def test_ci_test_with_a_full_disk_reload_is_refused_when_the_mode_is_left_at_its
     first push). Delta has its own refusal, elsewhere."""
     import argparse
 
-    from epic_slime.slime.checks import ProjectFlagError, check_disk_version_check
+    from epic_slime.slime.cli.checks import ProjectFlagError, check_disk_version_check
 
     args = argparse.Namespace(ci_test=True, update_weight_transport="disk", update_weight_mode=mode)
     if refused:

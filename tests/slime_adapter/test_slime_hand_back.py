@@ -33,13 +33,13 @@ from slime.utils.async_utils import run  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
 import epic_slime.slime.rollout as rollout  # noqa: E402
-from epic_slime.slime.checkpoint_marks import mark_model_complete  # noqa: E402
+from epic_slime.slime.stream.checkpoint_marks import mark_model_complete  # noqa: E402
 from epic_slime.slime.data_source import StreamingDataSource, group_key  # noqa: E402
-from epic_slime.slime.command_line import read_command_line  # noqa: E402
-from epic_slime.slime.dry_run import check_argv  # noqa: E402
-from epic_slime.slime.flags import ProjectFlagError  # noqa: E402
-from epic_slime.slime.group_stream import GroupStream  # noqa: E402
-from epic_slime.slime.gate import StalenessGate  # noqa: E402
+from epic_slime.slime.cli.command_line import read_command_line  # noqa: E402
+from epic_slime.slime.cli.dry_run import check_argv  # noqa: E402
+from epic_slime.slime.cli.flags import ProjectFlagError  # noqa: E402
+from epic_slime.slime.stream.group_stream import GroupStream  # noqa: E402
+from epic_slime.slime.stream.gate import StalenessGate  # noqa: E402
 from support.hand_back_engine import ENGINE, EngineHttp  # noqa: E402
 
 

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from epic_slime.slime.command_line import translate_argv
-from epic_slime.slime.dry_run import check_argv
-from epic_slime.slime.flags import ProjectFlagError
-from epic_slime.slime.oversampling import OversamplingError, groups_in_flight, oversampled_count
+from epic_slime.slime.cli.command_line import translate_argv
+from epic_slime.slime.cli.dry_run import check_argv
+from epic_slime.slime.cli.flags import ProjectFlagError
+from epic_slime.slime.cli.oversampling import OversamplingError, groups_in_flight, oversampled_count
 
 # slime's source: SLIME_PATH, else the vendored snapshot next to the repository (CI has one of them)
 _SLIME = os.environ.get("SLIME_PATH") or str(
@@ -127,8 +127,8 @@ def test_the_oversampling_ratio_caps_the_groups_the_stream_holds(monkeypatch):
     from slime.utils.types import Sample
 
     import epic_slime.slime.rollout as rollout
-    from epic_slime.slime.gate import StalenessGate
-    from epic_slime.slime.ledger import GroupLedger
+    from epic_slime.slime.stream.gate import StalenessGate
+    from epic_slime.slime.stream.ledger import GroupLedger
 
     release = asyncio.Event()
     running = {"now": 0, "max": 0, "started": 0}

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from epic_slime.slime.gate import (
+from epic_slime.slime.stream.gate import (
     StalenessGate,
     collect_admitted_groups,
     group_staleness,
@@ -105,7 +105,7 @@ def test_no_staleness_bound_admits_every_lag():
 
 # mutant: select_groups_one_extra
 def test_select_groups_admits_at_most_target_and_leaves_the_rest_unexamined():
-    from epic_slime.slime.gate import select_groups
+    from epic_slime.slime.stream.gate import select_groups
 
     groups = [[object()] * 2 for _ in range(5)]
     versions = [[3, 3], [1, 1], [3, 2], [3, 3], [2, 3]]  # lags at trainer version 3: 0, 2, 1, 0, 1

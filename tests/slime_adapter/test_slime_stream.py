@@ -1,4 +1,4 @@
-"""The real GroupStream (epic_slime.slime.group_stream) on slime's global event loop, with slime's
+"""The real GroupStream (epic_slime.slime.stream.group_stream) on slime's global event loop, with slime's
 ``generate_and_rm_group`` replaced by a fake engine: admission by the budget, batches in start
 order, the optional cap, per-sample versions in both push modes, the abort-loop bound."""
 
@@ -14,10 +14,10 @@ sglang_rollout = pytest.importorskip("slime.rollout.sglang_rollout", reason="sli
 from slime.utils.async_utils import run  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
-import epic_slime.slime.group_stream as group_stream  # noqa: E402
+import epic_slime.slime.stream.group_stream as group_stream  # noqa: E402
 import epic_slime.slime.rollout as rollout  # noqa: E402
-from epic_slime.slime.gate import StalenessGate, sample_oldest_version  # noqa: E402
-from epic_slime.slime.ledger import GroupLedger  # noqa: E402
+from epic_slime.slime.stream.gate import StalenessGate, sample_oldest_version  # noqa: E402
+from epic_slime.slime.stream.ledger import GroupLedger  # noqa: E402
 
 
 class DataSource:  # StreamingDataSource's interface for the stream: numbered prompts, a ledger

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from epic_slime.slime import rollout
-from epic_slime.slime.dry_run import check_argv
-from epic_slime.slime.flags import ASYNCHRONOUS, SYNCHRONOUS, ProjectFlagError
+from epic_slime.slime.cli.dry_run import check_argv
+from epic_slime.slime.cli.flags import ASYNCHRONOUS, SYNCHRONOUS, ProjectFlagError
 from epic_slime.slime.train import (
     async_training_loop,
     push_initial_weights,
@@ -61,7 +61,7 @@ def _ledger_data_source():
     (what slime's generate_rollout consumes through get_samples is recorded in it)."""
     from collections import deque
 
-    from epic_slime.slime.ledger import GroupLedger
+    from epic_slime.slime.stream.ledger import GroupLedger
 
     source = object.__new__(rollout.StreamingDataSource)
     source.ledger, source._returned = GroupLedger(), deque()
@@ -519,7 +519,7 @@ def test_flags_the_schedule_cannot_honour_are_refused_by_name(extra, message):
 
 def test_slimes_parsed_offload_flags_are_checked_too():
     # after slime's parse_args, --offload / --colocate have become offload_train / offload_rollout
-    from epic_slime.slime.checks import check_schedule_flags
+    from epic_slime.slime.cli.checks import check_schedule_flags
 
     with pytest.raises(ProjectFlagError, match="--offload-rollout only work"):
         check_schedule_flags(SimpleNamespace(colocate=False, offload_train=False, offload_rollout=True), None)

@@ -1,4 +1,4 @@
-"""``--use-tis`` on the slime path (``epic_slime.slime.tis``), without slime: the adapter's loss and
+"""``--use-tis`` on the slime path (``epic_slime.slime.loss_parts.tis``), without slime: the adapter's loss and
 gradient against an independent float64 reference of the formula, the same inputs through the
 runtime's composition, the refusals. Through slime's own ``loss_function``: test_slime_tis_contract.py.
 
@@ -17,10 +17,10 @@ from torch.nn.utils.rnn import pad_sequence
 from epic_slime.losses import LOSS_MODES, compute_policy_loss
 from epic_slime.losses.flags import policy_loss_config_from_args
 from epic_slime.losses.tis import tis_weighted_loss, tis_weights
-from epic_slime.slime.adapter import slime_policy_loss_from_log_probs
-from epic_slime.slime.checks import check_unsupported_flags
-from epic_slime.slime.dry_run import check_argv
-from epic_slime.slime.flags import ProjectFlagError
+from epic_slime.slime.loss_parts.adapter import slime_policy_loss_from_log_probs
+from epic_slime.slime.cli.checks import check_unsupported_flags
+from epic_slime.slime.cli.dry_run import check_argv
+from epic_slime.slime.cli.flags import ProjectFlagError
 from support.loss_reference import token_terms
 from support.slime_loss import full_data, loss_args, sample_mean_reducer, slime_inputs
 

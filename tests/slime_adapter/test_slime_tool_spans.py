@@ -27,8 +27,8 @@ with slime_or_skip("needs slime's source (set SLIME_PATH) and megatron-core==0.1
     from megatron.core import mpu
     from slime.backends.megatron_utils import cp_utils
 
-from epic_slime.slime import adapter  # noqa: E402
-from epic_slime.slime.adapter import slime_policy_loss_from_log_probs  # noqa: E402
+from epic_slime.slime.loss_parts import adapter  # noqa: E402
+from epic_slime.slime.loss_parts.adapter import slime_policy_loss_from_log_probs  # noqa: E402
 from support.slime_loss import loss_args  # noqa: E402
 from support.tool_spans import ABSURD_ADVANTAGE, absurd_values, span_layout, with_spans  # noqa: E402
 

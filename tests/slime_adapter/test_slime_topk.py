@@ -24,11 +24,11 @@ from torch.nn.utils.rnn import pad_sequence
 
 from epic_slime.losses import LOSS_MODES, PolicyLossInputError, behavior_topk_set, compute_policy_loss, gather_log_probs
 from epic_slime.slime import generate as gen
-from epic_slime.slime.adapter import slime_policy_loss_from_log_probs
-from epic_slime.slime.cp import make_all_reduce_gather, zigzag_response_positions
-from epic_slime.slime.dry_run import check_argv
-from epic_slime.slime.flags import GENERATE_FUNCTION_PATH, ProjectFlagError
-from epic_slime.slime.topk import topk_token_sets, vocab_parallel_log_probs_at
+from epic_slime.slime.loss_parts.adapter import slime_policy_loss_from_log_probs
+from epic_slime.slime.loss_parts.cp import make_all_reduce_gather, zigzag_response_positions
+from epic_slime.slime.cli.dry_run import check_argv
+from epic_slime.slime.cli.flags import GENERATE_FUNCTION_PATH, ProjectFlagError
+from epic_slime.slime.loss_parts.topk import topk_token_sets, vocab_parallel_log_probs_at
 from support.slime_loss import SHAPES, loss_args, sample_mean_reducer
 
 TOPK_MODES = ["dppo_topk_tv", "dppo_topk_kl"]

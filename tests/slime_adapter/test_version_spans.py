@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from epic_slime.slime.version_spans import call_version_spans, model_runs
+from epic_slime.slime.stream.version_spans import call_version_spans, model_runs
 
 
 def _expand(spans):

@@ -162,7 +162,7 @@ def parse_actor_args(argv: list[str]):
     import slime.utils.arguments as slime_arguments
 
     sys.argv = argv
-    from epic_slime.slime.flags import add_project_arguments
+    from epic_slime.slime.cli.flags import add_project_arguments
 
     return slime_arguments.parse_args(add_custom_arguments=add_project_arguments)
 

@@ -21,7 +21,7 @@ def sample_layout() -> list[tuple[int, int]]:
 def make_args(mode: str, *extra: str):
     """slime's own argument defaults (read from its source, support.slime_args) with the project's
     flags, plus the Megatron ones slime's train path reads."""
-    from epic_slime.slime.flags import add_project_arguments
+    from epic_slime.slime.cli.flags import add_project_arguments
     from support.slime_args import slime_argument_parser
 
     parser = slime_argument_parser()

@@ -14,7 +14,7 @@ interface, each for a fact of this CPU build, both reported:
   which SGLang's Qwen3-MoE loads as a tensor of its own: the embedding is sent under that name too.
 
 The project's own check that a push names exactly the tensors the server loads (the real server answers
-success for names it cannot map, and loads nothing) is epic_slime.slime.served_weights.check_push_names.
+success for names it cannot map, and loads nothing) is epic_slime.slime.stream.served_weights.check_push_names.
 """
 
 from __future__ import annotations

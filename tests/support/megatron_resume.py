@@ -104,7 +104,7 @@ def start_actor(workdir: Path):
     apply_patches()
     install_cpu_accelerator()
     from epic_slime.runtime.hf_export import export_checkpoint
-    from epic_slime.slime.checkpoint_marks import megatron_tracker_iteration
+    from epic_slime.slime.stream.checkpoint_marks import megatron_tracker_iteration
     from support.megatron_qwen import hf_policy
 
     hf_dir = export_checkpoint(hf_policy(), workdir / f"hf-{os.getpid()}", dtype="float32")
@@ -134,7 +134,7 @@ def start_actor(workdir: Path):
 
 def run(workdir: Path, journal: Journal, kill: KillSwitch) -> None:
     from epic_slime.slime import train
-    from epic_slime.slime.checkpoint_marks import ModelSaves
+    from epic_slime.slime.stream.checkpoint_marks import ModelSaves
     from epic_slime.slime.data_source import StreamingDataSource, group_key
     from support.megatron_actor import rollout_samples, slime_train_data
     from support.megatron_qwen import hf_policy

@@ -1,5 +1,5 @@
 """What an SGLang 0.5.15 server actually serves after a weight push: its version and its weights
-(test-only probes; the push-name check is the package's, ``epic_slime.slime.served_weights``).
+(test-only probes; the push-name check is the package's, ``epic_slime.slime.stream.served_weights``).
 
 - **The version.** ``GET /get_weight_version`` answers 404 in SGLang 0.5.15 ("deprecated, use
   /model_info"); slime 624b824a's ``SGLangEngine.get_weight_version`` still calls it (from

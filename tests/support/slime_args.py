@@ -3,7 +3,7 @@ Megatron-LM's ``megatron.training``, neither installable on CPU): slime's own op
 defaults and actions read from its source (``slime/utils/arguments.py`` and
 ``slime/backends/sglang_utils/arguments.py``), the few Megatron flags the harness reads with
 Megatron's defaults, the project's flag layer, and what slime's validation derives. Checked
-against the real parsers' stored option strings (``epic_slime/slime/option_strings.json``) by
+against the real parsers' stored option strings (``epic_slime/slime/cli/option_strings.json``) by
 ``tests/slime_adapter/test_slime_e2e_args.py``, and against slime's full ``parse_args`` where it
 is installed.
 """
@@ -121,9 +121,9 @@ def megatron_arguments(parser: argparse.ArgumentParser) -> None:
 def build_args(argv: list[str]) -> argparse.Namespace:
     from slime.utils.eval_config import build_eval_dataset_configs
 
-    from epic_slime.slime.checks import validate_project_args
-    from epic_slime.slime.command_line import driver_argv
-    from epic_slime.slime.flags import add_project_arguments
+    from epic_slime.slime.cli.checks import validate_project_args
+    from epic_slime.slime.cli.command_line import driver_argv
+    from epic_slime.slime.cli.flags import add_project_arguments
 
     parser = slime_argument_parser()
     add_project_arguments(parser)

@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from epic_slime.losses import LOSS_MODES
-from epic_slime.slime.cp import zigzag_response_positions
+from epic_slime.slime.loss_parts.cp import zigzag_response_positions
 
 # (total_length, response_length): odd sizes, a one-token response, responses that start in
 # the second zigzag chunk and ones that end in the padding.

@@ -188,9 +188,9 @@ def make_updater(args, model: torch.nn.Module, engines: list, buckets: int = 3, 
             self.rollout_engines, self.rollout_engine_lock = rollout_engines, rollout_engine_lock
             self._is_pp_src_rank, self._group_name = True, GROUP_NAME
             world = len(rollout_engines) + 1
-            # the project's reset before slime's connect (epic_slime.slime.push_recovery): a driver killed
+            # the project's reset before slime's connect (epic_slime.slime.stream.push_recovery): a driver killed
             # mid-push left its group on the engines, and a group of the same name cannot be made again
-            from epic_slime.slime.push_recovery import clear_stale_update_group
+            from epic_slime.slime.stream.push_recovery import clear_stale_update_group
 
             self.stale_group_answers = clear_stale_update_group(rollout_engines, GROUP_NAME, RayStandIn.get)
             with socket.socket() as sock:

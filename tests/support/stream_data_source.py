@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from slime.utils.types import Sample
 
-from epic_slime.slime.ledger import GroupLedger
+from epic_slime.slime.stream.ledger import GroupLedger
 
 
 class DataSource:

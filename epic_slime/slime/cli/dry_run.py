@@ -1,6 +1,6 @@
 """The launch scripts' ``DRY_RUN=1`` check of a full driver command line, without slime or GPUs:
 
-    python -m epic_slime.slime.dry_run <the driver's argv ...>
+    python -m epic_slime.slime.cli.dry_run <the driver's argv ...>
 
 reads the command line as the driver does (``command_line``), validates it (``checks``) and prints
 the validated settings and the flags the driver adds for slime's parser; exit status 2 on an error.
@@ -12,11 +12,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from epic_slime.slime.checks import validate_project_args
-from epic_slime.slime.command_line import DriverCommandLine, command_line_parser, read_command_line
-from epic_slime.slime.flags import ProjectConfig, ProjectFlagError
+from epic_slime.slime.cli.checks import validate_project_args
+from epic_slime.slime.cli.command_line import DriverCommandLine, command_line_parser, read_command_line
+from epic_slime.slime.cli.flags import ProjectConfig, ProjectFlagError
 
-PROG = "python -m epic_slime.slime.dry_run"
+PROG = "python -m epic_slime.slime.cli.dry_run"
 
 
 def validate_command_line(line: DriverCommandLine) -> tuple[ProjectConfig, argparse.Namespace]:

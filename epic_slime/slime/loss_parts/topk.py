@@ -131,7 +131,7 @@ def behavior_set_log_probs(
 
 
 def check_topk_local_inputs(topk, local_counts: list[int], response_lengths: list[int]) -> None:
-    """Shapes of ``epic_slime.slime.adapter.TopKLocalInputs`` against the micro-batch's local and full lengths."""
+    """Shapes of ``epic_slime.slime.loss_parts.adapter.TopKLocalInputs`` against the micro-batch's local and full lengths."""
     n = len(local_counts)
     fields = (
         ("current_topk_log_probs", topk.current_log_probs),

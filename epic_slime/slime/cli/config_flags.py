@@ -5,7 +5,7 @@ without its leading dashes). Values: ``true`` -> bare flag, ``false`` / ``null``
 omitted (lets a later file switch off an earlier one), a list -> the flag followed by every
 item, anything else -> the flag and ``str(value)``. Later files override earlier keys.
 
-    python -m epic_slime.slime.config_flags [-0] [--omit NAME]... a.yaml b.yaml ...
+    python -m epic_slime.slime.cli.config_flags [-0] [--omit NAME]... a.yaml b.yaml ...
 
 prints one argument per line (``-0``: NUL-separated, for ``mapfile -d ''`` in bash). ``--omit NAME``
 leaves out a flag the caller sets itself (a launcher's own setting), so that the command passes it
@@ -84,7 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         omit.append(argv[1].lstrip("-"))
         argv = argv[2:]
     if not argv or argv[0].startswith("-"):
-        print("usage: python -m epic_slime.slime.config_flags [-0] [--omit NAME]... config.yaml ...", file=sys.stderr)
+        print(
+            "usage: python -m epic_slime.slime.cli.config_flags [-0] [--omit NAME]... config.yaml ...", file=sys.stderr
+        )
         return 2
     try:
         args = config_argv(argv, omit)

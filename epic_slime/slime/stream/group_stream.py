@@ -4,7 +4,7 @@ budget and taken in start order (the asynchronous schedule's rollout, ``epic_sli
 Its event loop and its generate call are passed in: slime's global loop and slime's own
 ``generate_and_rm_group`` by default (what a cluster run uses), a simulated loop and engine in
 ``bench/schedsim``. A group whose generation raises, or that an engine behind the current weights
-answered, is regenerated from its fresh prompt as ``epic_slime.slime.engine_faults`` decides (with and
+answered, is regenerated from its fresh prompt as ``epic_slime.slime.stream.engine_faults`` decides (with and
 without ``--use-fault-tolerance``; counted in ``rollout/faults/*``); a group that SGLang aborted (a weight push pauses
 generation in SGLang's abort mode) is resubmitted as prompt plus partial response, which SGLang
 recomputes on the new weights (its samples carry both weight versions; the oldest sets the staleness;
@@ -21,10 +21,10 @@ import logging
 from collections import Counter, deque
 
 from epic_slime.slime.data_source import StreamingDataSource, group_key
-from epic_slime.slime.engine_faults import MAX_GROUP_ATTEMPTS, EngineFailedError, EngineFaults
+from epic_slime.slime.stream.engine_faults import MAX_GROUP_ATTEMPTS, EngineFailedError, EngineFaults
 from epic_slime.admission import AdmissionBudget
-from epic_slime.slime.gate import parse_weight_version, sample_oldest_version
-from epic_slime.slime.version_spans import call_version_spans
+from epic_slime.slime.stream.gate import parse_weight_version, sample_oldest_version
+from epic_slime.slime.stream.version_spans import call_version_spans
 
 logger = logging.getLogger(__name__)
 

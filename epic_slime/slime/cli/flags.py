@@ -1,9 +1,9 @@
 """The project's flags on the slime path: their definitions, the project's dotted paths, and the
 validated ``ProjectConfig`` (argparse and ``epic_slime.losses.flags`` only, never slime).
 
-The driver's command line is read by ``epic_slime.slime.command_line`` (one parse, every flag the
-driver adds for slime), checked by ``epic_slime.slime.checks`` and dry-run by
-``python -m epic_slime.slime.dry_run``.
+The driver's command line is read by ``epic_slime.slime.cli.command_line`` (one parse, every flag the
+driver adds for slime), checked by ``epic_slime.slime.cli.checks`` and dry-run by
+``python -m epic_slime.slime.cli.dry_run``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class ProjectConfig:
     behavior_logprobs: str
     policy_loss_topk: int | None = None  # k of the Top-K modes (None for the other modes)
     schedule: str = "asynchronous"  # SYNCHRONOUS when --max-staleness 0 (see checks.check_schedule_flags)
-    oversample_ratio: float = 0.0  # the paper's oversampling ratio (epic_slime.slime.oversampling)
+    oversample_ratio: float = 0.0  # the paper's oversampling ratio (epic_slime.slime.cli.oversampling)
 
 
 def add_async_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -154,7 +154,7 @@ def add_table2_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         default=0.0,
         help="the paper's oversampling ratio r in [0, 1): caps the groups the background stream holds at "
         "ceil(rollout-batch-size / (1 - r)) (--async-groups-in-flight), on top of the --max-staleness "
-        "admission budget; batches are taken in start order (see epic_slime.slime.oversampling); 0 = no cap",
+        "admission budget; batches are taken in start order (see epic_slime.slime.cli.oversampling); 0 = no cap",
     )
     return parser
 
@@ -233,7 +233,7 @@ def default_aggregation(mode: str) -> str:
 
 def project_option_kinds() -> dict[str, str]:
     """The project's own option strings (slime's parser gets them through add_custom_arguments)."""
-    from epic_slime.slime.option_strings import option_kinds_of
+    from epic_slime.slime.cli.option_strings import option_kinds_of
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     add_project_arguments(parser)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from epic_slime.slime.flags import (
+from epic_slime.slime.cli.flags import (
     ASYNCHRONOUS,
     DATA_SOURCE_PATH,
     DEFAULT_POLICY_LOSS_TOPK,
@@ -52,8 +52,8 @@ def validate_project_args(args: Any) -> ProjectConfig:
     stale_policy = _get(args, "stale_policy", "drop")
     if stale_policy not in STALE_POLICIES:
         raise ProjectFlagError(f"--stale-policy must be one of {STALE_POLICIES}, got {stale_policy!r}")
-    behavior = resolve_behavior_logprobs(args)  # --use-tis: recompute (pi_old), see epic_slime.slime.tis
-    from epic_slime.slime.tis import tis_settings_from_args
+    behavior = resolve_behavior_logprobs(args)  # --use-tis: recompute (pi_old), see epic_slime.slime.loss_parts.tis
+    from epic_slime.slime.loss_parts.tis import tis_settings_from_args
 
     tis_settings_from_args(args, mode)  # raises for what does not compose with --use-tis
 
@@ -248,7 +248,7 @@ def _check_slime_flags(args: Any, aggregation: str, depth: int | None, staleness
 
 
 def check_oversampling(args: Any) -> float:
-    from epic_slime.slime.oversampling import OversamplingError, check_ratio, groups_in_flight
+    from epic_slime.slime.cli.oversampling import OversamplingError, check_ratio, groups_in_flight
 
     ratio = _get(args, "oversample_ratio", 0.0) or 0.0
     try:
@@ -283,9 +283,9 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--buffer-filter-path": "picks which groups slime's own data-source buffer hands out again; the "
     f"project's data source ({DATA_SOURCE_PATH}) hands back the groups given to add_samples oldest first "
     "and never consults it",
-    # --use-tis composes with the project's loss (epic_slime.slime.tis); slime's TIS hook does not
+    # --use-tis composes with the project's loss (epic_slime.slime.loss_parts.tis); slime's TIS hook does not
     "--custom-tis-function-path": _SLIME_POLICY_LOSS + "; --use-tis weights the project's loss by min(pi_old / mu, "
-    "--tis-clip) itself (epic_slime.slime.tis)",
+    "--tis-clip) itself (epic_slime.slime.loss_parts.tis)",
     "--use-opsm": _SLIME_POLICY_LOSS,
     "--custom-pg-loss-reducer-function-path": _SLIME_POLICY_LOSS + "; aggregation is --policy-loss-aggregation",
     "--eps-clip": _SLIME_POLICY_LOSS,
@@ -344,8 +344,8 @@ def check_disk_version_check(args: Any) -> None:
 
 def check_spelling(argv: Sequence[str]) -> list:
     """Unsupported, unknown and abbreviated flags raise ProjectFlagError; returns the overrides
-    (``epic_slime.slime.option_strings.Override``: a flag given more than once, the last value wins)."""
-    from epic_slime.slime.option_strings import FlagSpellingError, check_flag_spelling, known_options
+    (``epic_slime.slime.cli.option_strings.Override``: a flag given more than once, the last value wins)."""
+    from epic_slime.slime.cli.option_strings import FlagSpellingError, check_flag_spelling, known_options
 
     check_unsupported_flags(argv)
     try:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from epic_slime.slime.flags import ProjectFlagError
+from epic_slime.slime.cli.flags import ProjectFlagError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,9 +35,20 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from epic_slime.metric_names import POLICY_PREFIX, SLIME_LOG_PREFIX
-from epic_slime.slime.cp import Gather, gather_full_responses, with_live_local_entries, zigzag_response_positions
-from epic_slime.slime.flags import TOKEN_MEAN, resolve_behavior_logprobs
-from epic_slime.slime.tis import TisSettings, local_tis_weights, local_valid, tis_ratio_base, tis_settings_from_args
+from epic_slime.slime.loss_parts.cp import (
+    Gather,
+    gather_full_responses,
+    with_live_local_entries,
+    zigzag_response_positions,
+)
+from epic_slime.slime.cli.flags import TOKEN_MEAN, resolve_behavior_logprobs
+from epic_slime.slime.loss_parts.tis import (
+    TisSettings,
+    local_tis_weights,
+    local_valid,
+    tis_ratio_base,
+    tis_settings_from_args,
+)
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
 # slime logs a loss metric "x" as "train/x": "policy/x" becomes the shared name train/policy/x
@@ -47,7 +58,7 @@ _COUNT_METRICS = ("valid_tokens",)
 
 @dataclasses.dataclass
 class TopKLocalInputs:
-    """The Top-K modes' extra inputs of one micro-batch (see ``epic_slime.slime.topk``)."""
+    """The Top-K modes' extra inputs of one micro-batch (see ``epic_slime.slime.loss_parts.topk``)."""
 
     current_log_probs: list[torch.Tensor]  # per sample [n_local, K]: log pi of the set at the local tokens
     behavior_topk_log_probs: list[torch.Tensor]  # per sample [T, K - 1]: rollout top-k log mu, full response
@@ -108,7 +119,7 @@ def local_policy_loss(
     ]
     topk_kwargs = {}
     if topk is not None:
-        from epic_slime.slime.topk import check_topk_local_inputs
+        from epic_slime.slime.loss_parts.topk import check_topk_local_inputs
 
         check_topk_local_inputs(topk, local_counts, response_lengths)
         local_rows = [
@@ -117,7 +128,7 @@ def local_policy_loss(
         ]
     full_rows = gather_full_responses(local_rows, positions, response_lengths, gather)
     if topk is not None:
-        from epic_slime.slime.topk import behavior_set_log_probs
+        from epic_slime.slime.loss_parts.topk import behavior_set_log_probs
 
         set_masks = [m.to(device) for m in topk.set_masks]
         topk_kwargs = dict(
@@ -190,7 +201,7 @@ class LossSettings:
     aggregation: str
     behavior: str  # --behavior-logprobs, resolved (``flags.resolve_behavior_logprobs``)
     bad_tokens: dict[str, Any]  # the core's on_bad_tokens / max_bad_token_frac keywords
-    tis: TisSettings | None = None  # --use-tis (``epic_slime.slime.tis``)
+    tis: TisSettings | None = None  # --use-tis (``epic_slime.slime.loss_parts.tis``)
 
 
 # (args, its settings): slime hands every micro-batch of a run the same args object, which does not
@@ -254,7 +265,7 @@ def slime_policy_loss_from_log_probs(
     """slime's custom-loss contract after log-probs: (scalar loss, detached metrics).
 
     Top-K modes also take ``current_topk_log_probs`` (per sample ``[n_local, k + 1]``: log pi of
-    the set ids at this rank's tokens) and ``topk_sets`` (``epic_slime.slime.topk.topk_token_sets``
+    the set ids at this rank's tokens) and ``topk_sets`` (``epic_slime.slime.loss_parts.topk.topk_token_sets``
     of the batch, computed here when not given); the rollout top-k log-probs come from
     ``batch['rollout_topk_log_probs']``.
     """
@@ -279,7 +290,7 @@ def slime_policy_loss_from_log_probs(
         )
     topk = None
     if needs_topk(mode):
-        from epic_slime.slime.topk import TOPK_LOG_PROBS_KEY, topk_token_sets
+        from epic_slime.slime.loss_parts.topk import TOPK_LOG_PROBS_KEY, topk_token_sets
 
         if behavior != "rollout":
             raise ValueError(

@@ -128,7 +128,7 @@ class EngineFaults:
 
     def behind_version(self, group, before, submitted_version: int) -> int | None:
         """The oldest version this call's replies reported, when it is below ``submitted_version``."""
-        from epic_slime.slime.gate import parse_weight_version
+        from epic_slime.slime.stream.gate import parse_weight_version
 
         reported = [
             parse_weight_version(v)

@@ -19,7 +19,7 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 
-from epic_slime.slime.flags import (
+from epic_slime.slime.cli.flags import (
     DATA_SOURCE_PATH,
     PUSH_TRAIN_HOOK_PATH,
     ROLLOUT_FUNCTION_PATH,
@@ -76,7 +76,7 @@ def read_command_line(
     ``check``: first the command-line checks (unsupported, unknown and abbreviated flags), and the
     unsupported values of slime flags right after the parse (a critic, delta weight sync), before
     any rewrite; off for callers that only want the rewrites."""
-    from epic_slime.slime.checks import check_spelling, check_unsupported_settings
+    from epic_slime.slime.cli.checks import check_spelling, check_unsupported_settings
 
     argv = list(argv)
     overrides = check_spelling(argv) if check else []
@@ -121,7 +121,7 @@ def aggregation_flags(parsed: argparse.Namespace) -> list[str]:
 
 def oversampling_flags(parsed: argparse.Namespace) -> list[str]:
     """``--async-groups-in-flight N`` for ``--oversample-ratio r`` > 0 (N = ceil(batch / (1 - r)))."""
-    from epic_slime.slime.oversampling import OversamplingError, groups_in_flight
+    from epic_slime.slime.cli.oversampling import OversamplingError, groups_in_flight
 
     # The synchronous schedule (K = 0) has no background generator to oversample with: it
     # generates exactly the batch (a documented gap, docs/design.md, oversampling vs the authors' fork). K = 1 neither:
@@ -197,7 +197,7 @@ def train_hook_flags(parsed: argparse.Namespace) -> list[str]:
     """``--custom-megatron-init-path`` of the project's train hook when none is given: always the push-mode
     hook (``epic_slime.slime.push_mode.install_train_hook``). On every train rank it name-checks each bucket
     slime's distributed updater broadcasts (the server answers success to a name it does not load), clears
-    an update group left by a driver killed mid-push (``epic_slime.slime.push_recovery``: external engines
+    an update group left by a driver killed mid-push (``epic_slime.slime.stream.push_recovery``: external engines
     outlive it), pauses pushes with ``--weight-push-mode in_place`` / ``retract``, and installs the R3 train
     hook when R3 is on with the project's rollout function (``epic_slime.slime.routing``). Another init
     path is left alone here and refused by the checks where the project needs its own."""

@@ -10,7 +10,7 @@ token, contributes no version: the slime stream removes it).
 
 ``StalenessGate`` admits or drops each group by the shared rule (``epic_slime.staleness.is_dropped``)
 and counts every decision; ``collect_admitted_groups`` pulls finished groups from the stream until a
-batch is admitted. Where every consumed prompt is: ``epic_slime.slime.ledger.GroupLedger``.
+batch is admitted. Where every consumed prompt is: ``epic_slime.slime.stream.ledger.GroupLedger``.
 """
 
 from __future__ import annotations
