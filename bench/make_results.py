@@ -29,6 +29,7 @@ BEGIN = re.compile(r"^<!-- generated: (\w+) \(python bench/make_results\.py\) --
 sys.path.insert(0, str(HERE))
 from async_pairs import read_pairs, summary  # noqa: E402
 from results_agent import agent_runtime  # noqa: E402
+from results_graded import graded  # noqa: E402
 from runtime_cpu_pairs import read_summary  # noqa: E402
 
 
@@ -358,6 +359,7 @@ SECTIONS = {
     "schedules": schedules,
     "agentic": agentic,
     "agent_runtime": agent_runtime,
+    "graded": graded,
     "ladder": ladder,
     "stress": stress,
 }

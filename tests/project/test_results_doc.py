@@ -85,3 +85,40 @@ def test_a_missing_or_mislabelled_agent_seed_is_named(tmp_path):
     (tmp_path / "s2" / "config.json").write_text('{"seed": 2, "max_staleness": 2}')
     with pytest.raises(FileNotFoundError, match=r"s3/summary.json: the agent run of seed 3 is missing"):
         module.read_seeds(tmp_path)
+
+
+def _graded_cell(epic: float, grpo: float) -> dict:
+    rows = [("epic", epic), ("grpo", grpo)]
+    return {"table1": [{"method": m, "seeds": [1, 2], "test_final_mean": v} for m, v in rows]}
+
+
+def test_the_graded_table_reads_each_level_and_the_contrast_from_the_summary(tmp_path):
+    import json
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import results_graded
+
+    summary = {
+        "settings": {"none": _graded_cell(0.5, 0.25), "s030": _graded_cell(0.125, 0.375)},
+        "gap_by_setting": {"none": {"mean": 1e-8}, "s030": {"mean": 9e-3}},
+        "rollout_reward": {"none": {"first": 0.4}, "s030": {"first": 0.3}},
+        "contrast": [
+            {"method": "epic", "baseline": "grpo", "target": "s030", "reference": "none", "n": 2, "mean": -0.5,
+             "low": -0.75, "high": -0.25, "sign_flip_p": 0.5, "mdd_80": 0.3, "verdict": "EPIC loses"}
+        ],
+        "chance": 0.14,
+        "warm_start_test": 0.36,
+    }  # fmt: skip
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    results_graded.REPO = tmp_path
+    try:
+        lines = results_graded.graded(path)
+    finally:
+        results_graded.REPO = REPO
+    assert "| none | 1.00e-08 | 0.400 | 0.500 | 0.250 | 2 |" in lines
+    assert "| s030 | 9.00e-03 | 0.300 | 0.125 | 0.375 | 2 |" in lines
+    assert any(
+        ln.startswith("| (epic - grpo)[s030] - (epic - grpo)[none] | 2 | -0.500 | [-0.750, -0.250] | 0.500")
+        for ln in lines
+    )
