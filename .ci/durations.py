@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     paths = [Path(a) for a in argv]
     totals = summarize(*paths)
     whole = totals.get("all", (0, 0.0))[1] or 1.0
-    for name in ("all", "fast", "slow", "real_sglang", "needs_slime", "megatron"):
+    for name in ("all", "fast", "slow", "real_sglang", "needs_slime", "megatron", "launch"):
         n, s = totals.get(name, (0, 0.0))
         print(f"durations: {name:<12} {n:5d} tests {s:8.1f} s ({100 * s / whole:5.1f}% of the suite's test time)")
     if len(paths) > 1:  # one file per lane: each lane's own sum (the suite's wall time is about the larger)

@@ -120,10 +120,12 @@ def time_limit_s(item, default_s: float) -> float:
 # The list above that sets a slow file's time limit also sets its tier: each of its tests is marked `slow`
 # (`-m "not slow"` is the fast tier). A test that needs the real SGLang server is also `real_sglang`, and
 # one whose module imports slime's own code (or calls support.slime_env.require_slime) is `needs_slime`, and
-# one in a Megatron file (MEGATRON_FILES: Megatron-core on CPU in processes of its own) is `megatron`.
+# one in a Megatron file (MEGATRON_FILES: Megatron-core on CPU in processes of its own) is `megatron`, and
+# one under LAUNCH_TESTS (the launch scripts and their dry runs, each in a bash process) is `launch`.
 # Markers are added before -m deselects (tryfirst), so `-m` sees them.
-TIER_MARKERS = ("slow", "real_sglang", "needs_slime", "megatron")
+TIER_MARKERS = ("slow", "real_sglang", "needs_slime", "megatron", "launch")
 MEGATRON_FILES = "tests/slime_adapter/test_megatron_"  # the prefix of every such file
+LAUNCH_TESTS = "tests/launch/"
 
 
 def tier_markers(item) -> list[str]:
@@ -139,6 +141,8 @@ def tier_markers(item) -> list[str]:
         tiers.append("needs_slime")
     if path.startswith(MEGATRON_FILES):
         tiers.append("megatron")
+    if path.startswith(LAUNCH_TESTS):
+        tiers.append("launch")
     return tiers
 
 

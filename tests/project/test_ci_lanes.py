@@ -35,6 +35,7 @@ def test_every_combination_of_tier_markers_falls_in_exactly_one_lane():
     # the real server starts in one lane only: every test that needs it, and Megatron's, are there
     assert compiled["server"].evaluate(lambda m: m == "real_sglang")
     assert compiled["server"].evaluate(lambda m: m == "megatron")
+    assert compiled["server"].evaluate(lambda m: m == "launch")
     assert not compiled["server"].evaluate(lambda m: m in ("slow", "needs_slime"))
 
 
@@ -57,7 +58,7 @@ def test_the_suites_exit_status_comes_from_both_lanes(codes, expected):
 
 def _tiny_suite(root: Path, failing: str | None) -> None:
     (root / "pytest.ini").write_text(
-        "[pytest]\naddopts = --strict-markers -p no:cacheprovider\nmarkers =\n    real_sglang: x\n    megatron: x\n"
+        "[pytest]\naddopts = --strict-markers -p no:cacheprovider\nmarkers =\n    real_sglang: x\n    megatron: x\n    launch: x\n"
     )
     tests = {
         "test_server.py": "import pytest\n\n@pytest.mark.real_sglang\ndef test_real():\n    {body}\n",

@@ -189,6 +189,14 @@ def test_a_megatron_file_is_megatron_and_nothing_else_is():
     assert _collected("tests/project/test_packaging.py", "-m", "megatron") == []
 
 
+def test_the_launchers_tests_are_launch_and_nothing_else_is():
+    path = "tests/launch/test_launch_reeval.py"
+    assert path.startswith(conftest.LAUNCH_TESTS)
+    every = _collected(path)
+    assert every and _collected(path, "-m", "launch") == every
+    assert _collected("tests/project/test_packaging.py", "-m", "launch") == []
+
+
 def test_a_marker_nobody_registered_is_refused(tmp_path):
     (tmp_path / "test_typo.py").write_text("import pytest\n\n@pytest.mark.slwo\ndef test_x():\n    pass\n")
     done = subprocess.run(
