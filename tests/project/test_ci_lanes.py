@@ -3,7 +3,6 @@ suite's exit status from both."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import os
 import subprocess
@@ -11,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import ci_scripts
 from _pytest.mark.expression import Expression
 
 import conftest
@@ -19,10 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _lanes_module():
-    spec = importlib.util.spec_from_file_location("ci_lanes", REPO / ".ci" / "lanes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return ci_scripts.load("lanes")
 
 
 def test_every_combination_of_tier_markers_falls_in_exactly_one_lane():

@@ -3,22 +3,19 @@ and sums it by tier (.ci/durations.py): the slow share of the suite is data."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import ci_scripts
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _summary_module():
-    spec = importlib.util.spec_from_file_location("ci_durations", REPO / ".ci" / "durations.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return ci_scripts.load("durations")
 
 
 def test_the_summary_sums_each_tier_and_the_fast_tier_is_everything_not_slow(tmp_path):
