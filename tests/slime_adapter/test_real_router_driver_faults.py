@@ -101,12 +101,12 @@ def test_every_prompt_trained_once_over_a_router_outage(outage_run):
     real_check = rd.real.check_run
     real_check(outage_run, k=rd.real.RUNS["async-k2-abort"]["max_staleness"], num_rollout=rd.ROLLOUTS)
     outage, counts = outage_run["outage"], rd.outage_counts(outage_run)
-    assert {"removed_at", "empty_at", "back_at"} <= set(outage), outage
-    assert outage["back_at"] - outage["empty_at"] >= rd.DOWN_S
+    assert {"removed_at", "empty_at", "added_at", "back_at"} <= set(outage), outage
+    assert outage["added_at"] - outage["empty_at"] >= rd.DOWN_S and outage["back_at"] >= outage["added_at"]
     assert counts["http_retries"] >= 1, counts
     assert counts["crashed_group_tasks"] == 0 and counts["crash_retries"] == 0 and counts["dropped_groups"] == 0, counts
     trains = [e for e in outage_run["events"] if e["event"] == "train"]
-    assert any(e["t"] > outage["back_at"] for e in trains), "no rollout trained after the worker came back"
+    assert any(e["t"] > outage["added_at"] for e in trains), "no rollout trained after the worker was added back"
 
 
 def test_a_push_whose_trainer_dies_fails_at_once_and_its_group_blocks_a_new_one_until_destroyed(own_engines):

@@ -64,6 +64,9 @@ def router_outage_run(engines, workdir: str, down_s: float = DOWN_S) -> dict:
         router.wait_workers([])
         outage["empty_at"] = time.time()
         time.sleep(down_s)
+        # the worker can serve nothing before this call; back_at (below) is when a poll of the router's list
+        # saw it, up to 12 s later at load 7-20 (a train came 11 s before that poll, 2026-12-07)
+        outage["added_at"] = time.time()
         outage["add_call"] = slime_worker_call("add", router.url, engines.server.url)
         router.wait_workers([engines.server.url])
         outage["back_at"] = time.time()
