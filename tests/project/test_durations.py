@@ -85,14 +85,3 @@ def test_a_run_writes_one_line_per_test_with_its_outcome_and_tiers(tmp_path):
     assert by_name["test_sleepy"][2] == "slow" and float(by_name["test_sleepy"][0]) >= 0.3
     assert rows[1][3].endswith("test_sleepy")  # slowest first
     assert by_name["test_red"][1] == "failed" and by_name["test_quick"][1:3] == ["passed", "-"]
-
-
-def test_the_lanes_files_are_summed_as_one_suite(tmp_path):
-    server, rest = tmp_path / "durations-server.tsv", tmp_path / "durations-rest.tsv"
-    server.write_text("seconds\toutcome\ttiers\tnodeid\n6.0\tpassed\tslow,megatron\ttests/m.py::t1\n")
-    rest.write_text("seconds\toutcome\ttiers\tnodeid\n1.0\tpassed\t-\ttests/m.py::t2\n2.0\tpassed\t-\ttests/r.py::t\n")
-    module = _summary_module()
-    got = module.summarize(server, rest)
-    assert got["all"] == (3, pytest.approx(9.0)) and got["megatron"] == (1, pytest.approx(6.0))
-    assert got["fast"] == (2, pytest.approx(3.0))
-    assert module.slowest_files(server, rest)[0] == ("tests/m.py", 2, pytest.approx(7.0))

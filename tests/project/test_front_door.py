@@ -37,7 +37,7 @@ def test_the_stand_in_run_is_refused_as_a_finished_run_is(tmp_path):
 
 def test_ci_runs_the_suite_with_the_default_run_folder_occupied():
     lines = _ci_lines()
-    suite = lines.index("python .ci/lanes.py")
+    suite = lines.index("python -m pytest -q --durations=15")
     (occupied,) = [i for i, ln in enumerate(lines) if "tests/support/occupied_run.py" in ln]
     assert occupied < suite and f"occupied_run.py {DEFAULT_RUN})" in lines[occupied], lines[occupied]
     # removed after only when CI wrote it, and a write under runs/ during the suite fails the run

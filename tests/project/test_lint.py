@@ -21,7 +21,7 @@ def test_ruff_is_pinned_and_ci_runs_it_before_the_suite():
     script = (REPO / ".ci" / "run").read_text()
     lines = [line.strip() for line in script.splitlines()]
     check, fmt = lines.index("ruff check ."), lines.index("ruff format --check .")
-    suite = next(i for i, line in enumerate(lines) if line.startswith("python .ci/lanes.py"))
+    suite = next(i for i, line in enumerate(lines) if line.startswith("python -m pytest"))
     assert "set -euo pipefail" in script and check < suite and fmt < suite  # a finding stops the run
 
 
